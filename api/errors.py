@@ -1,0 +1,51 @@
+"""OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}}. Clients never see str(exc)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error",
+         429: "rate_limit_error"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.headers = status, message, code, param, headers
+
+
+def body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
+    return {"error": {"message": message, "type": TYPES.get(status, "api_error"), "param": param, "code": code}}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(body(exc.status, exc.message, exc.code, exc.param), exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            return JSONResponse(body(400, "The request body is not valid JSON.", "invalid_json"), 400)
+        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"
+        return JSONResponse(body(400, message, "invalid_value", ".".join(loc) or None), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(body(exc.status_code, str(exc.detail)), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(body(500, "Internal error; it has been logged."), 500)

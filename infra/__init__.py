@@ -1,0 +1,1 @@
+"""Bringing the stack up: the local launcher (no Docker) and the deployment descriptions."""

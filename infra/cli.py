@@ -1,0 +1,94 @@
+"""`parley`: bring the local stack up or down, and mint credentials for it."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+from infra.stack import Stack
+
+
+def _stack(args: argparse.Namespace) -> Stack:
+    return Stack(namespace=args.namespace, port_base=args.port_base, replicas=args.replicas)
+
+
+def cmd_token(args: argparse.Namespace) -> None:
+    from api.auth import issue
+    from api.settings import ApiSettings
+
+    settings = ApiSettings()
+    print(issue(settings.jwt_secret.get_secret_value(), args.user, args.tier, settings.jwt_issuer,
+                settings.jwt_audience, args.ttl))
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    stack = _stack(args)
+    stack.up()
+    print(f"Parley is up: {stack.api_url}  (timings: {stack.timings})", flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    stack = _stack(args)
+    stopping = False
+
+    def interrupt(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        stack.up()
+        print(f"\nParley is running at {stack.api_url}\n"
+              f"  get a credential:  .venv/bin/parley token --user alice --tier pro\n"
+              f"  logs:              {stack.state}/logs/{stack.tag}/\n"
+              f"Press Ctrl-C to stop everything.", flush=True)
+        while not stopping:
+            if len(stack.pids()) < len(stack.services()):
+                print("a stage exited; see the logs. Stopping.", file=sys.stderr)
+                break
+            time.sleep(1)
+    finally:
+        print("stopping...", flush=True)
+        stack.down()
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    _stack(args).down() if not args.keep_services else _stack(args).stop()
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    stack = _stack(args)
+    running = stack.pids()
+    for service in stack.services():
+        state = f"running pid {running[service.name]}" if service.name in running else "stopped"
+        print(f"{service.name:18} {state}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="parley", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    token = sub.add_parser("token", help="print a credential for the local stack")
+    token.add_argument("--user", required=True)
+    token.add_argument("--tier", choices=("free", "pro", "enterprise"), default="free")
+    token.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="seconds until it expires")
+    token.set_defaults(fn=cmd_token)
+    for name, fn, text in (("up", cmd_up, "start everything in the background"),
+                           ("run", cmd_run, "start everything; Ctrl-C stops it"),
+                           ("down", cmd_down, "stop everything"),
+                           ("status", cmd_status, "which processes run")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
+        p.add_argument("--port-base", type=int, default=8000)
+        p.add_argument("--replicas", type=int, default=1, help="edge replicas (ports base, base+100, ...)")
+        if name == "down":
+            p.add_argument("--keep-services", action="store_true", help="leave Kafka and Cassandra running")
+        p.set_defaults(fn=fn)
+    args = parser.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# infra/local/kafka.sh - single-node Apache Kafka (KRaft, combined broker+controller, no ZooKeeper),
+# run as a plain local JVM from jars fetched from Maven Central.
+#
+#   infra/local/kafka.sh fetch          # download jars only (mvn dependency:copy-dependencies)
+#   infra/local/kafka.sh start          # idempotent; blocks until the broker is ready
+#   infra/local/kafka.sh stop           # SIGTERM (controlled shutdown), SIGKILL after 30 s
+#   infra/local/kafka.sh status|logs|reset
+#
+# Env: KAFKA_VERSION (4.3.1) KAFKA_HOST (127.0.0.1) KAFKA_PORT (9092) KAFKA_CONTROLLER_PORT (9093)
+#      KAFKA_HEAP (512m) KAFKA_JAVA_HOME (else JAVA_HOME/PATH; needs 17+) KAFKA_START_TIMEOUT (90)
+#      KAFKA_ROOT_LOG_LEVEL (WARN) KAFKA_CLUSTER_ID (random) LOCAL_INFRA_STATE (<repo>/.local-infra)
+set -euo pipefail
+SVC=kafka
+# shellcheck source=infra/local/_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/_lib.sh"
+
+KAFKA_VERSION="${KAFKA_VERSION:-4.3.1}"
+KAFKA_HOST="${KAFKA_HOST:-127.0.0.1}"
+KAFKA_PORT="${KAFKA_PORT:-9092}"
+KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
+KAFKA_HEAP="${KAFKA_HEAP:-512m}"
+KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
+KAFKA_ROOT_LOG_LEVEL="${KAFKA_ROOT_LOG_LEVEL:-WARN}"
+
+SRC="$LI_DIR/kafka"
+HOME_DIR="$STATE_ROOT/kafka"
+LIB="$CACHE_ROOT/kafka-lib"; DATA="$HOME_DIR/data"; LOGS="$HOME_DIR/logs"; RUN="$HOME_DIR/run"; TMPD="$HOME_DIR/tmp"
+CONF="$RUN/server.properties"; PIDF="$RUN/kafka.pid"; OUT="$LOGS/kafka.out"
+MARKER="-Dlocal.infra.service=kafka:$HOME_DIR"
+READY_RE='Kafka Server started'
+
+cmd_fetch() {
+  fetch_jars "$SRC/pom.xml" "$LIB" "kafka-$KAFKA_VERSION-$(file_hash "$SRC/pom.xml")" \
+    -Dli.kafka.version="$KAFKA_VERSION"
+}
+
+write_config() {
+  # Static single-voter quorum (controller.quorum.voters) => format WITHOUT --standalone.
+  # (The 4.x sample config/server.properties uses controller.quorum.bootstrap.servers instead,
+  #  which requires `kafka-storage format --standalone`.)
+  cat > "$CONF" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+controller.listener.names=CONTROLLER
+listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+advertised.listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT}
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=${DATA}
+
+# single node: every internal topic must have RF 1 / min ISR 1
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+
+# test/dev friendliness
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+delete.topic.enable=true
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=1
+log.cleaner.dedupe.buffer.size=2097152
+PROPS
+}
+
+# Run Kafka's StorageTool (kafka.tools.StorageTool in 3.x/4.x core). Falls back to a Java-package
+# name in case a later release moved it. Its log output goes to stderr (tools-log4j2.xml).
+storage_tool() {
+  local cls err rc
+  err="$(mktemp)"
+  for cls in kafka.tools.StorageTool org.apache.kafka.tools.StorageTool; do
+    rc=0
+    "$JAVA" -Xmx256m -Djava.io.tmpdir="$TMPD" -Dlog4j2.configurationFile="$SRC/tools-log4j2.xml" \
+      -cp "$LIB/*" "$cls" "$@" 2>"$err" || rc=$?
+    if [ "$rc" -eq 0 ]; then rm -f "$err"; return 0; fi
+    grep -q 'Could not find or load main class' "$err" || break
+  done
+  cat "$err" >&2; rm -f "$err"; return 1
+}
+
+format_if_needed() {
+  [ -f "$DATA/meta.properties" ] && return 0
+  local cid="${KAFKA_CLUSTER_ID:-}"
+  [ -n "$cid" ] || cid="$(storage_tool random-uuid | tail -n 1)"
+  log "formatting $DATA (cluster.id=$cid)"
+  storage_tool format --ignore-formatted -t "$cid" -c "$CONF" >"$LOGS/format.out"
+}
+
+cmd_start() {
+  with_lock "$RUN/lock"
+  if is_running "$PIDF" "$MARKER"; then
+    log "already running (pid $(cat "$PIDF"))"
+    wait_ready kafka "$PIDF" "$MARKER" "$OUT" "$READY_RE" "$KAFKA_HOST" "$KAFKA_PORT" "$KAFKA_START_TIMEOUT"
+    return 0
+  fi
+  cmd_fetch
+  JAVA="$(pick_java KAFKA_JAVA_HOME 17 99)" || die "Kafka 4.x brokers need Java 17+ (set KAFKA_JAVA_HOME)"
+  for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+    port_open "$KAFKA_HOST" "$p" && die "port $KAFKA_HOST:$p already in use"
+  done
+  mkdir -p "$DATA" "$LOGS" "$RUN" "$TMPD"
+  raise_nofile
+  write_config
+  format_if_needed
+  log "starting Kafka $KAFKA_VERSION with $JAVA (Java $(java_major "$JAVA"))"
+  launch "$PIDF" "$OUT" "$MARKER" \
+    "$JAVA" -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" \
+      -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
+      -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError \
+      -Djava.awt.headless=true -Djava.io.tmpdir="$TMPD" \
+      -Dlog4j2.configurationFile="$SRC/log4j2.xml" \
+      -Dkafka.root.log.level="$KAFKA_ROOT_LOG_LEVEL" -Dkafka.logs.dir="$LOGS" \
+      "$MARKER" \
+      -cp "$LIB/*" kafka.Kafka "$CONF"
+  wait_ready kafka "$PIDF" "$MARKER" "$OUT" "$READY_RE" "$KAFKA_HOST" "$KAFKA_PORT" "$KAFKA_START_TIMEOUT"
+}
+
+cmd_stop()   { with_lock "$RUN/lock"; stop_pid "$PIDF" "$MARKER" 30; }
+cmd_status() { if is_running "$PIDF" "$MARKER"; then echo "running pid=$(cat "$PIDF") bootstrap=$KAFKA_HOST:$KAFKA_PORT"; else echo stopped; return 3; fi; }
+cmd_logs()   { tail -n "${1:-200}" "$OUT"; }
+cmd_reset()  { cmd_stop; rm -rf "$DATA" "$LOGS" "$RUN" "$TMPD"; log "data wiped (jars kept in $LIB)"; }
+
+case "${1:-}" in
+  fetch) cmd_fetch ;;
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  restart) cmd_stop; cmd_start ;;
+  status) cmd_status ;;
+  logs) shift; cmd_logs "$@" ;;
+  reset) cmd_reset ;;
+  *) echo "usage: $0 fetch|start|stop|restart|status|logs [N]|reset" >&2; exit 2 ;;
+esac

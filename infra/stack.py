@@ -1,0 +1,182 @@
+"""The local stack: Kafka and Cassandra as JVMs, then every pipeline stage and the edge as processes.
+
+Each process gets its settings through PARLEY_* environment variables, its log under <state>/logs and a
+pid file under <state>/run. A stack runs under a namespace (topic prefix, keyspace, consumer groups) and a
+port base, so a test stack can run beside `make up` without touching it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from topics.settings import REPO_ROOT, state_dir
+
+LOCAL = REPO_ROOT / "infra" / "local"
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    health: str  # URL answering 200 once ready
+
+
+@dataclass
+class Stack:
+    namespace: str = ""
+    port_base: int = 8000
+    replicas: int = 1  # edge replicas, each on its own port and reply partition
+    state: Path = field(default_factory=state_dir)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tag(self) -> str:
+        return self.namespace or "default"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port_base}"
+
+    def _path(self, kind: str, name: str) -> Path:
+        folder = self.state / kind / self.tag
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / name
+
+    def services(self) -> list[Service]:
+        base = {
+            "PARLEY_NAMESPACE": self.namespace,
+            "LOCAL_INFRA_STATE": str(self.state),
+            "PARLEY_METERING_URL": f"http://127.0.0.1:{self.port_base + 13}",
+            "PARLEY_USAGE_URL": f"chdb://{self.state / 'clickhouse' / self.tag}",
+        }
+        py = sys.executable
+        out = []
+        for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering")):
+            port = self.port_base + 10 + offset
+            out.append(Service(stage, (py, "-m", "processors", stage), {**base, "PARLEY_WEB_PORT": str(port)},
+                               f"http://127.0.0.1:{port}/healthz"))
+        metrics = self.port_base + 20
+        out.append(Service("inference-small", (py, "-m", "inference"), {
+            **base, "PARLEY_POOL": "small", "PARLEY_METRICS_PORT": str(metrics),
+            "PARLEY_LLAMA_PORT": str(self.port_base + 21),
+        }, f"http://127.0.0.1:{metrics}/metrics"))
+        for replica in range(self.replicas):
+            port = self.port_base + (replica * 100 if replica else 0)
+            out.append(Service(f"api-{replica}", (py, "-m", "api"), {
+                **base, "PARLEY_PORT": str(port), "PARLEY_REPLY_PARTITION": str(replica),
+            }, f"http://127.0.0.1:{port}/healthz"))
+        return out
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def _step(self, name: str, fn: Callable[[], object]) -> None:
+        started = time.perf_counter()
+        print(f"==> {name}", flush=True)
+        fn()
+        self.timings[name] = round(time.perf_counter() - started, 2)
+
+    def infrastructure(self) -> None:
+        self._step("kafka", lambda: _sh(LOCAL / "kafka.sh", "start"))
+        self._step("cassandra", lambda: _sh(LOCAL / "cassandra.sh", "start"))
+        self._step("llama-server build", lambda: _sh(LOCAL / "build-llama-server.sh"))
+
+    def topics(self) -> None:
+        from topics.kafka import ensure_topics
+
+        self._step("topics", lambda: ensure_topics(os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+                                                   self.namespace))
+
+    def start(self) -> None:
+        for service in self.services():
+            if _alive(self._path("run", f"{service.name}.pid")):
+                continue
+            log = self._path("logs", f"{service.name}.log").open("ab")
+            env = {**os.environ, **service.env, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(service.argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            self._path("run", f"{service.name}.pid").write_text(str(proc.pid))
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        def ready() -> None:
+            pending = {s.name: s for s in self.services()}
+            deadline = time.monotonic() + timeout_s
+            while pending and time.monotonic() < deadline:
+                for name, service in list(pending.items()):
+                    if not _alive(self._path("run", f"{name}.pid")):
+                        tail = self._path("logs", f"{name}.log").read_text(errors="replace")[-3000:]
+                        raise RuntimeError(f"{name} exited during start-up:\n{tail}")
+                    try:
+                        if httpx.get(service.health, timeout=1.0).status_code == 200:
+                            del pending[name]
+                    except httpx.HTTPError:
+                        pass
+                time.sleep(0.3)
+            if pending:
+                raise TimeoutError(f"not ready after {timeout_s:.0f}s: {', '.join(pending)}")
+
+        self._step("pipeline start", ready)
+
+    def up(self) -> None:
+        self.infrastructure()
+        self.topics()
+        self.start()
+        self.wait_ready()
+        self._path("run", "timings.json").write_text(json.dumps(self.timings, indent=2))
+
+    def stop(self) -> None:
+        for service in reversed(self.services()):
+            _terminate(self._path("run", f"{service.name}.pid"))
+
+    def down(self) -> None:
+        self.stop()
+        _sh(LOCAL / "cassandra.sh", "stop")
+        _sh(LOCAL / "kafka.sh", "stop")
+
+    def pids(self) -> dict[str, int]:
+        found = {}
+        for service in self.services():
+            pid_file = self._path("run", f"{service.name}.pid")
+            if _alive(pid_file):
+                found[service.name] = int(pid_file.read_text())
+        return found
+
+
+def _sh(script: Path, *args: str) -> None:
+    subprocess.run(["bash", str(script), *args], check=True)
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return False
+    # A zombie (exited, not yet reaped) is not alive.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _terminate(pid_file: Path, timeout_s: float = 15.0) -> None:
+    if not _alive(pid_file):
+        pid_file.unlink(missing_ok=True)
+        return
+    pid = int(pid_file.read_text())
+    os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(pid_file):
+        time.sleep(0.1)
+    if _alive(pid_file):
+        os.killpg(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)

@@ -1,0 +1,1 @@
+"""Stream processors (faust-streaming agents): moderation, scheduling, persistence, metering."""

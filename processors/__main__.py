@@ -1,0 +1,50 @@
+"""Run one stage: `python -m processors moderation|scheduling|persistence|metering`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from processors.settings import ProcessorSettings
+from processors.stage import Stage
+
+STAGES = ("moderation", "scheduling", "persistence", "metering")
+
+
+def build(name: str, settings: ProcessorSettings) -> Stage:
+    stage = Stage(name, settings)
+    if name == "moderation":
+        from processors import moderate_prompt
+
+        moderate_prompt.register(stage)
+    elif name in ("scheduling", "persistence"):
+        from processors import persist_turn, schedule_run
+        from storage.cassandra import Conversations
+
+        conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port,
+                                              settings.keyspace_name)
+        (schedule_run if name == "scheduling" else persist_turn).register(stage, conversations)
+    elif name == "metering":
+        from processors import meter_usage
+        from storage.clickhouse import UsageStore
+
+        meter_usage.register(stage, UsageStore.open(settings.usage_target, settings.usage_db))
+    else:
+        raise SystemExit(f"unknown stage {name!r}; one of {', '.join(STAGES)}")
+    return stage
+
+
+def main() -> None:
+    if len(sys.argv) != 2 or sys.argv[1] not in STAGES:
+        raise SystemExit(f"usage: python -m processors {{{'|'.join(STAGES)}}}")
+    settings = ProcessorSettings()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    name = sys.argv[1]
+    stage = build(name, settings)
+    sys.argv = [sys.argv[0], "worker"]  # faust's Worker reads argv
+    stage.run()
+
+
+if __name__ == "__main__":
+    main()

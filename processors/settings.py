@@ -1,0 +1,36 @@
+"""Settings of the processor deployables (one process per stage, any number of replicas)."""
+
+from __future__ import annotations
+
+from topics.settings import StackSettings, state_dir
+
+
+def _default_usage_url() -> str:
+    return f"chdb://{state_dir() / 'clickhouse'}"
+
+
+class ProcessorSettings(StackSettings):
+    web_port: int = 0  # faust's own web server (health, /metrics, metering's usage views); 0 = per stage default
+    # scheduling
+    default_model: str = "smollm2-135m-instruct"
+    default_pool: str = "small"
+    context_messages: int = 20  # earlier messages carried verbatim into the prompt (memory is issue 7)
+    system_prompt: str = "You are Parley, a helpful assistant. Answer clearly and concisely."
+    prev_turn_wait_s: float = 3.0  # how long to wait for the previous answer to be persisted before going on
+    # metering
+    usage_url: str = ""  # chdb:///path (embedded) or http://host:8123 (ClickHouse server)
+    usage_database: str = "parley"
+    meter_batch: int = 200
+    meter_batch_s: float = 0.5
+
+    @property
+    def usage_target(self) -> str:
+        return self.usage_url or _default_usage_url()
+
+    @property
+    def usage_db(self) -> str:
+        return f"{self.usage_database}_{self.namespace}".replace("-", "_").replace(".", "_") \
+            if self.namespace else self.usage_database
+
+
+STAGE_PORTS = {"moderation": 6066, "scheduling": 6067, "persistence": 6068, "metering": 6069}

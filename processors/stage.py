@@ -1,0 +1,168 @@
+"""The shell every faust stage shares: the app, raw Avro topics, dead letters, metrics and traces.
+
+Values travel as raw bytes and are decoded here, not by a faust codec, so a malformed record becomes a
+dead letter with its source offset instead of a crashed agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import faust
+from faust.types import EventT, TopicT
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+from processors.settings import STAGE_PORTS, ProcessorSettings
+from topics import codec, tracing
+from topics.codec import Event
+from topics.errors import PoisonEvent
+from topics.pipeline import Topic, dead_letter_name, named
+
+log = logging.getLogger(__name__)
+
+EVENTS = Counter("parley_stage_events_total", "Events handled by a stage", ["stage", "topic", "outcome"])
+LATENCY = Histogram(
+    "parley_stage_event_seconds", "Time to handle one event (or one batch)", ["stage", "topic"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+
+
+class Stage:
+    """One faust app for one stage; agents are registered by the stage module."""
+
+    def __init__(self, name: str, settings: ProcessorSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.tracer = tracing.setup(f"parley-{name}")
+        self.app = faust.App(
+            settings.group(name),
+            broker=f"kafka://{settings.kafka_bootstrap}",
+            web_bind="127.0.0.1",
+            web_port=settings.web_port or STAGE_PORTS[name],
+            web_in_thread=False,
+            store="memory://",
+            topic_disable_leader=True,
+            topic_allow_declare=False,  # topics are declared before start (parley topics)
+            producer_acks=-1,
+            producer_partitioner=None,
+            consumer_auto_offset_reset="earliest",
+            broker_commit_every=100,
+            broker_commit_interval=0.5,
+        )
+        self._topics: dict[str, TopicT] = {}
+
+        @self.app.page("/metrics")
+        async def metrics(web: Any, request: Any) -> Any:
+            return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+        @self.app.page("/healthz")
+        async def healthz(web: Any, request: Any) -> Any:
+            return web.json({"status": "ok", "stage": name})
+
+    def topic(self, topic: Topic) -> TopicT:
+        name = named(topic, self.settings.namespace)
+        if name not in self._topics:
+            self._topics[name] = self.app.topic(
+                name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+                partitions=topic.partitions, internal=False,
+            )
+        return self._topics[name]
+
+    def dlq(self, topic: Topic) -> TopicT:
+        name = dead_letter_name(topic, self.settings.namespace)
+        if name not in self._topics:
+            self._topics[name] = self.app.topic(
+                name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+                partitions=1, internal=False,
+            )
+        return self._topics[name]
+
+    async def publish(
+        self, topic: Topic, record: Event, *, key: str | None = None, partition: int | None = None,
+    ) -> None:
+        """Send and wait for the broker's ack: the input offset is committed only after this returns."""
+        headers = tracing.inject()
+        fut = await self.topic(topic).send(
+            key=key.encode() if key is not None else None,
+            value=codec.encode(topic.schema, record),
+            partition=partition,
+            headers=headers,
+            force=True,
+        )
+        await fut
+
+    async def dead_letter(self, topic: Topic, event: EventT, error: str) -> None:
+        msg = event.message
+        source = f"{msg.topic}[{msg.partition}]@{msg.offset}"
+        headers = [("dlq.source", source.encode()), ("dlq.error", error.encode()[:1000]),
+                   ("dlq.stage", self.name.encode())]
+        fut = await self.dlq(topic).send(key=msg.key, value=msg.value, headers=headers, force=True)
+        await fut
+        EVENTS.labels(self.name, topic.name, "dead_letter").inc()
+        log.warning("%s: dead-lettered %s: %s", self.name, source, error)
+
+    def consume(self, topic: Topic, handle: Callable[[Event], Awaitable[None]]) -> None:
+        """One event at a time: decode, handle, and only then let faust ack the offset."""
+
+        async def agent(stream: faust.StreamT) -> None:
+            async for event in stream.events():
+                await self._handle_one(topic, event, handle)
+
+        agent.__name__ = f"{self.name}_{topic.schema}"
+        self.app.agent(self.topic(topic), name=f"{self.name}.{topic.schema}")(agent)
+
+    def consume_batches(
+        self, topic: Topic, handle: Callable[[list[Event]], Awaitable[None]], size: int, within: float,
+    ) -> None:
+        """Batches of events: decode each (poison ones to the dead-letter topic), handle the good ones together."""
+
+        async def agent(stream: faust.StreamT) -> None:
+            async for events in stream.take_events(size, within=within):
+                await self._handle_batch(topic, events, handle)
+
+        agent.__name__ = f"{self.name}_{topic.schema}_batch"
+        self.app.agent(self.topic(topic), name=f"{self.name}.{topic.schema}")(agent)
+
+    async def _handle_one(self, topic: Topic, event: EventT, handle: Callable[[Event], Awaitable[None]]) -> None:
+        msg = event.message
+        started = time.perf_counter()
+        with tracing.consumed_span(self.tracer, f"{self.name} {topic.name}", msg.headers) as span:
+            span.set_attribute("messaging.kafka.offset", msg.offset)
+            try:
+                record = codec.decode(topic.schema, msg.value)
+                await handle(record)
+            except PoisonEvent as exc:
+                await self.dead_letter(topic, event, str(exc))
+                return
+            except Exception as exc:
+                # A valid record the stage cannot process is parked too, so one bad event never stalls a partition.
+                log.exception("%s: failed on %s[%s]@%s trace=%s", self.name, msg.topic, msg.partition,
+                              msg.offset, tracing.trace_id(msg.headers))
+                await self.dead_letter(topic, event, f"{type(exc).__name__}: {exc}")
+                return
+        EVENTS.labels(self.name, topic.name, "ok").inc()
+        LATENCY.labels(self.name, topic.name).observe(time.perf_counter() - started)
+
+    async def _handle_batch(
+        self, topic: Topic, events: Sequence[EventT], handle: Callable[[list[Event]], Awaitable[None]],
+    ) -> None:
+        started = time.perf_counter()
+        good: list[Event] = []
+        for event in events:
+            try:
+                good.append(codec.decode(topic.schema, event.message.value))
+            except PoisonEvent as exc:
+                await self.dead_letter(topic, event, str(exc))
+        if good:
+            await handle(good)  # raises on storage failure: the worker stops without acking, nothing is lost
+        EVENTS.labels(self.name, topic.name, "ok").inc(len(good))
+        LATENCY.labels(self.name, topic.name).observe(time.perf_counter() - started)
+
+    def run(self) -> None:
+        from faust.worker import Worker
+
+        worker = Worker(self.app, loglevel=self.settings.log_level.lower(), quiet=True)
+        worker.execute_from_commandline()

@@ -1,0 +1,1 @@
+"""Adapters for the two stores: Cassandra (conversations) and ClickHouse (usage)."""

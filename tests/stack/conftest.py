@@ -1,0 +1,123 @@
+"""The real local stack for integration tests: Kafka, Cassandra, chdb and llama-server, every stage a process.
+
+The session runs its own stack under a fresh namespace (topics, consumer groups, keyspace, chdb folder)
+and port base, so it never touches a `make up` stack or another run's data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from api.auth import issue
+from api.settings import ApiSettings
+from infra.stack import Stack
+from topics.pipeline import Topic, named
+
+PORT_BASE = int(os.environ.get("PARLEY_TEST_PORT_BASE", "18000"))
+BOOTSTRAP = "127.0.0.1:9092"
+
+
+@dataclass
+class Live:
+    stack: Stack
+    url: str
+
+    @property
+    def namespace(self) -> str:
+        return self.stack.namespace
+
+    def token(self, user: str | None = None, tier: str = "pro", ttl: int = 3600) -> str:
+        s = ApiSettings()
+        return issue(s.jwt_secret.get_secret_value(), user or f"u-{uuid.uuid4().hex[:8]}", tier, s.jwt_issuer,
+                     s.jwt_audience, ttl)
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+
+    def stage_url(self, stage: str) -> str:
+        offset = {"moderation": 10, "scheduling": 11, "persistence": 12, "metering": 13, "inference": 20}[stage]
+        return f"http://127.0.0.1:{PORT_BASE + offset}"
+
+    def topic(self, topic: Topic) -> str:
+        return named(topic, self.namespace)
+
+
+@pytest.fixture(scope="session")
+def live() -> Iterator[Live]:
+    stack = Stack(namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE)
+    stack.up()
+    try:
+        yield Live(stack, stack.api_url)
+    finally:
+        stack.stop()
+
+
+def sse_events(response: httpx.Response) -> list[dict]:
+    """Parse an SSE body into [{"event", "id", "data"}] (data JSON-decoded)."""
+    events, current = [], {}
+    for line in response.iter_lines():
+        if not line:
+            if current:
+                events.append(current)
+                current = {}
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "data":
+            current["data"] = json.loads(value)
+        elif field in ("event", "id"):
+            current[field] = value
+    if current:
+        events.append(current)
+    return events
+
+
+def chat_turn(client: httpx.Client, chat_id: str, content: str, max_tokens: int = 24) -> list[dict]:
+    with client.stream("POST", f"/v1/chats/{chat_id}/messages",
+                       json={"content": content, "max_tokens": max_tokens}) as response:
+        assert response.status_code == 200, response.read()
+        return sse_events(response)
+
+
+def read_topic(name: str, match, timeout_s: float = 20.0, partitions: int | None = None) -> list:
+    """Every record of a topic (from the start) whose decoded value satisfies match(msg)."""
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"test-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    meta = consumer.list_topics(name, timeout=10).topics[name]
+    tps = [TopicPartition(name, p, 0) for p in (range(partitions) if partitions else meta.partitions)]
+    consumer.assign(tps)
+    ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+    found, deadline = [], time.monotonic() + timeout_s
+    positions = {p: 0 for p in ends}
+    while time.monotonic() < deadline and any(positions[p] < ends[p] for p in ends):
+        msg = consumer.poll(0.5)
+        if msg is None or msg.error():
+            continue
+        positions[msg.partition()] = msg.offset() + 1
+        if match(msg):
+            found.append(msg)
+    consumer.close()
+    return found
+
+
+def wait_for(fn, timeout_s: float = 30.0, interval_s: float = 0.25):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return value
+        time.sleep(interval_s)

@@ -1,0 +1,70 @@
+"""confluent-kafka plumbing for the edge and the inference consumers: configs, topic creation, dead letters."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from topics.pipeline import TOPICS, Topic, dead_letter_name, named
+
+log = logging.getLogger(__name__)
+
+
+def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,  # acks=all, no duplicates from producer retries
+        "linger.ms": 2,
+        # The same partitioner as aiokafka/faust (murmur2), so a chat_id lands on one partition whoever writes.
+        "partitioner": "murmur2_random",
+        **extra,
+    }
+
+
+def consumer_config(bootstrap: str, group: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "enable.auto.commit": False,  # offsets are committed only after the effect is durable
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        **extra,
+    }
+
+
+def ensure_topics(bootstrap: str, namespace: str, topics: tuple[Topic, ...] = TOPICS) -> list[str]:
+    """Create every pipeline topic and its dead-letter topic if missing; returns the names created."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = set(admin.list_topics(timeout=10).topics)
+    wanted: list[NewTopic] = []
+    for topic in topics:
+        for name, parts in ((named(topic, namespace), topic.partitions), (dead_letter_name(topic, namespace), 1)):
+            if name not in existing:
+                wanted.append(NewTopic(name, num_partitions=parts, replication_factor=1))
+    created = []
+    for name, future in admin.create_topics(wanted).items() if wanted else ():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    return created
+
+
+def dead_letter(
+    producer: Producer, topic: Topic, namespace: str, *, source: str, partition: int, offset: int,
+    key: bytes | None, value: bytes | None, error: str, stage: str,
+) -> None:
+    """Park a record that cannot be processed, with where it came from and why, then keep going."""
+    headers = [
+        ("dlq.source", f"{source}[{partition}]@{offset}".encode()),
+        ("dlq.error", error.encode()[:1000]),
+        ("dlq.stage", stage.encode()),
+    ]
+    producer.produce(dead_letter_name(topic, namespace), value=value, key=key, headers=headers)
+    producer.flush(10)
+    log.warning("dead-lettered %s[%d]@%d: %s", source, partition, offset, error)

@@ -1,0 +1,70 @@
+"""The pipeline, declared once: every topic, its schema, its key, and which stage produces and consumes it.
+
+Reading this file top to bottom reads the data flow:
+    api -> moderation -> scheduling -> inference -> (api, persistence, metering)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Conversation topics are keyed by chat_id and share one partition count along the path, so one chat's
+# events stay in order on matching partitions. Reply topics are partitioned by edge replica instead:
+# a run names the reply partition its edge replica reads (docs/decisions/0002-reply-partitions.md).
+CHAT_PARTITIONS = 4
+REPLY_PARTITIONS = 8
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    schema: str
+    producer: str
+    consumers: tuple[str, ...]
+    partitions: int
+    key: str  # "chat_id" or "reply_partition"
+
+    @property
+    def dead_letter(self) -> str:
+        return f"{self.name}.dlq"
+
+
+PROMPT_ACCEPTED = Topic(
+    "chat.prompt-accepted.v1", "PromptAccepted", "api", ("moderation", "persistence"),
+    CHAT_PARTITIONS, "chat_id",
+)
+PROMPT_MODERATED = Topic(
+    "chat.prompt-moderated.v1", "PromptModerated", "moderation", ("scheduling",),
+    CHAT_PARTITIONS, "chat_id",
+)
+RUN_SCHEDULED = Topic(
+    "chat.run-scheduled.v1", "RunScheduled", "scheduling", ("inference",),
+    CHAT_PARTITIONS, "chat_id",
+)
+RUN_REJECTED = Topic(
+    "chat.run-rejected.v1", "RunRejected", "scheduling", ("api", "persistence", "metering"),
+    REPLY_PARTITIONS, "reply_partition",
+)
+TOKEN_DELTA = Topic(
+    "chat.token-delta.v1", "TokenDelta", "inference", ("api",),
+    REPLY_PARTITIONS, "reply_partition",
+)
+RUN_COMPLETED = Topic(
+    "chat.run-completed.v1", "RunCompleted", "inference", ("persistence", "metering"),
+    CHAT_PARTITIONS, "chat_id",
+)
+
+TOPICS: tuple[Topic, ...] = (
+    PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_SCHEDULED, RUN_REJECTED, TOKEN_DELTA, RUN_COMPLETED,
+)
+
+STAGES = ("api", "moderation", "scheduling", "inference", "persistence", "metering")
+
+
+def named(topic: Topic, namespace: str) -> str:
+    """The topic's name on the broker: tests and parallel stacks run under their own namespace prefix."""
+    return f"{namespace}.{topic.name}" if namespace else topic.name
+
+
+def dead_letter_name(topic: Topic, namespace: str) -> str:
+    return f"{named(topic, namespace)}.dlq"

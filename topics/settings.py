@@ -1,0 +1,45 @@
+"""Settings every deployable shares: where Kafka is and which namespace the stack runs under."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def state_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("LOCAL_INFRA_STATE", REPO_ROOT / ".local-infra"))
+
+
+def local_jwt_secret() -> SecretStr:
+    """The local stack's signing key: made once, kept in the state folder, shared by the CLI and the edge."""
+    path = state_dir() / "jwt-secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    return SecretStr(path.read_text().strip())
+
+
+class StackSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PARLEY_", frozen=True, extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    namespace: str = Field("", description="Prefix of every topic, consumer group and keyspace.")
+    cassandra_hosts: str = "127.0.0.1"
+    cassandra_port: int = 9042
+    keyspace: str = "parley"
+    log_level: str = "INFO"
+
+    @property
+    def keyspace_name(self) -> str:
+        return f"{self.keyspace}_{self.namespace}".replace("-", "_") if self.namespace else self.keyspace
+
+    def group(self, stage: str) -> str:
+        return f"{self.namespace}.{stage}" if self.namespace else f"parley.{stage}"
