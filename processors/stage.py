@@ -56,7 +56,8 @@ class Stage:
 
         @self.app.page("/metrics")
         async def metrics(web: Any, request: Any) -> Any:
-            return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+            # aiohttp refuses a charset inside content_type; the exposition format is ASCII anyway.
+            return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
         @self.app.page("/healthz")
         async def healthz(web: Any, request: Any) -> Any:

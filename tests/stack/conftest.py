@@ -112,6 +112,21 @@ def read_topic(name: str, match, timeout_s: float = 20.0, partitions: int | None
     return found
 
 
+def for_run(schema: str, run_id: str):
+    """A read_topic matcher: records of one run (records that do not decode, e.g. poison tests, never match)."""
+    from topics import codec
+    from topics.errors import PoisonEvent
+
+    def match(msg) -> bool:
+        try:
+            record = codec.decode(schema, msg.value())
+        except PoisonEvent:
+            return False
+        return (record.get("run_id") or record["prompt"]["run_id"]) == run_id
+
+    return match
+
+
 def wait_for(fn, timeout_s: float = 30.0, interval_s: float = 0.25):
     deadline = time.monotonic() + timeout_s
     while True:

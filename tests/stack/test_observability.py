@@ -2,10 +2,10 @@
 
 import httpx
 
-from topics import codec, tracing
+from topics import tracing
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
 
-from .conftest import chat_turn, read_topic
+from .conftest import chat_turn, for_run, read_topic
 
 
 def test_metrics_on_every_stage(live):
@@ -27,10 +27,7 @@ def test_trace_context_travels_in_kafka_headers(live):
     run_id = events[0]["data"]["run_id"]
     trace_ids = set()
     for topic in (PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_SCHEDULED, RUN_COMPLETED):
-        def mine(m, t=topic):
-            record = codec.decode(t.schema, m.value())
-            return (record.get("run_id") or record["prompt"]["run_id"]) == run_id
-        found = read_topic(live.topic(topic), mine)
+        found = read_topic(live.topic(topic), for_run(topic.schema, run_id))
         assert len(found) == 1, topic.name
         headers = found[0].headers() or []
         assert any(k == "traceparent" for k, _ in headers), topic.name
