@@ -47,6 +47,7 @@ class EventProducer:
             def settle() -> None:
                 if not acked.done():
                     acked.set_result(None) if err is None else acked.set_exception(RuntimeError(str(err)))
+
             loop.call_soon_threadsafe(settle)
 
         self._producer.produce(topic, value=value, key=key, headers=tracing.inject(), on_delivery=on_delivery)
@@ -83,7 +84,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         tracing.setup("parley-api")
         loop = asyncio.get_running_loop()
         conversations = await loop.run_in_executor(
-            None, Conversations.connect, settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)
+            None, Conversations.connect, settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name
+        )
         producer = EventProducer(settings.kafka_bootstrap)
         producer.start()
         replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.reply_partition)

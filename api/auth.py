@@ -30,8 +30,14 @@ def issue(secret: str, user: str, tier: str, issuer: str, audience: str, ttl_s: 
 
 def verify(token: str, secret: str, issuer: str, audience: str) -> Principal:
     try:
-        claims = jwt.decode(token, secret, algorithms=["HS256"], issuer=issuer, audience=audience,
-                            options={"require": ["exp", "sub", "iss", "aud"]})
+        claims = jwt.decode(
+            token,
+            secret,
+            algorithms=["HS256"],
+            issuer=issuer,
+            audience=audience,
+            options={"require": ["exp", "sub", "iss", "aud"]},
+        )
     except jwt.ExpiredSignatureError as exc:
         raise ApiError(401, "The credential has expired.", "expired_token") from exc
     except jwt.PyJWTError as exc:
@@ -46,8 +52,12 @@ def principal(request: Request) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(401, "Missing credential: send Authorization: Bearer <token>.", "missing_token",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(
+            401,
+            "Missing credential: send Authorization: Bearer <token>.",
+            "missing_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     settings = request.app.state.settings
     return verify(token.strip(), settings.jwt_secret.get_secret_value(), settings.jwt_issuer, settings.jwt_audience)
 

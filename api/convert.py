@@ -13,12 +13,32 @@ from topics.codec import Event
 TERMINAL = {"completed", "error", "rejected"}
 
 
-def prompt_accepted(*, run_id: str, chat_id: str, user_id: str, tier: str, message_id: str, content: str,
-                    max_tokens: int, model: str | None, reply_partition: int, prev_run_id: str | None) -> Event:
+def prompt_accepted(
+    *,
+    run_id: str,
+    chat_id: str,
+    user_id: str,
+    tier: str,
+    message_id: str,
+    content: str,
+    max_tokens: int,
+    model: str | None,
+    reply_partition: int,
+    prev_run_id: str | None,
+) -> Event:
     return {
-        "event_id": str(uuid.uuid4()), "run_id": run_id, "chat_id": chat_id, "user_id": user_id, "tier": tier,
-        "message_id": message_id, "content": content, "max_tokens": max_tokens, "model": model,
-        "reply_partition": reply_partition, "prev_run_id": prev_run_id, "created_at": int(time.time() * 1000),
+        "event_id": str(uuid.uuid4()),
+        "run_id": run_id,
+        "chat_id": chat_id,
+        "user_id": user_id,
+        "tier": tier,
+        "message_id": message_id,
+        "content": content,
+        "max_tokens": max_tokens,
+        "model": model,
+        "reply_partition": reply_partition,
+        "prev_run_id": prev_run_id,
+        "created_at": int(time.time() * 1000),
     }
 
 
@@ -31,20 +51,31 @@ def sse(reply: Reply) -> dict[str, Any]:
         event, data = "token", {"run_id": r["run_id"], "delta": r["text"]}
     elif reply.kind == "completed":
         usage = r["usage"] or {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
-        event, data = "run.completed", {"run_id": r["run_id"], "finish_reason": r["finish_reason"],
-                                        "model": r["model"], "usage": usage}
+        event, data = (
+            "run.completed",
+            {"run_id": r["run_id"], "finish_reason": r["finish_reason"], "model": r["model"], "usage": usage},
+        )
     elif reply.kind == "error":
         event, data = "error", {"run_id": r["run_id"], "code": r["error_code"], "message": r["error_message"]}
     else:  # rejected
         prompt = r["prompt"]
         if r["code"] == "content_filter":
-            event, data = "moderation", {"run_id": prompt["run_id"], "action": "refused",
-                                         "category": r["category"], "message": r["message"]}
+            event, data = (
+                "moderation",
+                {"run_id": prompt["run_id"], "action": "refused", "category": r["category"], "message": r["message"]},
+            )
         else:
             event, data = "error", {"run_id": prompt["run_id"], "code": r["code"], "message": r["message"]}
     return {"event": event, "id": reply.cursor, "data": json.dumps(data)}
 
 
 def message_json(m: Any) -> dict[str, Any]:
-    return {"id": m.id, "role": m.role, "content": m.content, "created_at": m.created_at.isoformat(),
-            "run_id": m.run_id, "model": m.model, "finish_reason": m.finish_reason}
+    return {
+        "id": m.id,
+        "role": m.role,
+        "content": m.content,
+        "created_at": m.created_at.isoformat(),
+        "run_id": m.run_id,
+        "model": m.model,
+        "finish_reason": m.finish_reason,
+    }

@@ -36,8 +36,9 @@ class ReplyHub:
             named(TOKEN_DELTA, namespace): ("t", TOKEN_DELTA),
             named(RUN_REJECTED, namespace): ("r", RUN_REJECTED),
         }
-        self._consumer = Consumer(consumer_config(bootstrap, f"edge-{namespace}-{partition}",
-                                                  **{"enable.partition.eof": False}))
+        self._consumer = Consumer(
+            consumer_config(bootstrap, f"edge-{namespace}-{partition}", **{"enable.partition.eof": False})
+        )
         self._streams: dict[str, asyncio.Queue[Reply]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
@@ -75,11 +76,12 @@ class ReplyHub:
             msg = self._consumer.poll(0.05)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    log.warning("reply consumer: %s", msg.error())
+            error = msg.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("reply consumer: %s", error)
                 continue
-            prefix, topic = self._topics[msg.topic()]
+            prefix, topic = self._topics[str(msg.topic())]
             try:
                 record = codec.decode(topic.schema, msg.value())
             except PoisonEvent as exc:

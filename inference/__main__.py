@@ -17,10 +17,13 @@ async def amain(settings: InferenceSettings) -> None:
     if settings.engine == "llamacpp":
         from inference.llama_server import LlamaServer
 
-        server = LlamaServer(port=settings.llama_port, slots=settings.slots, context=settings.slot_context,
-                             threads=settings.threads,
-                             log_path=state_dir() / "logs" / (settings.namespace or "default")
-                             / f"llama-server-{settings.pool}.log")
+        server = LlamaServer(
+            port=settings.llama_port,
+            slots=settings.slots,
+            context=settings.slot_context,
+            threads=settings.threads,
+            log_path=state_dir() / "logs" / (settings.namespace or "default") / f"llama-server-{settings.pool}.log",
+        )
         await asyncio.get_running_loop().run_in_executor(None, server.start)
         engine: Engine = OpenAIStreamEngine("llamacpp", server.url)
     else:

@@ -92,7 +92,6 @@ class OpenAIStreamEngine:
                 # on it in that instant is refused before any byte of it is processed, so one retry is safe.
                 if attempt == 2 or "without sending a response" not in str(exc):
                     raise
-        
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -47,15 +47,40 @@ def _die_with_parent() -> None:
 
 
 class LlamaServer:
-    def __init__(self, *, port: int, slots: int, context: int, threads: int, log_path: Path,
-                 binary: Path | None = None, model: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        port: int,
+        slots: int,
+        context: int,
+        threads: int,
+        log_path: Path,
+        binary: Path | None = None,
+        model: Path | None = None,
+    ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.args = [
-            str(binary or default_binary()), "-m", str(model or model_path()),
-            "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(slots), "-c", str(context * slots), "-t", str(threads), "-tb", str(threads),
-            "--cont-batching", "--no-webui", "--metrics", "--alias", "smollm2-135m-instruct",
+            str(binary or default_binary()),
+            "-m",
+            str(model or model_path()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-np",
+            str(slots),
+            "-c",
+            str(context * slots),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "--cont-batching",
+            "--no-webui",
+            "--metrics",
+            "--alias",
+            "smollm2-135m-instruct",
         ]
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
@@ -64,8 +89,9 @@ class LlamaServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = self.log_path.open("ab")
         log.info("starting %s", " ".join(self.args))
-        self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(
+            self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

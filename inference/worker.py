@@ -18,7 +18,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from inference.coalesce import Coalescer
-from inference.engine import Engine, Request, generate
+from inference.engine import Engine, Outcome, Request, generate
 from inference.offsets import OffsetTracker
 from inference.settings import InferenceSettings
 from topics import codec, tracing
@@ -29,14 +29,29 @@ from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
 
-TTFT = Histogram("parley_inference_ttft_seconds", "Engine time to first token", ["pool"],
-                 buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
-INTER_TOKEN = Histogram("parley_inference_inter_token_seconds", "Time between delta records", ["pool"],
-                        buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1))
+TTFT = Histogram(
+    "parley_inference_ttft_seconds",
+    "Engine time to first token",
+    ["pool"],
+    buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+)
+INTER_TOKEN = Histogram(
+    "parley_inference_inter_token_seconds",
+    "Time between delta records",
+    ["pool"],
+    buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1),
+)
 TOKENS = Counter("parley_inference_tokens_total", "Tokens generated", ["pool", "kind"])
 RUNS = Counter("parley_inference_runs_total", "Runs finished", ["pool", "finish_reason"])
 IN_FLIGHT = Gauge("parley_inference_in_flight", "Runs in the engine's batch", ["pool"])
 HEALTHY = Gauge("parley_inference_engine_healthy", "1 while the engine answers its health check", ["pool"])
+
+
+def position(msg: Message) -> tuple[str, int, int]:
+    """topic, partition, offset of a consumed (non-error) message."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
 
 
 def now_ms() -> int:
@@ -45,16 +60,44 @@ def now_ms() -> int:
 
 def delta(run: Event, seq: int, kind: str, **fields: Any) -> Event:
     prompt = run["prompt"]
-    return {"run_id": prompt["run_id"], "chat_id": prompt["chat_id"], "seq": seq, "kind": kind,
-            "text": "", "model": None, "finish_reason": None, "usage": None, "error_code": None,
-            "error_message": None, "emitted_at": now_ms(), **fields}
+    return {
+        "run_id": prompt["run_id"],
+        "chat_id": prompt["chat_id"],
+        "seq": seq,
+        "kind": kind,
+        "text": "",
+        "model": None,
+        "finish_reason": None,
+        "usage": None,
+        "error_code": None,
+        "error_message": None,
+        "emitted_at": now_ms(),
+        **fields,
+    }
 
 
-def completed(run: Event, text: str, finish_reason: str, usage: dict[str, int], ttft_ms: float,
-              duration_ms: float, error: str | None = None) -> Event:
-    return {"event_id": str(uuid.uuid4()), "prompt": run["prompt"], "pool": run["pool"], "model": run["model"],
-            "content": text, "finish_reason": finish_reason, "usage": usage, "ttft_ms": ttft_ms,
-            "duration_ms": duration_ms, "error_message": error, "completed_at": now_ms()}
+def completed(
+    run: Event,
+    text: str,
+    finish_reason: str,
+    usage: dict[str, int],
+    ttft_ms: float,
+    duration_ms: float,
+    error: str | None = None,
+) -> Event:
+    return {
+        "event_id": str(uuid.uuid4()),
+        "prompt": run["prompt"],
+        "pool": run["pool"],
+        "model": run["model"],
+        "content": text,
+        "finish_reason": finish_reason,
+        "usage": usage,
+        "ttft_ms": ttft_ms,
+        "duration_ms": duration_ms,
+        "error_message": error,
+        "completed_at": now_ms(),
+    }
 
 
 class Worker:
@@ -63,10 +106,13 @@ class Worker:
         self.engine = engine
         self.tracer = tracing.setup(f"parley-inference-{settings.pool}")
         self.producer = Producer(producer_config(settings.kafka_bootstrap))
-        self.consumer = Consumer(consumer_config(
-            settings.kafka_bootstrap, settings.group(f"inference.{settings.pool}"),
-            **{"max.poll.interval.ms": 600_000},
-        ))
+        self.consumer = Consumer(
+            consumer_config(
+                settings.kafka_bootstrap,
+                settings.group(f"inference.{settings.pool}"),
+                **{"max.poll.interval.ms": 600_000},
+            )
+        )
         self.scheduled_topic = named(RUN_SCHEDULED, settings.namespace)
         self.delta_topic = named(TOKEN_DELTA, settings.namespace)
         self.completed_topic = named(RUN_COMPLETED, settings.namespace)
@@ -89,10 +135,12 @@ class Worker:
                     acked.set_result(None)
                 else:
                     acked.set_exception(RuntimeError(str(err)))
+
             loop.call_soon_threadsafe(settle)
 
-        self.producer.produce(topic, value=value, key=key, partition=partition, headers=tracing.inject(),
-                              on_delivery=on_delivery)
+        self.producer.produce(
+            topic, value=value, key=key, partition=partition, headers=tracing.inject(), on_delivery=on_delivery
+        )
         await acked
 
     async def _poll_producer(self) -> None:
@@ -101,8 +149,9 @@ class Worker:
             await loop.run_in_executor(None, self.producer.poll, 0.05)
 
     async def _publish_delta(self, run: Event, record: Event) -> None:
-        await self._produce(self.delta_topic, codec.encode(TOKEN_DELTA.schema, record),
-                            partition=run["prompt"]["reply_partition"])
+        await self._produce(
+            self.delta_topic, codec.encode(TOKEN_DELTA.schema, record), partition=run["prompt"]["reply_partition"]
+        )
 
     # -- one run -----------------------------------------------------------------------------------
     async def serve(self, run: Event) -> Event:
@@ -111,10 +160,18 @@ class Worker:
         prompt = run["prompt"]
         started = time.perf_counter()
         await self._publish_delta(run, delta(run, 0, "started", model=run["model"]))
-        request = Request(prompt["run_id"], run["model"], [dict(m) for m in run["messages"]],
-                          prompt["max_tokens"], self.settings.temperature)
+        request = Request(
+            prompt["run_id"],
+            run["model"],
+            [dict(m) for m in run["messages"]],
+            prompt["max_tokens"],
+            self.settings.temperature,
+        )
         coalescer = Coalescer(self.settings.coalesce_ms / 1000)
-        seq, last_emit, text, outcome, error = 0, None, [], None, None
+        seq: int = 0
+        last_emit: float | None = None
+        outcome: Outcome | None = None
+        error: str | None = None
         try:
             async for piece, progress in generate(self.engine, request):
                 outcome = progress
@@ -135,19 +192,30 @@ class Worker:
             error = f"{type(exc).__name__}: {exc}"[:500]
         duration_ms = (time.perf_counter() - started) * 1000
         text = "".join(outcome.text) if outcome else ""
-        usage = {"prompt_tokens": outcome.prompt_tokens if outcome else 0,
-                 "completion_tokens": outcome.completion_tokens if outcome else 0,
-                 "cached_tokens": outcome.cached_tokens if outcome else 0}
+        usage = {
+            "prompt_tokens": outcome.prompt_tokens if outcome else 0,
+            "completion_tokens": outcome.completion_tokens if outcome else 0,
+            "cached_tokens": outcome.cached_tokens if outcome else 0,
+        }
         first = outcome.first_token_at if outcome else None
         ttft_ms = (first - started) * 1000 if first else 0.0
         finish = "error" if error else (outcome.finish_reason if outcome else "stop")
         seq += 1
         if error:
-            await self._publish_delta(run, delta(run, seq, "error", error_code="engine_error",
-                                                 error_message="The model failed while generating this answer."))
+            await self._publish_delta(
+                run,
+                delta(
+                    run,
+                    seq,
+                    "error",
+                    error_code="engine_error",
+                    error_message="The model failed while generating this answer.",
+                ),
+            )
         else:
-            await self._publish_delta(run, delta(run, seq, "completed", finish_reason=finish, usage=usage,
-                                                 model=run["model"]))
+            await self._publish_delta(
+                run, delta(run, seq, "completed", finish_reason=finish, usage=usage, model=run["model"])
+            )
         done = completed(run, text, finish, usage, ttft_ms, duration_ms, error)
         await self._produce(self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=prompt["chat_id"])
         if first:
@@ -171,8 +239,8 @@ class Worker:
             self.slots.release()
 
     def _commit(self, msg: Message) -> None:
-        next_offset = self.offsets.finished(msg.partition(), msg.offset())
-        tp = TopicPartition(msg.topic(), msg.partition(), next_offset)
+        topic, partition, offset = position(msg)
+        tp = TopicPartition(topic, partition, self.offsets.finished(partition, offset))
         self.consumer.commit(offsets=[tp], asynchronous=True)
 
     # -- main loop ---------------------------------------------------------------------------------
@@ -194,8 +262,13 @@ class Worker:
         start_http_server(self.settings.metrics_port, addr="127.0.0.1")
         self.consumer.subscribe([self.scheduled_topic], on_revoke=self._on_revoke)
         background = [asyncio.create_task(self._poll_producer()), asyncio.create_task(self._watch_health())]
-        log.info("inference pool=%s engine=%s consuming %s with %d slots", self.settings.pool, self.engine.name,
-                 self.scheduled_topic, self.settings.slots)
+        log.info(
+            "inference pool=%s engine=%s consuming %s with %d slots",
+            self.settings.pool,
+            self.engine.name,
+            self.scheduled_topic,
+            self.settings.slots,
+        )
         try:
             while not self._stopping.is_set():
                 await self.slots.acquire()  # pull a run only when the engine has room for it
@@ -205,9 +278,10 @@ class Worker:
                         await asyncio.sleep(0.5)
                         continue
                     msg = await loop.run_in_executor(None, self.consumer.poll, 0.2)
-                    if msg is not None and msg.error():
-                        if msg.error().code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", msg.error())
+                    error = msg.error() if msg is not None else None
+                    if error is not None:
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            log.warning("consumer error: %s", error)
                         msg = None
                 if msg is None:
                     self.slots.release()
@@ -222,13 +296,23 @@ class Worker:
             self.consumer.close()
 
     def _accept(self, msg: Message) -> None:
-        self.offsets.started(msg.partition(), msg.offset())
+        topic, partition, offset = position(msg)
+        self.offsets.started(partition, offset)
         try:
             run = codec.decode(RUN_SCHEDULED.schema, msg.value())
         except PoisonEvent as exc:
-            dead_letter(self.producer, RUN_SCHEDULED, self.settings.namespace, source=msg.topic(),
-                        partition=msg.partition(), offset=msg.offset(), key=msg.key(), value=msg.value(),
-                        error=str(exc), stage="inference")
+            dead_letter(
+                self.producer,
+                RUN_SCHEDULED,
+                self.settings.namespace,
+                source=topic,
+                partition=partition,
+                offset=offset,
+                key=msg.key(),
+                value=msg.value(),
+                error=str(exc),
+                stage="inference",
+            )
             self._commit(msg)
             self.slots.release()
             return

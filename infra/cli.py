@@ -19,8 +19,16 @@ def cmd_token(args: argparse.Namespace) -> None:
     from api.settings import ApiSettings
 
     settings = ApiSettings()
-    print(issue(settings.jwt_secret.get_secret_value(), args.user, args.tier, settings.jwt_issuer,
-                settings.jwt_audience, args.ttl))
+    print(
+        issue(
+            settings.jwt_secret.get_secret_value(),
+            args.user,
+            args.tier,
+            settings.jwt_issuer,
+            settings.jwt_audience,
+            args.ttl,
+        )
+    )
 
 
 def cmd_up(args: argparse.Namespace) -> None:
@@ -41,10 +49,13 @@ def cmd_run(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, interrupt)
     try:
         stack.up()
-        print(f"\nParley is running at {stack.api_url}\n"
-              f"  get a credential:  .venv/bin/parley token --user alice --tier pro\n"
-              f"  logs:              {stack.state}/logs/{stack.tag}/\n"
-              f"Press Ctrl-C to stop everything.", flush=True)
+        print(
+            f"\nParley is running at {stack.api_url}\n"
+            f"  get a credential:  .venv/bin/parley token --user alice --tier pro\n"
+            f"  logs:              {stack.state}/logs/{stack.tag}/\n"
+            f"Press Ctrl-C to stop everything.",
+            flush=True,
+        )
         while not stopping:
             if len(stack.pids()) < len(stack.services()):
                 print("a stage exited; see the logs. Stopping.", file=sys.stderr)
@@ -75,10 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     token.add_argument("--tier", choices=("free", "pro", "enterprise"), default="free")
     token.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="seconds until it expires")
     token.set_defaults(fn=cmd_token)
-    for name, fn, text in (("up", cmd_up, "start everything in the background"),
-                           ("run", cmd_run, "start everything; Ctrl-C stops it"),
-                           ("down", cmd_down, "stop everything"),
-                           ("status", cmd_status, "which processes run")):
+    for name, fn, text in (
+        ("up", cmd_up, "start everything in the background"),
+        ("run", cmd_run, "start everything; Ctrl-C stops it"),
+        ("down", cmd_down, "stop everything"),
+        ("status", cmd_status, "which processes run"),
+    ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
         p.add_argument("--port-base", type=int, default=8000)

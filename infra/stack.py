@@ -64,18 +64,42 @@ class Stack:
         out = []
         for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering")):
             port = self.port_base + 10 + offset
-            out.append(Service(stage, (py, "-m", "processors", stage), {**base, "PARLEY_WEB_PORT": str(port)},
-                               f"http://127.0.0.1:{port}/healthz"))
+            out.append(
+                Service(
+                    stage,
+                    (py, "-m", "processors", stage),
+                    {**base, "PARLEY_WEB_PORT": str(port)},
+                    f"http://127.0.0.1:{port}/healthz",
+                )
+            )
         metrics = self.port_base + 20
-        out.append(Service("inference-small", (py, "-m", "inference"), {
-            **base, "PARLEY_POOL": "small", "PARLEY_METRICS_PORT": str(metrics),
-            "PARLEY_LLAMA_PORT": str(self.port_base + 21),
-        }, f"http://127.0.0.1:{metrics}/metrics"))
+        out.append(
+            Service(
+                "inference-small",
+                (py, "-m", "inference"),
+                {
+                    **base,
+                    "PARLEY_POOL": "small",
+                    "PARLEY_METRICS_PORT": str(metrics),
+                    "PARLEY_LLAMA_PORT": str(self.port_base + 21),
+                },
+                f"http://127.0.0.1:{metrics}/metrics",
+            )
+        )
         for replica in range(self.replicas):
             port = self.port_base + (replica * 100 if replica else 0)
-            out.append(Service(f"api-{replica}", (py, "-m", "api"), {
-                **base, "PARLEY_PORT": str(port), "PARLEY_REPLY_PARTITION": str(replica),
-            }, f"http://127.0.0.1:{port}/healthz"))
+            out.append(
+                Service(
+                    f"api-{replica}",
+                    (py, "-m", "api"),
+                    {
+                        **base,
+                        "PARLEY_PORT": str(port),
+                        "PARLEY_REPLY_PARTITION": str(replica),
+                    },
+                    f"http://127.0.0.1:{port}/healthz",
+                )
+            )
         return out
 
     # -- steps ---------------------------------------------------------------------------------------
@@ -93,8 +117,9 @@ class Stack:
     def topics(self) -> None:
         from topics.kafka import ensure_topics
 
-        self._step("topics", lambda: ensure_topics(os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
-                                                   self.namespace))
+        self._step(
+            "topics", lambda: ensure_topics(os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092"), self.namespace)
+        )
 
     def start(self) -> None:
         for service in self.services():
@@ -102,8 +127,15 @@ class Stack:
                 continue
             log = self._path("logs", f"{service.name}.log").open("ab")
             env = {**os.environ, **service.env, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(service.argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                service.argv,
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self._path("run", f"{service.name}.pid").write_text(str(proc.pid))
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:

@@ -21,8 +21,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from processors import persist_turn, schedule_run
         from storage.cassandra import Conversations
 
-        conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port,
-                                              settings.keyspace_name)
+        conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)
         (schedule_run if name == "scheduling" else persist_turn).register(stage, conversations)
     elif name == "metering":
         from processors import meter_usage

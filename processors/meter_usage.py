@@ -21,26 +21,46 @@ def _iso(ms: int) -> str:
 
 
 def _row(prompt: Event, **fields: Any) -> dict[str, Any]:
-    return {"run_id": prompt["run_id"], "user_id": prompt["user_id"], "tier": prompt["tier"],
-            "chat_id": prompt["chat_id"], **fields}
+    return {
+        "run_id": prompt["run_id"],
+        "user_id": prompt["user_id"],
+        "tier": prompt["tier"],
+        "chat_id": prompt["chat_id"],
+        **fields,
+    }
 
 
 def completed_row(done: Event) -> dict[str, Any]:
     usage = done["usage"]
     return _row(
-        done["prompt"], event_id=done["event_id"], model=done["model"], pool=done["pool"],
-        prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
-        cached_tokens=usage["cached_tokens"], ttft_ms=done["ttft_ms"], duration_ms=done["duration_ms"],
-        finish_reason=done["finish_reason"], created_at=_iso(_ms(done["completed_at"])),
+        done["prompt"],
+        event_id=done["event_id"],
+        model=done["model"],
+        pool=done["pool"],
+        prompt_tokens=usage["prompt_tokens"],
+        completion_tokens=usage["completion_tokens"],
+        cached_tokens=usage["cached_tokens"],
+        ttft_ms=done["ttft_ms"],
+        duration_ms=done["duration_ms"],
+        finish_reason=done["finish_reason"],
+        created_at=_iso(_ms(done["completed_at"])),
     )
 
 
 def rejected_row(rejected: Event) -> dict[str, Any]:
     prompt = rejected["prompt"]
     return _row(
-        prompt, event_id=rejected["event_id"], model=prompt["model"] or "", pool="",
-        prompt_tokens=0, completion_tokens=0, cached_tokens=0, ttft_ms=0.0, duration_ms=0.0,
-        finish_reason=f"rejected:{rejected['code']}", created_at=_iso(_ms(rejected["rejected_at"])),
+        prompt,
+        event_id=rejected["event_id"],
+        model=prompt["model"] or "",
+        pool="",
+        prompt_tokens=0,
+        completion_tokens=0,
+        cached_tokens=0,
+        ttft_ms=0.0,
+        duration_ms=0.0,
+        finish_reason=f"rejected:{rejected['code']}",
+        created_at=_iso(_ms(rejected["rejected_at"])),
     )
 
 

@@ -16,12 +16,21 @@ from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED
 
 POLICY_VERSION = "builtin-0"
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("prompt_injection", re.compile(
-        r"\b(ignore|disregard|forget)\b.{0,30}\b(previous|prior|above|all)\b.{0,30}\b(instructions|rules|prompts?)\b",
-        re.I | re.S)),
-    ("harmful_request", re.compile(
-        r"\b(how (do i|to|can i)|steps to|instructions for)\b.{0,40}\b(make|build|synthesi[sz]e)\b.{0,30}"
-        r"\b(bomb|explosive|nerve agent|bioweapon|meth(amphetamine)?)\b", re.I | re.S)),
+    (
+        "prompt_injection",
+        re.compile(
+            r"\b(ignore|disregard|forget)\b.{0,30}\b(previous|prior|above|all)\b.{0,30}\b(instructions|rules|prompts?)\b",
+            re.I | re.S,
+        ),
+    ),
+    (
+        "harmful_request",
+        re.compile(
+            r"\b(how (do i|to|can i)|steps to|instructions for)\b.{0,40}\b(make|build|synthesi[sz]e)\b.{0,30}"
+            r"\b(bomb|explosive|nerve agent|bioweapon|meth(amphetamine)?)\b",
+            re.I | re.S,
+        ),
+    ),
 )
 
 

@@ -20,13 +20,27 @@ def user_turn(prompt: Event) -> Message:
 
 
 def assistant_turn(done: Event) -> Message:
-    return Message(done["prompt"]["run_id"], "assistant", done["content"], _at(done["completed_at"]),
-                   done["prompt"]["run_id"], done["model"], done["finish_reason"])
+    return Message(
+        done["prompt"]["run_id"],
+        "assistant",
+        done["content"],
+        _at(done["completed_at"]),
+        done["prompt"]["run_id"],
+        done["model"],
+        done["finish_reason"],
+    )
 
 
 def refusal_turn(rejected: Event) -> Message:
-    return Message(rejected["prompt"]["run_id"], "assistant", rejected["message"], _at(rejected["rejected_at"]),
-                   rejected["prompt"]["run_id"], None, rejected["code"])
+    return Message(
+        rejected["prompt"]["run_id"],
+        "assistant",
+        rejected["message"],
+        _at(rejected["rejected_at"]),
+        rejected["prompt"]["run_id"],
+        None,
+        rejected["code"],
+    )
 
 
 def register(stage: Stage, conversations: Conversations) -> None:

@@ -36,7 +36,7 @@ def reject(moderated: Event) -> Event:
 def assemble(prompt: Event, history: list[Message], settings: ProcessorSettings) -> Event:
     """The run to schedule (pure): the history is the chat's turns before this message, oldest first."""
     earlier = [m for m in history if m.id != prompt["message_id"] and m.content]
-    earlier = earlier[-settings.context_messages:]
+    earlier = earlier[-settings.context_messages :]
     messages = [{"role": "system", "content": settings.system_prompt}]
     messages += [{"role": m.role, "content": m.content} for m in earlier]
     messages.append({"role": "user", "content": prompt["content"]})
@@ -58,8 +58,12 @@ async def history_for(prompt: Event, conversations: Conversations, settings: Pro
         deadline = time.monotonic() + settings.prev_turn_wait_s
         while not await conversations.has_message(chat_id, uuid.UUID(prompt["prev_run_id"])):
             if time.monotonic() > deadline:
-                log.warning("chat %s: previous answer %s not persisted after %.1fs; scheduling without it",
-                            prompt["chat_id"], prompt["prev_run_id"], settings.prev_turn_wait_s)
+                log.warning(
+                    "chat %s: previous answer %s not persisted after %.1fs; scheduling without it",
+                    prompt["chat_id"],
+                    prompt["prev_run_id"],
+                    settings.prev_turn_wait_s,
+                )
                 break
             await asyncio.sleep(0.05)
     recent = await conversations.recent_messages(chat_id, settings.context_messages + 2)

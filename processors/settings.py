@@ -29,8 +29,11 @@ class ProcessorSettings(StackSettings):
 
     @property
     def usage_db(self) -> str:
-        return f"{self.usage_database}_{self.namespace}".replace("-", "_").replace(".", "_") \
-            if self.namespace else self.usage_database
+        return (
+            f"{self.usage_database}_{self.namespace}".replace("-", "_").replace(".", "_")
+            if self.namespace
+            else self.usage_database
+        )
 
 
 STAGE_PORTS = {"moderation": 6066, "scheduling": 6067, "persistence": 6068, "metering": 6069}

@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 
 EVENTS = Counter("parley_stage_events_total", "Events handled by a stage", ["stage", "topic", "outcome"])
 LATENCY = Histogram(
-    "parley_stage_event_seconds", "Time to handle one event (or one batch)", ["stage", "topic"],
+    "parley_stage_event_seconds",
+    "Time to handle one event (or one batch)",
+    ["stage", "topic"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 
@@ -67,8 +69,13 @@ class Stage:
         name = named(topic, self.settings.namespace)
         if name not in self._topics:
             self._topics[name] = self.app.topic(
-                name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
-                partitions=topic.partitions, internal=False,
+                name,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+                partitions=topic.partitions,
+                internal=False,
             )
         return self._topics[name]
 
@@ -76,16 +83,26 @@ class Stage:
         name = dead_letter_name(topic, self.settings.namespace)
         if name not in self._topics:
             self._topics[name] = self.app.topic(
-                name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
-                partitions=1, internal=False,
+                name,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+                partitions=1,
+                internal=False,
             )
         return self._topics[name]
 
     async def publish(
-        self, topic: Topic, record: Event, *, key: str | None = None, partition: int | None = None,
+        self,
+        topic: Topic,
+        record: Event,
+        *,
+        key: str | None = None,
+        partition: int | None = None,
     ) -> None:
         """Send and wait for the broker's ack: the input offset is committed only after this returns."""
-        headers = tracing.inject()
+        headers = [(k, v) for k, v in tracing.inject() if isinstance(v, bytes)]
         fut = await self.topic(topic).send(
             key=key.encode() if key is not None else None,
             value=codec.encode(topic.schema, record),
@@ -95,11 +112,14 @@ class Stage:
         )
         await fut
 
-    async def dead_letter(self, topic: Topic, event: EventT, error: str) -> None:
+    async def dead_letter(self, topic: Topic, event: EventT[Any], error: str) -> None:
         msg = event.message
         source = f"{msg.topic}[{msg.partition}]@{msg.offset}"
-        headers = [("dlq.source", source.encode()), ("dlq.error", error.encode()[:1000]),
-                   ("dlq.stage", self.name.encode())]
+        headers = [
+            ("dlq.source", source.encode()),
+            ("dlq.error", error.encode()[:1000]),
+            ("dlq.stage", self.name.encode()),
+        ]
         fut = await self.dlq(topic).send(key=msg.key, value=msg.value, headers=headers, force=True)
         await fut
         EVENTS.labels(self.name, topic.name, "dead_letter").inc()
@@ -108,7 +128,7 @@ class Stage:
     def consume(self, topic: Topic, handle: Callable[[Event], Awaitable[None]]) -> None:
         """One event at a time: decode, handle, and only then let faust ack the offset."""
 
-        async def agent(stream: faust.StreamT) -> None:
+        async def agent(stream: faust.StreamT[Any]) -> None:
             async for event in stream.events():
                 await self._handle_one(topic, event, handle)
 
@@ -116,18 +136,22 @@ class Stage:
         self.app.agent(self.topic(topic), name=f"{self.name}.{topic.schema}")(agent)
 
     def consume_batches(
-        self, topic: Topic, handle: Callable[[list[Event]], Awaitable[None]], size: int, within: float,
+        self,
+        topic: Topic,
+        handle: Callable[[list[Event]], Awaitable[None]],
+        size: int,
+        within: float,
     ) -> None:
         """Batches of events: decode each (poison ones to the dead-letter topic), handle the good ones together."""
 
-        async def agent(stream: faust.StreamT) -> None:
+        async def agent(stream: Any) -> None:  # faust's StreamT does not declare take_events
             async for events in stream.take_events(size, within=within):
                 await self._handle_batch(topic, events, handle)
 
         agent.__name__ = f"{self.name}_{topic.schema}_batch"
         self.app.agent(self.topic(topic), name=f"{self.name}.{topic.schema}")(agent)
 
-    async def _handle_one(self, topic: Topic, event: EventT, handle: Callable[[Event], Awaitable[None]]) -> None:
+    async def _handle_one(self, topic: Topic, event: EventT[Any], handle: Callable[[Event], Awaitable[None]]) -> None:
         msg = event.message
         started = time.perf_counter()
         with tracing.consumed_span(self.tracer, f"{self.name} {topic.name}", msg.headers) as span:
@@ -140,15 +164,24 @@ class Stage:
                 return
             except Exception as exc:
                 # A valid record the stage cannot process is parked too, so one bad event never stalls a partition.
-                log.exception("%s: failed on %s[%s]@%s trace=%s", self.name, msg.topic, msg.partition,
-                              msg.offset, tracing.trace_id(msg.headers))
+                log.exception(
+                    "%s: failed on %s[%s]@%s trace=%s",
+                    self.name,
+                    msg.topic,
+                    msg.partition,
+                    msg.offset,
+                    tracing.trace_id(msg.headers),
+                )
                 await self.dead_letter(topic, event, f"{type(exc).__name__}: {exc}")
                 return
         EVENTS.labels(self.name, topic.name, "ok").inc()
         LATENCY.labels(self.name, topic.name).observe(time.perf_counter() - started)
 
     async def _handle_batch(
-        self, topic: Topic, events: Sequence[EventT], handle: Callable[[list[Event]], Awaitable[None]],
+        self,
+        topic: Topic,
+        events: Sequence[EventT[Any]],
+        handle: Callable[[list[Event]], Awaitable[None]],
     ) -> None:
         started = time.perf_counter()
         good: list[Event] = []

@@ -62,11 +62,19 @@ async def wait(future: ResponseFuture) -> Any:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Any] = loop.create_future()
 
+    def settle(rows: Any = None, exc: BaseException | None = None) -> None:
+        if done.done():
+            return
+        if exc is None:
+            done.set_result(rows)
+        else:
+            done.set_exception(exc)
+
     def ok(rows: Any) -> None:
-        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(rows))
+        loop.call_soon_threadsafe(settle, rows)
 
     def fail(exc: BaseException) -> None:
-        loop.call_soon_threadsafe(lambda: done.done() or done.set_exception(exc))
+        loop.call_soon_threadsafe(settle, None, exc)
 
     future.add_callbacks(ok, fail)
     await done
@@ -93,32 +101,42 @@ class Conversations:
         self.ks = keyspace
         p = session.prepare
         self._insert_chat: PreparedStatement = p(
-            f"INSERT INTO {keyspace}.chats (chat_id, user_id, title, created_at) VALUES (?, ?, ?, ?)")
+            f"INSERT INTO {keyspace}.chats (chat_id, user_id, title, created_at) VALUES (?, ?, ?, ?)"
+        )
         self._insert_chat_by_user = p(
-            f"INSERT INTO {keyspace}.chats_by_user (user_id, chat_id, title, created_at) VALUES (?, ?, ?, ?)")
+            f"INSERT INTO {keyspace}.chats_by_user (user_id, chat_id, title, created_at) VALUES (?, ?, ?, ?)"
+        )
         self._get_chat = p(f"SELECT user_id, title, created_at, last_run_id FROM {keyspace}.chats WHERE chat_id = ?")
         self._set_last_run = p(f"UPDATE {keyspace}.chats SET last_run_id = ? WHERE chat_id = ?")
         self._list_chats = p(
-            f"SELECT chat_id, title, created_at FROM {keyspace}.chats_by_user WHERE user_id = ? LIMIT ?")
+            f"SELECT chat_id, title, created_at FROM {keyspace}.chats_by_user WHERE user_id = ? LIMIT ?"
+        )
         self._list_chats_after = p(
-            f"SELECT chat_id, title, created_at FROM {keyspace}.chats_by_user "
-            "WHERE user_id = ? AND chat_id < ? LIMIT ?")
+            f"SELECT chat_id, title, created_at FROM {keyspace}.chats_by_user WHERE user_id = ? AND chat_id < ? LIMIT ?"
+        )
         self._insert_message = p(
             f"INSERT INTO {keyspace}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
-            "finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+            "finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
         self._list_messages = p(
             f"SELECT message_id, role, content, created_at, run_id, model, finish_reason FROM {keyspace}.messages "
-            "WHERE chat_id = ? AND message_id > ? LIMIT ?")
+            "WHERE chat_id = ? AND message_id > ? LIMIT ?"
+        )
         self._recent_messages = p(
             f"SELECT message_id, role, content, created_at, run_id, model, finish_reason FROM {keyspace}.messages "
-            "WHERE chat_id = ? ORDER BY message_id DESC LIMIT ?")
-        self._get_message = p(
-            f"SELECT message_id FROM {keyspace}.messages WHERE chat_id = ? AND message_id = ?")
+            "WHERE chat_id = ? ORDER BY message_id DESC LIMIT ?"
+        )
+        self._get_message = p(f"SELECT message_id FROM {keyspace}.messages WHERE chat_id = ? AND message_id = ?")
 
     @classmethod
     def connect(cls, hosts: str, port: int, keyspace: str) -> Conversations:
-        cluster = Cluster(hosts.split(","), port=port, connect_timeout=10, protocol_version=5,
-                          load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"))
+        cluster = Cluster(
+            hosts.split(","),
+            port=port,
+            connect_timeout=10,
+            protocol_version=5,
+            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
+        )
         session = cluster.connect()
         for statement in SCHEMA:
             session.execute(statement.format(ks=keyspace), timeout=60)
@@ -163,10 +181,21 @@ class Conversations:
 
     async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
         """Idempotent: the message id comes from the event, so a redelivered event rewrites the same row."""
-        await wait(self.session.execute_async(self._insert_message, (
-            chat_id, uuid.UUID(message.id), message.role, message.content, message.created_at,
-            message.run_id, message.model, message.finish_reason,
-        )))
+        await wait(
+            self.session.execute_async(
+                self._insert_message,
+                (
+                    chat_id,
+                    uuid.UUID(message.id),
+                    message.role,
+                    message.content,
+                    message.created_at,
+                    message.run_id,
+                    message.model,
+                    message.finish_reason,
+                ),
+            )
+        )
 
 
 def utc(value: datetime) -> datetime:
@@ -175,5 +204,6 @@ def utc(value: datetime) -> datetime:
 
 
 def _message(row: Any) -> Message:
-    return Message(str(row.message_id), row.role, row.content, utc(row.created_at), row.run_id, row.model,
-                   row.finish_reason)
+    return Message(
+        str(row.message_id), row.role, row.content, utc(row.created_at), row.run_id, row.model, row.finish_reason
+    )

@@ -14,9 +14,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 USAGE_COLUMNS = (
-    "run_id", "event_id", "user_id", "tier", "chat_id", "model", "pool",
-    "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms", "duration_ms",
-    "finish_reason", "created_at",
+    "run_id",
+    "event_id",
+    "user_id",
+    "tier",
+    "chat_id",
+    "model",
+    "pool",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "ttft_ms",
+    "duration_ms",
+    "finish_reason",
+    "created_at",
 )
 
 # ReplacingMergeTree keyed by (user_id, run_id): a replayed or redelivered RunCompleted rewrites the same row,
@@ -50,7 +61,7 @@ class ChdbBackend:
         from chdb import session
 
         path.mkdir(parents=True, exist_ok=True)
-        self._session = session.Session(str(path))
+        self._session: Any = session.Session(str(path))  # type: ignore[no-untyped-call]
         self._lock = threading.Lock()  # one chdb session, used from executor threads
 
     def command(self, sql: str) -> None:

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from topics.pipeline import TOPICS, Topic, dead_letter_name, named
 
@@ -56,11 +56,20 @@ def ensure_topics(bootstrap: str, namespace: str, topics: tuple[Topic, ...] = TO
 
 
 def dead_letter(
-    producer: Producer, topic: Topic, namespace: str, *, source: str, partition: int, offset: int,
-    key: bytes | None, value: bytes | None, error: str, stage: str,
+    producer: Producer,
+    topic: Topic,
+    namespace: str,
+    *,
+    source: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    error: str,
+    stage: str,
 ) -> None:
     """Park a record that cannot be processed, with where it came from and why, then keep going."""
-    headers = [
+    headers: list[tuple[str, str | bytes | None]] = [
         ("dlq.source", f"{source}[{partition}]@{offset}".encode()),
         ("dlq.error", error.encode()[:1000]),
         ("dlq.stage", stage.encode()),

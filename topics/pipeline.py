@@ -30,32 +30,61 @@ class Topic:
 
 
 PROMPT_ACCEPTED = Topic(
-    "chat.prompt-accepted.v1", "PromptAccepted", "api", ("moderation", "persistence"),
-    CHAT_PARTITIONS, "chat_id",
+    "chat.prompt-accepted.v1",
+    "PromptAccepted",
+    "api",
+    ("moderation", "persistence"),
+    CHAT_PARTITIONS,
+    "chat_id",
 )
 PROMPT_MODERATED = Topic(
-    "chat.prompt-moderated.v1", "PromptModerated", "moderation", ("scheduling",),
-    CHAT_PARTITIONS, "chat_id",
+    "chat.prompt-moderated.v1",
+    "PromptModerated",
+    "moderation",
+    ("scheduling",),
+    CHAT_PARTITIONS,
+    "chat_id",
 )
 RUN_SCHEDULED = Topic(
-    "chat.run-scheduled.v1", "RunScheduled", "scheduling", ("inference",),
-    CHAT_PARTITIONS, "chat_id",
+    "chat.run-scheduled.v1",
+    "RunScheduled",
+    "scheduling",
+    ("inference",),
+    CHAT_PARTITIONS,
+    "chat_id",
 )
 RUN_REJECTED = Topic(
-    "chat.run-rejected.v1", "RunRejected", "scheduling", ("api", "persistence", "metering"),
-    REPLY_PARTITIONS, "reply_partition",
+    "chat.run-rejected.v1",
+    "RunRejected",
+    "scheduling",
+    ("api", "persistence", "metering"),
+    REPLY_PARTITIONS,
+    "reply_partition",
 )
 TOKEN_DELTA = Topic(
-    "chat.token-delta.v1", "TokenDelta", "inference", ("api",),
-    REPLY_PARTITIONS, "reply_partition",
+    "chat.token-delta.v1",
+    "TokenDelta",
+    "inference",
+    ("api",),
+    REPLY_PARTITIONS,
+    "reply_partition",
 )
 RUN_COMPLETED = Topic(
-    "chat.run-completed.v1", "RunCompleted", "inference", ("persistence", "metering"),
-    CHAT_PARTITIONS, "chat_id",
+    "chat.run-completed.v1",
+    "RunCompleted",
+    "inference",
+    ("persistence", "metering"),
+    CHAT_PARTITIONS,
+    "chat_id",
 )
 
 TOPICS: tuple[Topic, ...] = (
-    PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_SCHEDULED, RUN_REJECTED, TOKEN_DELTA, RUN_COMPLETED,
+    PROMPT_ACCEPTED,
+    PROMPT_MODERATED,
+    RUN_SCHEDULED,
+    RUN_REJECTED,
+    TOKEN_DELTA,
+    RUN_COMPLETED,
 )
 
 STAGES = ("api", "moderation", "scheduling", "inference", "persistence", "metering")

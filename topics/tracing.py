@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-Headers = list[tuple[str, bytes]]
+Headers = list[tuple[str, str | bytes | None]]
+# What Kafka clients hand back: a list of pairs (confluent-kafka, aiokafka) or a mapping (faust).
+AnyHeaders = (
+    Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | dict[str, str | bytes | None] | None
+)
 
 _propagator = TraceContextTextMapPropagator()
 
@@ -32,25 +36,24 @@ def inject(headers: Headers | None = None) -> Headers:
     return out
 
 
-def extract(headers: Sequence[tuple[str, bytes | str | None]] | None) -> context.Context:
+def extract(headers: AnyHeaders) -> context.Context:
     carrier = {}
-    for key, value in headers or ():
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for key, value in pairs:
         if value is None:
             continue
         carrier[key] = value.decode() if isinstance(value, bytes) else value
     return _propagator.extract(carrier)
 
 
-def trace_id(headers: Sequence[tuple[str, bytes | str | None]] | None) -> str:
+def trace_id(headers: AnyHeaders) -> str:
     span = trace.get_current_span(extract(headers))
     ctx = span.get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else "-"
 
 
 @contextmanager
-def consumed_span(
-    tracer: trace.Tracer, name: str, headers: Sequence[tuple[str, bytes | str | None]] | None
-) -> Iterator[trace.Span]:
+def consumed_span(tracer: trace.Tracer, name: str, headers: AnyHeaders) -> Iterator[trace.Span]:
     """A span that continues the trace carried by a consumed record's headers."""
     token = context.attach(extract(headers))
     try:

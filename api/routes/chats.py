@@ -26,8 +26,9 @@ from topics.pipeline import PROMPT_ACCEPTED, named
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
 
-EDGE_TTFT = Histogram("parley_edge_ttft_seconds", "Accept to first token at the edge",
-                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
+EDGE_TTFT = Histogram(
+    "parley_edge_ttft_seconds", "Accept to first token at the edge", buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
+)
 STREAMS = Gauge("parley_edge_open_streams", "SSE streams open on this replica")
 RUNS = Counter("parley_edge_runs_total", "Runs opened on this replica", ["outcome"])
 
@@ -70,7 +71,7 @@ def cursor_id(cursor: str | None) -> uuid.UUID | None:
 
 @router.post("", status_code=201)
 async def create_chat(deps: Deps, user: CurrentUser, body: NewChat | None = None) -> dict[str, Any]:
-    title = (body or NewChat()).title
+    title = body.title if body else "New chat"
     chat_id, created = await deps.conversations.create_chat(user.user_id, title)
     return {"id": str(chat_id), "object": "chat", "title": title, "created_at": created.isoformat()}
 
@@ -80,22 +81,24 @@ async def list_chats(deps: Deps, user: CurrentUser, cursor: str | None = None, l
     limit = page_limit(limit)
     rows = await deps.conversations.list_chats(user.user_id, limit + 1, cursor_id(cursor))
     page = rows[:limit]
-    data = [{"id": str(r.chat_id), "title": r.title, "created_at": utc(r.created_at).isoformat()}
-            for r in page]
+    data = [{"id": str(r.chat_id), "title": r.title, "created_at": utc(r.created_at).isoformat()} for r in page]
     more = len(rows) > limit
     return {"data": data, "next_cursor": encode_cursor({"after": data[-1]["id"]}) if more else None}
 
 
 @router.get("/{chat_id}/messages")
-async def list_messages(deps: Deps, user: CurrentUser, chat_id: str, cursor: str | None = None,
-                        limit: int = 50) -> dict[str, Any]:
+async def list_messages(
+    deps: Deps, user: CurrentUser, chat_id: str, cursor: str | None = None, limit: int = 50
+) -> dict[str, Any]:
     parsed, _ = await owned_chat(deps, user, chat_id)
     limit = page_limit(limit)
     rows = await deps.conversations.list_messages(parsed, limit + 1, cursor_id(cursor))
     page = rows[:limit]
     more = len(rows) > limit
-    return {"data": [convert.message_json(m) for m in page],
-            "next_cursor": encode_cursor({"after": page[-1].id}) if more else None}
+    return {
+        "data": [convert.message_json(m) for m in page],
+        "next_cursor": encode_cursor({"after": page[-1].id}) if more else None,
+    }
 
 
 @router.post("/{chat_id}/messages")
@@ -105,8 +108,9 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
     if not content:
         raise ApiError(400, "content must not be empty.", "empty_content", "content")
     if len(body.content) > settings.max_content_chars:
-        raise ApiError(400, f"content is longer than {settings.max_content_chars} characters.",
-                       "content_too_long", "content")
+        raise ApiError(
+            400, f"content is longer than {settings.max_content_chars} characters.", "content_too_long", "content"
+        )
     max_tokens = body.max_tokens or settings.default_max_tokens
     if max_tokens > settings.max_tokens_limit:
         raise ApiError(400, f"max_tokens must be at most {settings.max_tokens_limit}.", "invalid_value", "max_tokens")
@@ -116,17 +120,25 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
 
     message_id, run_id = str(new_id()), str(new_id())
     event = convert.prompt_accepted(
-        run_id=run_id, chat_id=str(parsed), user_id=user.user_id, tier=user.tier, message_id=message_id,
-        content=body.content, max_tokens=max_tokens, model=body.model,
-        reply_partition=deps.replies.partition, prev_run_id=chat.last_run_id,
+        run_id=run_id,
+        chat_id=str(parsed),
+        user_id=user.user_id,
+        tier=user.tier,
+        message_id=message_id,
+        content=body.content,
+        max_tokens=max_tokens,
+        model=body.model,
+        reply_partition=deps.replies.partition,
+        prev_run_id=chat.last_run_id,
     )
     queue = deps.replies.open(run_id)  # before publishing, so no reply can be missed
     tracer = trace.get_tracer("parley-api")
     try:
         with tracer.start_as_current_span("accept prompt", kind=trace.SpanKind.PRODUCER) as span:
             span.set_attribute("parley.run_id", run_id)
-            await deps.producer.send(named(PROMPT_ACCEPTED, settings.namespace),
-                                     codec.encode(PROMPT_ACCEPTED.schema, event), key=str(parsed))
+            await deps.producer.send(
+                named(PROMPT_ACCEPTED, settings.namespace), codec.encode(PROMPT_ACCEPTED.schema, event), key=str(parsed)
+            )
         await deps.conversations.set_last_run(parsed, run_id)
     except Exception:
         deps.replies.close(run_id)
@@ -146,8 +158,11 @@ async def stream(deps: Services, run_id: str, queue: asyncio.Queue[Any]) -> Asyn
                 reply = await asyncio.wait_for(queue.get(), timeout)
             except TimeoutError:
                 RUNS.labels("timeout").inc()
-                yield {"event": "error", "data": f'{{"run_id": "{run_id}", "code": "timeout", '
-                                                 f'"message": "No progress on this run for {timeout:.0f}s."}}'}
+                yield {
+                    "event": "error",
+                    "data": f'{{"run_id": "{run_id}", "code": "timeout", '
+                    f'"message": "No progress on this run for {timeout:.0f}s."}}',
+                }
                 return
             timeout = deps.settings.stream_idle_timeout_s
             if reply.kind == "delta" and first_token:

@@ -28,8 +28,11 @@ async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
         raise ApiError(503, "Usage data is unavailable right now; try again shortly.", "usage_unavailable") from exc
     totals = response.json()
     return {
-        "user_id": user.user_id, "tier": user.tier, "runs": totals["runs"],
-        "prompt_tokens": totals["prompt_tokens"], "completion_tokens": totals["completion_tokens"],
+        "user_id": user.user_id,
+        "tier": user.tier,
+        "runs": totals["runs"],
+        "prompt_tokens": totals["prompt_tokens"],
+        "completion_tokens": totals["completion_tokens"],
         "cached_tokens": totals["cached_tokens"],
         "total_tokens": totals["prompt_tokens"] + totals["completion_tokens"],
         "remaining_budget": None,  # budgets arrive with admission control (issue 5)
