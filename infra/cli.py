@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import time
 
 from infra.stack import Stack
@@ -47,23 +46,33 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # `make run | tee` must not stop us before we clean up
+    signal.signal(signal.SIGHUP, interrupt)  # a closed terminal stops the stack cleanly too
     try:
         stack.up()
-        print(
+        _say(
             f"\nParley is running at {stack.api_url}\n"
             f"  get a credential:  .venv/bin/parley token --user alice --tier pro\n"
             f"  logs:              {stack.state}/logs/{stack.tag}/\n"
-            f"Press Ctrl-C to stop everything.",
-            flush=True,
+            f"Press Ctrl-C to stop everything."
         )
         while not stopping:
             if len(stack.pids()) < len(stack.services()):
-                print("a stage exited; see the logs. Stopping.", file=sys.stderr)
+                _say("a stage exited; see the logs. Stopping.")
                 break
             time.sleep(1)
     finally:
-        print("stopping...", flush=True)
+        _say("stopping...")
         stack.down()
+        _say("stopped.")
+
+
+def _say(text: str) -> None:
+    """Print, but never let a closed terminal or pipe interrupt start-up or shutdown."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
 
 
 def cmd_down(args: argparse.Namespace) -> None:
