@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import httpx
-from confluent_kafka import KafkaError, Message, Producer
 from fastapi import Depends, FastAPI, Request
 
 from api import errors
@@ -18,52 +17,15 @@ from api.replies import ReplyHub
 from api.settings import ApiSettings
 from storage.cassandra import Conversations
 from topics import tracing
-from topics.kafka import producer_config
+from topics.kafka import AsyncProducer
 
 log = logging.getLogger(__name__)
-
-
-class EventProducer:
-    """confluent-kafka producer with an awaitable, broker-acknowledged send."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self._producer = Producer(producer_config(bootstrap))
-        self._running = True
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._poll())
-
-    async def _poll(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._running:
-            await loop.run_in_executor(None, self._producer.poll, 0.05)
-
-    async def send(self, topic: str, value: bytes, key: str) -> None:
-        loop = asyncio.get_running_loop()
-        acked: asyncio.Future[None] = loop.create_future()
-
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            def settle() -> None:
-                if not acked.done():
-                    acked.set_result(None) if err is None else acked.set_exception(RuntimeError(str(err)))
-
-            loop.call_soon_threadsafe(settle)
-
-        self._producer.produce(topic, value=value, key=key, headers=tracing.inject(), on_delivery=on_delivery)
-        await acked
-
-    async def close(self) -> None:
-        self._running = False
-        if self._task:
-            await self._task
-        self._producer.flush(10)
 
 
 @dataclass
 class Services:
     settings: ApiSettings
-    producer: EventProducer
+    producer: AsyncProducer
     replies: ReplyHub
     conversations: Conversations
     http: httpx.AsyncClient
@@ -86,7 +48,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         conversations = await loop.run_in_executor(
             None, Conversations.connect, settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name
         )
-        producer = EventProducer(settings.kafka_bootstrap)
+        producer = AsyncProducer(settings.kafka_bootstrap)
         producer.start()
         replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.reply_partition)
         await loop.run_in_executor(None, replies.start, loop)

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -24,7 +24,7 @@ from inference.settings import InferenceSettings
 from topics import codec, tracing
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import consumer_config, dead_letter, producer_config
+from topics.kafka import AsyncProducer, consumer_config, dead_letter
 from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Worker:
         self.settings = settings
         self.engine = engine
         self.tracer = tracing.setup(f"parley-inference-{settings.pool}")
-        self.producer = Producer(producer_config(settings.kafka_bootstrap))
+        self.producer = AsyncProducer(settings.kafka_bootstrap)
         self.consumer = Consumer(
             consumer_config(
                 settings.kafka_bootstrap,
@@ -123,33 +123,8 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- Kafka I/O ---------------------------------------------------------------------------------
-    async def _produce(self, topic: str, value: bytes, *, key: str | None = None, partition: int = -1) -> None:
-        loop = asyncio.get_running_loop()
-        acked: asyncio.Future[None] = loop.create_future()
-
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            def settle() -> None:
-                if acked.done():
-                    return
-                if err is None:
-                    acked.set_result(None)
-                else:
-                    acked.set_exception(RuntimeError(str(err)))
-
-            loop.call_soon_threadsafe(settle)
-
-        self.producer.produce(
-            topic, value=value, key=key, partition=partition, headers=tracing.inject(), on_delivery=on_delivery
-        )
-        await acked
-
-    async def _poll_producer(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stopping.is_set() or self._tasks:
-            await loop.run_in_executor(None, self.producer.poll, 0.05)
-
     async def _publish_delta(self, run: Event, record: Event) -> None:
-        await self._produce(
+        await self.producer.send(
             self.delta_topic, codec.encode(TOKEN_DELTA.schema, record), partition=run["prompt"]["reply_partition"]
         )
 
@@ -217,7 +192,7 @@ class Worker:
                 run, delta(run, seq, "completed", finish_reason=finish, usage=usage, model=run["model"])
             )
         done = completed(run, text, finish, usage, ttft_ms, duration_ms, error)
-        await self._produce(self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=prompt["chat_id"])
+        await self.producer.send(self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=prompt["chat_id"])
         if first:
             TTFT.labels(pool).observe(first - started)
         TOKENS.labels(pool, "prompt").inc(usage["prompt_tokens"])
@@ -261,7 +236,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         start_http_server(self.settings.metrics_port, addr="127.0.0.1")
         self.consumer.subscribe([self.scheduled_topic], on_revoke=self._on_revoke)
-        background = [asyncio.create_task(self._poll_producer()), asyncio.create_task(self._watch_health())]
+        self.producer.start()
+        background = [asyncio.create_task(self._watch_health())]
         log.info(
             "inference pool=%s engine=%s consuming %s with %d slots",
             self.settings.pool,
@@ -292,7 +268,7 @@ class Worker:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             for task in background:
                 task.cancel()
-            self.producer.flush(10)
+            await self.producer.close()
             self.consumer.close()
 
     def _accept(self, msg: Message) -> None:
@@ -302,7 +278,7 @@ class Worker:
             run = codec.decode(RUN_SCHEDULED.schema, msg.value())
         except PoisonEvent as exc:
             dead_letter(
-                self.producer,
+                self.producer.producer,
                 RUN_SCHEDULED,
                 self.settings.namespace,
                 source=topic,

@@ -66,21 +66,12 @@ class Stage:
             return web.json({"status": "ok", "stage": name})
 
     def topic(self, topic: Topic) -> TopicT:
-        name = named(topic, self.settings.namespace)
-        if name not in self._topics:
-            self._topics[name] = self.app.topic(
-                name,
-                key_type=bytes,
-                value_type=bytes,
-                key_serializer="raw",
-                value_serializer="raw",
-                partitions=topic.partitions,
-                internal=False,
-            )
-        return self._topics[name]
+        return self._raw(named(topic, self.settings.namespace), topic.partitions)
 
     def dlq(self, topic: Topic) -> TopicT:
-        name = dead_letter_name(topic, self.settings.namespace)
+        return self._raw(dead_letter_name(topic, self.settings.namespace), 1)
+
+    def _raw(self, name: str, partitions: int) -> TopicT:
         if name not in self._topics:
             self._topics[name] = self.app.topic(
                 name,
@@ -88,7 +79,7 @@ class Stage:
                 value_type=bytes,
                 key_serializer="raw",
                 value_serializer="raw",
-                partitions=1,
+                partitions=partitions,
                 internal=False,
             )
         return self._topics[name]

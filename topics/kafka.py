@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from topics import tracing
 from topics.pipeline import TOPICS, Topic, dead_letter_name, named
 
 log = logging.getLogger(__name__)
@@ -77,3 +79,49 @@ def dead_letter(
     producer.produce(dead_letter_name(topic, namespace), value=value, key=key, headers=headers)
     producer.flush(10)
     log.warning("dead-lettered %s[%d]@%d: %s", source, partition, offset, error)
+
+
+class AsyncProducer:
+    """confluent-kafka producer for asyncio: `await send(...)` returns once the broker has acknowledged.
+
+    The trace context of the caller travels in the record's headers.
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        self.producer = Producer(producer_config(bootstrap))
+        self._running = True
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._running:
+            await loop.run_in_executor(None, self.producer.poll, 0.05)
+
+    async def send(self, topic: str, value: bytes, *, key: str | None = None, partition: int = -1) -> None:
+        loop = asyncio.get_running_loop()
+        acked: asyncio.Future[None] = loop.create_future()
+
+        def settle(err: KafkaError | None) -> None:
+            if acked.done():
+                return
+            if err is None:
+                acked.set_result(None)
+            else:
+                acked.set_exception(KafkaException(err))
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            loop.call_soon_threadsafe(settle, err)
+
+        self.producer.produce(
+            topic, value=value, key=key, partition=partition, headers=tracing.inject(), on_delivery=on_delivery
+        )
+        await acked
+
+    async def close(self) -> None:
+        self._running = False
+        if self._task:
+            await self._task
+        self.producer.flush(10)
