@@ -105,7 +105,7 @@ class Stack:
     # -- steps ---------------------------------------------------------------------------------------
     def _step(self, name: str, fn: Callable[[], object]) -> None:
         started = time.perf_counter()
-        print(f"==> {name}", flush=True)
+        print(f"==> {name}", file=sys.stderr, flush=True)
         fn()
         self.timings[name] = round(time.perf_counter() - started, 2)
 
@@ -184,7 +184,8 @@ class Stack:
 
 
 def _sh(script: Path, *args: str) -> None:
-    subprocess.run(["bash", str(script), *args], check=True)
+    """Progress of the infra scripts goes to stderr, so tools that print JSON keep a clean stdout."""
+    subprocess.run(["bash", str(script), *args], check=True, stdout=sys.stderr)
 
 
 def _alive(pid_file: Path) -> bool:

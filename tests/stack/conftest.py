@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from api.auth import issue
 from api.settings import ApiSettings
-from infra.stack import Stack
+from infra.stack import LOCAL, Stack
 from topics.pipeline import Topic, named
 
 PORT_BASE = int(os.environ.get("PARLEY_TEST_PORT_BASE", "18000"))
@@ -52,14 +53,21 @@ class Live:
         return named(topic, self.namespace)
 
 
+def _running(script: str) -> bool:
+    return subprocess.run(["bash", str(LOCAL / script), "status"], capture_output=True).returncode == 0
+
+
 @pytest.fixture(scope="session")
 def live() -> Iterator[Live]:
+    started_here = [s for s in ("kafka.sh", "cassandra.sh") if not _running(s)]
     stack = Stack(namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE)
     stack.up()
     try:
         yield Live(stack, stack.api_url)
     finally:
         stack.stop()
+        for script in started_here:  # leave a `make up` stack as we found it, stop what we started
+            subprocess.run(["bash", str(LOCAL / script), "stop"], check=False)
 
 
 def sse_events(response: httpx.Response) -> list[dict]:
