@@ -6,22 +6,37 @@ dead letter with its source offset instead of a crashed agent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import faust
+from cassandra import OperationTimedOut, ReadTimeout, Unavailable, WriteTimeout
+from cassandra.cluster import NoHostAvailable
 from faust.types import EventT, TopicT
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from processors.settings import STAGE_PORTS, ProcessorSettings
 from topics import codec, tracing
 from topics.codec import Event
-from topics.errors import PoisonEvent
+from topics.errors import PoisonEvent, RetriableError
 from topics.pipeline import Topic, dead_letter_name, named
 
 log = logging.getLogger(__name__)
+
+# Failures of a dependency, not of the event: retried with backoff.
+RETRIABLE: tuple[type[BaseException], ...] = (
+    RetriableError,
+    ConnectionError,
+    TimeoutError,
+    NoHostAvailable,
+    OperationTimedOut,
+    Unavailable,
+    ReadTimeout,
+    WriteTimeout,
+)
 
 EVENTS = Counter("parley_stage_events_total", "Events handled by a stage", ["stage", "topic", "outcome"])
 LATENCY = Histogram(
@@ -145,28 +160,34 @@ class Stage:
     async def _handle_one(self, topic: Topic, event: EventT[Any], handle: Callable[[Event], Awaitable[None]]) -> None:
         msg = event.message
         started = time.perf_counter()
+        where = f"{msg.topic}[{msg.partition}]@{msg.offset}"
         with tracing.consumed_span(self.tracer, f"{self.name} {topic.name}", msg.headers) as span:
             span.set_attribute("messaging.kafka.offset", msg.offset)
             try:
                 record = codec.decode(topic.schema, msg.value)
-                await handle(record)
+                await self._with_retries(where, lambda: handle(record))
             except PoisonEvent as exc:
                 await self.dead_letter(topic, event, str(exc))
                 return
             except Exception as exc:
                 # A valid record the stage cannot process is parked too, so one bad event never stalls a partition.
-                log.exception(
-                    "%s: failed on %s[%s]@%s trace=%s",
-                    self.name,
-                    msg.topic,
-                    msg.partition,
-                    msg.offset,
-                    tracing.trace_id(msg.headers),
-                )
+                log.exception("%s: failed on %s trace=%s", self.name, where, tracing.trace_id(msg.headers))
                 await self.dead_letter(topic, event, f"{type(exc).__name__}: {exc}")
                 return
         EVENTS.labels(self.name, topic.name, "ok").inc()
         LATENCY.labels(self.name, topic.name).observe(time.perf_counter() - started)
+
+    async def _with_retries(self, where: str, attempt: Callable[[], Awaitable[None]]) -> None:
+        """A store or broker that is briefly away is waited for (the partition pauses), never dead-lettered."""
+        delay = 0.1
+        while True:
+            try:
+                await attempt()
+                return
+            except RETRIABLE as exc:
+                log.warning("%s: %s on %s; retrying in %.1fs", self.name, type(exc).__name__, where, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _handle_batch(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -160,8 +161,9 @@ async def stream(deps: Services, run_id: str, queue: asyncio.Queue[Any]) -> Asyn
                 RUNS.labels("timeout").inc()
                 yield {
                     "event": "error",
-                    "data": f'{{"run_id": "{run_id}", "code": "timeout", '
-                    f'"message": "No progress on this run for {timeout:.0f}s."}}',
+                    "data": json.dumps(
+                        {"run_id": run_id, "code": "timeout", "message": f"No progress on this run for {timeout:.0f}s."}
+                    ),
                 }
                 return
             timeout = deps.settings.stream_idle_timeout_s

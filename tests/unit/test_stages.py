@@ -86,3 +86,26 @@ def test_ids_are_time_ordered_v1_uuids():
     a, b = new_id(), new_id()
     assert a.version == 1 and b.version == 1 and a.time <= b.time
     assert isinstance(uuid.UUID(str(a)), uuid.UUID)
+
+
+async def test_a_briefly_unavailable_store_is_retried_not_dead_lettered():
+    from cassandra import OperationTimedOut
+
+    from processors.stage import Stage
+
+    stage = Stage("persistence", ProcessorSettings(namespace="unit"))
+    calls = []
+
+    async def attempt():
+        calls.append(1)
+        if len(calls) < 3:
+            raise OperationTimedOut("cassandra away")
+
+    await stage._with_retries("t[0]@1", attempt)
+    assert len(calls) == 3
+
+    async def broken():
+        raise KeyError("a bug, not an outage")
+
+    with pytest.raises(KeyError):  # not retried: the caller parks the event in the dead-letter topic
+        await stage._with_retries("t[0]@2", broken)
