@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
@@ -103,3 +104,78 @@ class ReplyHub:
             # The client stopped reading; the run goes on and is persisted, the stream is dropped.
             log.warning("stream of run %s overflowed its buffer; closing it", run_id)
             self._streams.pop(run_id, None)
+
+
+def parse_cursor(cursor: str) -> tuple[str, int, int] | None:
+    """'t:3:1200' -> ('t', 3, 1200); None when it is not a cursor this edge issued."""
+    parts = cursor.split(":")
+    if len(parts) != 3 or parts[0] not in ("t", "r") or not all(p.isdigit() for p in parts[1:]):
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+class Replay:
+    """Reads one run's reply records straight from its reply partition, from a cursor or from the run's start,
+    and follows the partition live until the run's terminal record. Any replica can serve it; it costs one
+    short-lived consumer for the resumed stream only.
+    """
+
+    def __init__(self, bootstrap: str, namespace: str, partition: int, run_id: str) -> None:
+        self.partition = partition
+        self.run_id = run_id
+        self._names = {
+            named(TOKEN_DELTA, namespace): ("t", TOKEN_DELTA),
+            named(RUN_REJECTED, namespace): ("r", RUN_REJECTED),
+        }
+        self._consumer = Consumer(
+            consumer_config(bootstrap, f"edge-replay-{namespace}", **{"enable.partition.eof": False})
+        )
+        self._after: tuple[str, int, int] | None = None
+        self.finished = False
+
+    def seek(self, since_ms: int, after: tuple[str, int, int] | None) -> None:
+        """Start at the cursor's own record (its topic) and at the run's start time (the other topic)."""
+        self._after = after
+        starts = self._consumer.offsets_for_times(
+            [TopicPartition(name, self.partition, since_ms) for name in self._names], timeout=10
+        )
+        assignment = []
+        for tp in starts:
+            prefix = self._names[tp.topic][0]
+            offset = tp.offset
+            if after is not None and after[0] == prefix:
+                offset = after[2]  # read the cursor's record again to learn whether the run ended there
+            elif offset < 0:  # no record at or after the run's start yet: read from the end
+                offset = self._consumer.get_watermark_offsets(TopicPartition(tp.topic, self.partition), timeout=10)[1]
+            assignment.append(TopicPartition(tp.topic, self.partition, offset))
+        self._consumer.assign(assignment)
+
+    def poll(self, timeout_s: float) -> Reply | None:
+        """The next record of this run after the cursor, or None when none arrived within the timeout.
+
+        Sets `finished` when the cursor itself was the run's terminal record; raises ValueError when the
+        cursor points at a record of another run.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.finished:
+            msg = self._consumer.poll(0.1)
+            if msg is None or msg.error() is not None:
+                continue
+            prefix, topic = self._names[str(msg.topic())]
+            try:
+                record = codec.decode(topic.schema, msg.value())
+            except PoisonEvent:
+                continue
+            run_id = record["prompt"]["run_id"] if prefix == "r" else record["run_id"]
+            kind = "rejected" if prefix == "r" else record["kind"]
+            if self._after is not None and (prefix, msg.offset()) == (self._after[0], self._after[2]):
+                if run_id != self.run_id:
+                    raise ValueError("the cursor belongs to another run")
+                self.finished = kind in ("completed", "error", "rejected")
+                continue
+            if run_id == self.run_id:
+                return Reply(f"{prefix}:{msg.partition()}:{msg.offset()}", kind, record)
+        return None
+
+    def close(self) -> None:
+        self._consumer.close()

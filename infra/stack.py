@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -125,6 +126,12 @@ class Stack:
         for service in self.services():
             if _alive(self._path("run", f"{service.name}.pid")):
                 continue
+            port = int(service.health.split(":")[2].split("/")[0])
+            if _listening(port):
+                raise RuntimeError(
+                    f"port {port} for {service.name} is taken: another stack runs on this port base "
+                    f"(stop it with `parley down --port-base {self.port_base}`, or pick another --port-base)"
+                )
             log = self._path("logs", f"{service.name}.log").open("ab")
             env = {**os.environ, **service.env, "PYTHONUNBUFFERED": "1"}
             proc = subprocess.Popen(
@@ -186,6 +193,11 @@ class Stack:
 def _sh(script: Path, *args: str) -> None:
     """Progress of the infra scripts goes to stderr, so tools that print JSON keep a clean stdout."""
     subprocess.run(["bash", str(script), *args], check=True, stdout=sys.stderr)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _alive(pid_file: Path) -> bool:

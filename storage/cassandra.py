@@ -20,6 +20,10 @@ SCHEMA = (
     # Ownership and metadata of one chat.
     """CREATE TABLE IF NOT EXISTS {ks}.chats (
          chat_id timeuuid PRIMARY KEY, user_id text, title text, created_at timestamp, last_run_id text)""",
+    # Where each run's reply stream lives, so any edge replica can replay or resume it.
+    """CREATE TABLE IF NOT EXISTS {ks}.runs (
+         chat_id timeuuid, run_id timeuuid, reply_partition int,
+         PRIMARY KEY ((chat_id), run_id))""",
     # A user's chats, newest first (chat ids are time-ordered).
     """CREATE TABLE IF NOT EXISTS {ks}.chats_by_user (
          user_id text, chat_id timeuuid, title text, created_at timestamp,
@@ -108,6 +112,8 @@ class Conversations:
         )
         self._get_chat = p(f"SELECT user_id, title, created_at, last_run_id FROM {keyspace}.chats WHERE chat_id = ?")
         self._set_last_run = p(f"UPDATE {keyspace}.chats SET last_run_id = ? WHERE chat_id = ?")
+        self._insert_run = p(f"INSERT INTO {keyspace}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)")
+        self._get_run = p(f"SELECT reply_partition FROM {keyspace}.runs WHERE chat_id = ? AND run_id = ?")
         self._list_chats = p(
             f"SELECT chat_id, title, created_at FROM {keyspace}.chats_by_user WHERE user_id = ? LIMIT ?"
         )
@@ -156,8 +162,14 @@ class Conversations:
         rows = await wait(self.session.execute_async(self._get_chat, (chat_id,)))
         return rows.one()
 
-    async def set_last_run(self, chat_id: uuid.UUID, run_id: str) -> None:
-        await wait(self.session.execute_async(self._set_last_run, (run_id, chat_id)))
+    async def open_run(self, chat_id: uuid.UUID, run_id: uuid.UUID, reply_partition: int) -> None:
+        """Record a new run of the chat: where its stream lives, and that it is now the chat's latest."""
+        await wait(self.session.execute_async(self._insert_run, (chat_id, run_id, reply_partition)))
+        await wait(self.session.execute_async(self._set_last_run, (str(run_id), chat_id)))
+
+    async def run_partition(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> int | None:
+        row = (await wait(self.session.execute_async(self._get_run, (chat_id, run_id)))).one()
+        return int(row.reply_partition) if row else None
 
     async def list_chats(self, user_id: str, limit: int, after: uuid.UUID | None) -> list[Any]:
         if after is None:

@@ -8,9 +8,9 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, Field
@@ -20,6 +20,7 @@ from api import convert
 from api.app import Deps, Services
 from api.auth import CurrentUser, Principal
 from api.errors import ApiError
+from api.replies import Replay, parse_cursor
 from storage.cassandra import decode_cursor, encode_cursor, new_id, parse_id, utc
 from topics import codec
 from topics.pipeline import PROMPT_ACCEPTED, named
@@ -140,7 +141,7 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
             await deps.producer.send(
                 named(PROMPT_ACCEPTED, settings.namespace), codec.encode(PROMPT_ACCEPTED.schema, event), key=str(parsed)
             )
-        await deps.conversations.set_last_run(parsed, run_id)
+        await deps.conversations.open_run(parsed, uuid.UUID(run_id), deps.replies.partition)
     except Exception:
         deps.replies.close(run_id)
         raise
@@ -177,3 +178,75 @@ async def stream(deps: Services, run_id: str, queue: asyncio.Queue[Any]) -> Asyn
     finally:
         STREAMS.dec()
         deps.replies.close(run_id)
+
+
+UUID_EPOCH_100NS = 0x01B21DD213814000  # 1582-10-15 -> 1970-01-01 in the 100 ns units of a version-1 uuid
+REPLAY_MARGIN_MS = 5_000  # clock skew between the edge that minted the run id and the producers' timestamps
+
+
+@router.get("/{chat_id}/runs/{run_id}/events")
+async def run_events(
+    deps: Deps,
+    user: CurrentUser,
+    chat_id: str,
+    run_id: str,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventSourceResponse:
+    """Replay a run's stream from the log: whole, or after the Last-Event-ID cursor; live until it ends.
+
+    Works on any edge replica, after an edge restart, and from several devices at once.
+    """
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    run = parse_id(run_id)
+    partition = await deps.conversations.run_partition(parsed, run) if run else None
+    if run is None or partition is None:
+        raise ApiError(404, f"No run found with id '{run_id}' in this chat.", "run_not_found")
+    after = None
+    if last_event_id is not None:
+        after = parse_cursor(last_event_id.strip())
+        if after is None or after[1] != partition:
+            raise ApiError(400, "Last-Event-ID is not a cursor of this run's stream.", "invalid_last_event_id")
+    since_ms = (run.time - UUID_EPOCH_100NS) // 10_000 - REPLAY_MARGIN_MS
+    return EventSourceResponse(replay(deps, partition, run_id, since_ms, after), ping=15)
+
+
+async def replay(
+    deps: Services, partition: int, run_id: str, since_ms: int, after: tuple[str, int, int] | None
+) -> AsyncIterator[dict[str, Any]]:
+    if after is not None and after[0] == "r":
+        return  # the client already has the run's terminal record (a rejection)
+    loop = asyncio.get_running_loop()
+    settings = deps.settings
+    reader = Replay(settings.kafka_bootstrap, settings.namespace, partition, run_id)
+    try:
+        await loop.run_in_executor(None, reader.seek, since_ms, after)
+        deadline = loop.time() + settings.first_event_timeout_s
+        while True:
+            try:
+                reply = await loop.run_in_executor(None, reader.poll, 0.5)
+            except ValueError:
+                yield {
+                    "event": "error",
+                    "data": json.dumps(
+                        {"run_id": run_id, "code": "invalid_last_event_id", "message": "The cursor is not of this run."}
+                    ),
+                }
+                return
+            if reader.finished:
+                return
+            if reply is None:
+                if loop.time() > deadline:
+                    yield {
+                        "event": "error",
+                        "data": json.dumps(
+                            {"run_id": run_id, "code": "timeout", "message": "No progress on this run."}
+                        ),
+                    }
+                    return
+                continue
+            deadline = loop.time() + settings.stream_idle_timeout_s
+            yield convert.sse(reply)
+            if reply.kind in convert.TERMINAL:
+                return
+    finally:
+        await loop.run_in_executor(None, reader.close)

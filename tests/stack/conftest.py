@@ -41,9 +41,11 @@ class Live:
         return issue(s.jwt_secret.get_secret_value(), user or f"u-{uuid.uuid4().hex[:8]}", tier, s.jwt_issuer,
                      s.jwt_audience, ttl)
 
-    def client(self, token: str | None = None) -> httpx.Client:
+    def client(self, token: str | None = None, replica: int = 0) -> httpx.Client:
+        """A client of one edge replica (replica 1 listens on port base + 100, with its own reply partition)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+        url = self.url if replica == 0 else f"http://127.0.0.1:{PORT_BASE + 100 * replica}"
+        return httpx.Client(base_url=url, headers=headers, timeout=120)
 
     def stage_url(self, stage: str) -> str:
         offset = {"moderation": 10, "scheduling": 11, "persistence": 12, "metering": 13, "inference": 20}[stage]
@@ -60,7 +62,7 @@ def _running(script: str) -> bool:
 @pytest.fixture(scope="session")
 def live() -> Iterator[Live]:
     started_here = [s for s in ("kafka.sh", "cassandra.sh") if not _running(s)]
-    stack = Stack(namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE)
+    stack = Stack(namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE, replicas=2)
     stack.up()
     try:
         yield Live(stack, stack.api_url)
