@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, TopicPartition
 
 from topics import codec
 from topics.codec import Event
@@ -29,14 +29,27 @@ class Reply:
     record: Event
 
 
+def reply_topics(namespace: str) -> dict[str, tuple[str, Topic]]:
+    """Broker name -> (cursor prefix, topic) of the two topics a run's stream is made of."""
+    return {named(TOKEN_DELTA, namespace): ("t", TOKEN_DELTA), named(RUN_REJECTED, namespace): ("r", RUN_REJECTED)}
+
+
+def to_reply(topics: dict[str, tuple[str, Topic]], msg: Message) -> tuple[str, Reply]:
+    """(run id, Reply) of a consumed reply record; raises PoisonEvent when it does not decode."""
+    prefix, topic = topics[str(msg.topic())]
+    record = codec.decode(topic.schema, msg.value())
+    if prefix == "r":
+        run_id, kind = record["prompt"]["run_id"], "rejected"
+    else:
+        run_id, kind = record["run_id"], record["kind"]
+    return run_id, Reply(f"{prefix}:{msg.partition()}:{msg.offset()}", kind, record)
+
+
 class ReplyHub:
     def __init__(self, bootstrap: str, namespace: str, partition: int, buffer: int = 1024) -> None:
         self.partition = partition
         self.buffer = buffer
-        self._topics: dict[str, tuple[str, Topic]] = {
-            named(TOKEN_DELTA, namespace): ("t", TOKEN_DELTA),
-            named(RUN_REJECTED, namespace): ("r", RUN_REJECTED),
-        }
+        self._topics = reply_topics(namespace)
         self._consumer = Consumer(
             consumer_config(bootstrap, f"edge-{namespace}-{partition}", **{"enable.partition.eof": False})
         )
@@ -82,15 +95,11 @@ class ReplyHub:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("reply consumer: %s", error)
                 continue
-            prefix, topic = self._topics[str(msg.topic())]
             try:
-                record = codec.decode(topic.schema, msg.value())
+                run_id, reply = to_reply(self._topics, msg)
             except PoisonEvent as exc:
                 log.warning("skipping undecodable reply %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
                 continue
-            run_id = record["prompt"]["run_id"] if prefix == "r" else record["run_id"]
-            kind = "rejected" if prefix == "r" else record["kind"]
-            reply = Reply(f"{prefix}:{msg.partition()}:{msg.offset()}", kind, record)
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._dispatch, run_id, reply)
 
@@ -123,10 +132,7 @@ class Replay:
     def __init__(self, bootstrap: str, namespace: str, partition: int, run_id: str) -> None:
         self.partition = partition
         self.run_id = run_id
-        self._names = {
-            named(TOKEN_DELTA, namespace): ("t", TOKEN_DELTA),
-            named(RUN_REJECTED, namespace): ("r", RUN_REJECTED),
-        }
+        self._names = reply_topics(namespace)
         self._consumer = Consumer(
             consumer_config(bootstrap, f"edge-replay-{namespace}", **{"enable.partition.eof": False})
         )
@@ -161,20 +167,17 @@ class Replay:
             msg = self._consumer.poll(0.1)
             if msg is None or msg.error() is not None:
                 continue
-            prefix, topic = self._names[str(msg.topic())]
             try:
-                record = codec.decode(topic.schema, msg.value())
+                run_id, reply = to_reply(self._names, msg)
             except PoisonEvent:
                 continue
-            run_id = record["prompt"]["run_id"] if prefix == "r" else record["run_id"]
-            kind = "rejected" if prefix == "r" else record["kind"]
-            if self._after is not None and (prefix, msg.offset()) == (self._after[0], self._after[2]):
+            if self._after is not None and reply.cursor == ":".join(map(str, self._after)):
                 if run_id != self.run_id:
                     raise ValueError("the cursor belongs to another run")
-                self.finished = kind in ("completed", "error", "rejected")
+                self.finished = reply.kind in ("completed", "error", "rejected")
                 continue
             if run_id == self.run_id:
-                return Reply(f"{prefix}:{msg.partition()}:{msg.offset()}", kind, record)
+                return reply
         return None
 
     def close(self) -> None:

@@ -30,7 +30,12 @@ class Service:
     name: str
     argv: tuple[str, ...]
     env: dict[str, str]
-    health: str  # URL answering 200 once ready
+    port: int
+    health_path: str  # answers 200 once ready
+
+    @property
+    def health(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.health_path}"
 
 
 @dataclass
@@ -70,7 +75,8 @@ class Stack:
                     stage,
                     (py, "-m", "processors", stage),
                     {**base, "PARLEY_WEB_PORT": str(port)},
-                    f"http://127.0.0.1:{port}/healthz",
+                    port,
+                    "/healthz",
                 )
             )
         metrics = self.port_base + 20
@@ -84,7 +90,8 @@ class Stack:
                     "PARLEY_METRICS_PORT": str(metrics),
                     "PARLEY_LLAMA_PORT": str(self.port_base + 21),
                 },
-                f"http://127.0.0.1:{metrics}/metrics",
+                metrics,
+                "/metrics",
             )
         )
         for replica in range(self.replicas):
@@ -98,7 +105,8 @@ class Stack:
                         "PARLEY_PORT": str(port),
                         "PARLEY_REPLY_PARTITION": str(replica),
                     },
-                    f"http://127.0.0.1:{port}/healthz",
+                    port,
+                    "/healthz",
                 )
             )
         return out
@@ -126,10 +134,9 @@ class Stack:
         for service in self.services():
             if _alive(self._path("run", f"{service.name}.pid")):
                 continue
-            port = int(service.health.split(":")[2].split("/")[0])
-            if _listening(port):
+            if _listening(service.port):
                 raise RuntimeError(
-                    f"port {port} for {service.name} is taken: another stack runs on this port base "
+                    f"port {service.port} for {service.name} is taken: another stack runs on this port base "
                     f"(stop it with `parley down --port-base {self.port_base}`, or pick another --port-base)"
                 )
             log = self._path("logs", f"{service.name}.log").open("ab")

@@ -149,6 +149,11 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
     return EventSourceResponse(stream(deps, run_id, queue), ping=15)
 
 
+def error_event(run_id: str, code: str, message: str) -> dict[str, Any]:
+    """An SSE `error` event the edge itself raises (no log record behind it, so no cursor)."""
+    return {"event": "error", "data": json.dumps({"run_id": run_id, "code": code, "message": message})}
+
+
 async def stream(deps: Services, run_id: str, queue: asyncio.Queue[Any]) -> AsyncIterator[dict[str, Any]]:
     accepted = time.perf_counter()
     first_token = True
@@ -160,12 +165,7 @@ async def stream(deps: Services, run_id: str, queue: asyncio.Queue[Any]) -> Asyn
                 reply = await asyncio.wait_for(queue.get(), timeout)
             except TimeoutError:
                 RUNS.labels("timeout").inc()
-                yield {
-                    "event": "error",
-                    "data": json.dumps(
-                        {"run_id": run_id, "code": "timeout", "message": f"No progress on this run for {timeout:.0f}s."}
-                    ),
-                }
+                yield error_event(run_id, "timeout", f"No progress on this run for {timeout:.0f}s.")
                 return
             timeout = deps.settings.stream_idle_timeout_s
             if reply.kind == "delta" and first_token:
@@ -225,23 +225,13 @@ async def replay(
             try:
                 reply = await loop.run_in_executor(None, reader.poll, 0.5)
             except ValueError:
-                yield {
-                    "event": "error",
-                    "data": json.dumps(
-                        {"run_id": run_id, "code": "invalid_last_event_id", "message": "The cursor is not of this run."}
-                    ),
-                }
+                yield error_event(run_id, "invalid_last_event_id", "The cursor is not of this run.")
                 return
             if reader.finished:
                 return
             if reply is None:
                 if loop.time() > deadline:
-                    yield {
-                        "event": "error",
-                        "data": json.dumps(
-                            {"run_id": run_id, "code": "timeout", "message": "No progress on this run."}
-                        ),
-                    }
+                    yield error_event(run_id, "timeout", "No progress on this run.")
                     return
                 continue
             deadline = loop.time() + settings.stream_idle_timeout_s
