@@ -5,11 +5,12 @@ serves both; closing the stream aborts the sequence in either engine.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -42,6 +43,7 @@ class Outcome:
     cached_tokens: int = 0
     first_token_at: float | None = None
     text: list[str] = field(default_factory=list)
+    pieces: int = 0  # streamed text chunks: the completion count when the engine reported none (a cancel)
 
 
 class Engine(Protocol):
@@ -74,7 +76,10 @@ class OpenAIStreamEngine:
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            # Running token counts on every chunk, so a cancelled run is still metered to the token:
+            # SGLang reads continuous_usage_stats, llama-server timings_per_token; each ignores the other.
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "timings_per_token": True,
         }
         for attempt in (1, 2):
             try:
@@ -122,17 +127,28 @@ def parse_sse_line(line: str) -> Chunk | None:
         chunk.completion_tokens = usage.get("completion_tokens")
         details = usage.get("prompt_tokens_details") or {}
         chunk.cached_tokens = details.get("cached_tokens")
-    timings = payload.get("timings")  # llama-server's own accounting of reused prompt tokens
-    if timings and chunk.cached_tokens is None and "cache_n" in timings:
+    timings = payload.get("timings")  # llama-server's own accounting: prompt_n new + cache_n reused tokens
+    if timings and not usage and "prompt_n" in timings:
+        chunk.cached_tokens = timings.get("cache_n", 0)
+        chunk.prompt_tokens = timings["prompt_n"] + chunk.cached_tokens
+        chunk.completion_tokens = timings.get("predicted_n", 0)
+    elif timings and chunk.cached_tokens is None and "cache_n" in timings:
         chunk.cached_tokens = timings["cache_n"]
     return chunk
 
 
-async def generate(engine: Engine, request: Request) -> AsyncIterator[tuple[str, Outcome]]:
-    """Run one request, yielding (text delta, running outcome); the outcome is complete after the last yield."""
+async def generate(
+    engine: Engine, request: Request, cancel: asyncio.Event | None = None
+) -> AsyncIterator[tuple[str, Outcome]]:
+    """Run one request, yielding (text delta, running outcome); the outcome is complete after the last yield.
+
+    When `cancel` is set the engine's stream is closed at once, even mid-prefill (closing it is how both
+    engines abort a sequence: they free it at their next decode step), and the outcome ends "cancelled".
+    """
     outcome = Outcome()
-    async for chunk in engine.stream(request):
+    async for chunk in _until(engine.stream(request), cancel, outcome):
         if chunk.text:
+            outcome.pieces += 1
             if outcome.first_token_at is None:
                 outcome.first_token_at = time.perf_counter()
             outcome.text.append(chunk.text)
@@ -144,3 +160,33 @@ async def generate(engine: Engine, request: Request) -> AsyncIterator[tuple[str,
         if chunk.cached_tokens is not None:
             outcome.cached_tokens = chunk.cached_tokens
         yield chunk.text, outcome
+    if outcome.finish_reason == "cancelled":
+        outcome.completion_tokens = max(outcome.completion_tokens, outcome.pieces)
+        yield "", outcome
+
+
+async def _until(chunks: AsyncIterator[Chunk], cancel: asyncio.Event | None, outcome: Outcome) -> AsyncIterator[Chunk]:
+    """The engine's chunks until they end or `cancel` is set; then the engine stream is closed."""
+    stream = aiter(chunks)
+    cancelled = asyncio.ensure_future(cancel.wait()) if cancel else None
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(stream))
+            waited: set[asyncio.Future[Any]] = {step}
+            if cancelled is not None:
+                waited, _ = await asyncio.wait({step, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+            if step not in waited:
+                step.cancel()
+                await asyncio.wait({step})  # let the stream unwind (closes the HTTP response)
+                outcome.finish_reason = "cancelled"
+                return
+            try:
+                yield await step
+            except StopAsyncIteration:
+                return
+    finally:
+        if cancelled is not None:
+            cancelled.cancel()
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -18,6 +18,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from inference.coalesce import Coalescer
+from inference.control import RunControls
 from inference.engine import Engine, Outcome, Request, generate
 from inference.offsets import OffsetTracker
 from inference.settings import InferenceSettings
@@ -25,7 +26,7 @@ from topics import codec, tracing
 from topics.codec import Event
 from topics.errors import PoisonEvent
 from topics.kafka import AsyncProducer, consumer_config, dead_letter
-from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA, named
+from topics.pipeline import RUN_COMPLETED, RUN_CONTROL, RUN_SCHEDULED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,12 @@ INTER_TOKEN = Histogram(
 TOKENS = Counter("parley_inference_tokens_total", "Tokens generated", ["pool", "kind"])
 RUNS = Counter("parley_inference_runs_total", "Runs finished", ["pool", "finish_reason"])
 IN_FLIGHT = Gauge("parley_inference_in_flight", "Runs in the engine's batch", ["pool"])
+CANCEL_LATENCY = Histogram(
+    "parley_inference_cancel_seconds",
+    "Cancel requested (edge clock) to the engine's sequence closed",
+    ["pool"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2),
+)
 HEALTHY = Gauge("parley_inference_engine_healthy", "1 while the engine answers its health check", ["pool"])
 
 
@@ -116,6 +123,7 @@ class Worker:
         self.scheduled_topic = named(RUN_SCHEDULED, settings.namespace)
         self.delta_topic = named(TOKEN_DELTA, settings.namespace)
         self.completed_topic = named(RUN_COMPLETED, settings.namespace)
+        self.controls = RunControls(settings.kafka_bootstrap, named(RUN_CONTROL, settings.namespace))
         self.offsets = OffsetTracker()
         self.slots = asyncio.Semaphore(settings.slots)
         self.healthy = True
@@ -140,15 +148,16 @@ class Worker:
             run["model"],
             [dict(m) for m in run["messages"]],
             prompt["max_tokens"],
-            self.settings.temperature,
+            self.settings.temperature if prompt.get("temperature") is None else prompt["temperature"],
         )
+        cancel = self.controls.watch(prompt["run_id"])
         coalescer = Coalescer(self.settings.coalesce_ms / 1000)
         seq: int = 0
         last_emit: float | None = None
         outcome: Outcome | None = None
         error: str | None = None
         try:
-            async for piece, progress in generate(self.engine, request):
+            async for piece, progress in generate(self.engine, request, cancel):
                 outcome = progress
                 ready = coalescer.add(piece)
                 if ready:
@@ -165,6 +174,15 @@ class Worker:
         except Exception as exc:  # engine failure: the run ends with an error, never hangs
             log.exception("run %s failed in the engine", prompt["run_id"])
             error = f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            self.controls.release(prompt["run_id"])
+        if outcome is None and cancel.is_set():
+            outcome = Outcome(finish_reason="cancelled")  # cancelled before the engine produced anything
+        if outcome is not None and outcome.finish_reason == "cancelled":
+            requested = self.controls.requested_at(prompt["run_id"])
+            if requested is not None:
+                CANCEL_LATENCY.labels(pool).observe(max(0.0, time.time() - requested))
+            log.info("run %s cancelled after %d completion tokens", prompt["run_id"], outcome.completion_tokens)
         duration_ms = (time.perf_counter() - started) * 1000
         text = "".join(outcome.text) if outcome else ""
         usage = {
@@ -237,6 +255,7 @@ class Worker:
         start_http_server(self.settings.metrics_port, addr="127.0.0.1")
         self.consumer.subscribe([self.scheduled_topic], on_revoke=self._on_revoke)
         self.producer.start()
+        self.controls.start(loop)
         background = [asyncio.create_task(self._watch_health())]
         log.info(
             "inference pool=%s engine=%s consuming %s with %d slots",
@@ -269,6 +288,7 @@ class Worker:
             for task in background:
                 task.cancel()
             await self.producer.close()
+            self.controls.stop()
             self.consumer.close()
 
     def _accept(self, msg: Message) -> None:

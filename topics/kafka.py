@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -13,6 +15,7 @@ from topics import tracing
 from topics.pipeline import TOPICS, Topic, dead_letter_name, named
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
@@ -125,3 +128,17 @@ class AsyncProducer:
         if self._task:
             await self._task
         self.producer.flush(10)
+
+
+def until_ready(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
+    """Call fn until the cluster answers it: right after a broker (re)start, partitions have no leader for a
+    few seconds and metadata calls fail with retriable errors."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return fn()
+        except KafkaException as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.info("%s: Kafka not ready yet (%s); retrying", what, exc.args[0] if exc.args else exc)
+            time.sleep(0.5)

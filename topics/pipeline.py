@@ -77,6 +77,16 @@ RUN_COMPLETED = Topic(
     CHAT_PARTITIONS,
     "chat_id",
 )
+# Commands to a running run (cancel). Every inference consumer reads all of it (no group): control events
+# are rare, and only the consumer holding the run acts (docs/decisions/0004-cancel-and-openai-route.md).
+RUN_CONTROL = Topic(
+    "chat.run-control.v1",
+    "RunControl",
+    "api",
+    ("inference",),
+    CHAT_PARTITIONS,
+    "chat_id",
+)
 
 TOPICS: tuple[Topic, ...] = (
     PROMPT_ACCEPTED,
@@ -85,6 +95,7 @@ TOPICS: tuple[Topic, ...] = (
     RUN_REJECTED,
     TOKEN_DELTA,
     RUN_COMPLETED,
+    RUN_CONTROL,
 )
 
 STAGES = ("api", "moderation", "scheduling", "inference", "persistence", "metering")

@@ -84,6 +84,7 @@ def test_a_backward_incompatible_change_is_caught(tmp_path):
 def test_roundtrip_and_poison():
     named: dict = {}
     sample(raw(codec.SCHEMA_DIR, "Usage"), named)
+    sample(raw(codec.SCHEMA_DIR, "ChatMessage"), named)
     record = sample(raw(codec.SCHEMA_DIR, "PromptAccepted"), named)
     decoded = codec.decode("PromptAccepted", codec.encode("PromptAccepted", record))
     assert decoded["content"] == record["content"] and decoded["run_id"] == record["run_id"]

@@ -1,0 +1,91 @@
+"""RunControl for an inference consumer: which of its runs were cancelled.
+
+Every consumer reads the whole control topic with no consumer group (control events are rare), from a
+window back in time, so a cancel that arrived before the run was picked up, or before this consumer
+(re)started and took the run over, still applies. Only the consumer holding the run acts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+
+from confluent_kafka import Consumer, TopicPartition
+
+from topics import codec
+from topics.errors import PoisonEvent
+from topics.kafka import consumer_config, until_ready
+from topics.pipeline import RUN_CONTROL
+
+log = logging.getLogger(__name__)
+
+
+class RunControls:
+    def __init__(self, bootstrap: str, topic: str, window_s: float = 900.0) -> None:
+        self.topic = topic
+        self.window_s = window_s
+        self._consumer = Consumer(consumer_config(bootstrap, f"{topic}.reader", **{"enable.partition.eof": False}))
+        self._cancelled: OrderedDict[str, float] = OrderedDict()  # run id -> cancel requested at (epoch s)
+        self._active: dict[str, asyncio.Event] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._thread: threading.Thread | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+        since_ms = int((time.time() - self.window_s) * 1000)
+        wanted = [TopicPartition(self.topic, p, since_ms) for p in metadata.partitions]
+        starts = until_ready("run control", lambda: self._consumer.offsets_for_times(wanted, timeout=10))
+        self._consumer.assign(starts)
+        self._running = True
+        self._thread = threading.Thread(target=self._poll, name="run-control", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._running = False
+        if self._thread:
+            self._thread.join(5)
+        self._consumer.close()
+
+    def watch(self, run_id: str) -> asyncio.Event:
+        """The event that is set when `run_id` is cancelled (already set if it was cancelled before)."""
+        event = asyncio.Event()
+        if run_id in self._cancelled:
+            event.set()
+        self._active[run_id] = event
+        return event
+
+    def release(self, run_id: str) -> None:
+        self._active.pop(run_id, None)
+
+    def requested_at(self, run_id: str) -> float | None:
+        return self._cancelled.get(run_id)
+
+    def _poll(self) -> None:
+        while self._running:
+            msg = self._consumer.poll(0.1)
+            if msg is None or msg.error() is not None:
+                continue
+            try:
+                control = codec.decode(RUN_CONTROL.schema, msg.value())
+            except PoisonEvent as exc:
+                log.warning("skipping undecodable control record @%s: %s", msg.offset(), exc)
+                continue
+            assert self._loop is not None
+            requested = control["requested_at"]
+            at = requested.timestamp() if hasattr(requested, "timestamp") else requested / 1000
+            self._loop.call_soon_threadsafe(self._cancel, control["run_id"], at)
+
+    def _cancel(self, run_id: str, at: float) -> None:
+        self._cancelled[run_id] = at
+        horizon = time.time() - self.window_s
+        while self._cancelled and next(iter(self._cancelled.values())) < horizon:
+            self._cancelled.popitem(last=False)
+        event = self._active.get(run_id)
+        if event is not None and not event.is_set():
+            log.info("run %s: cancel requested; stopping it at the next decode step", run_id)
+            event.set()
