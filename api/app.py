@@ -66,8 +66,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
-    from api.routes import chats, system
+    from api.routes import chats, keys, openai, system
 
     app.include_router(chats.router)
+    app.include_router(openai.router)
+    app.include_router(keys.router)
     app.include_router(system.router)
     return app

@@ -1,7 +1,13 @@
-"""Credentials: HS256 JWTs carrying the user id and tier (issuer, audience and expiry checked)."""
+"""Credentials: HS256 JWTs carrying the user id and tier (issuer, audience and expiry checked), and API keys.
+
+An API key is `pk-` + 43 url-safe characters (256 random bits). Only its SHA-256 is stored, with the owner
+and the tier it was minted with; a revoked key is refused on the next request (no cache).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Annotated
@@ -14,10 +20,24 @@ from api.errors import ApiError
 TIERS = ("free", "pro", "enterprise")
 
 
+KEY_PREFIX = "pk-"
+
+
 @dataclass(frozen=True)
 class Principal:
     user_id: str
     tier: str
+    via_key: bool = False
+
+
+def new_key() -> tuple[str, str]:
+    """(the key to show once, its hash to store)."""
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    return key, key_hash(key)
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def issue(secret: str, user: str, tier: str, issuer: str, audience: str, ttl_s: int = 30 * 24 * 3600) -> str:
@@ -48,7 +68,7 @@ def verify(token: str, secret: str, issuer: str, audience: str) -> Principal:
     return Principal(claims["sub"], tier)
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -58,8 +78,14 @@ def principal(request: Request) -> Principal:
             "missing_token",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    token = token.strip()
+    if token.startswith(KEY_PREFIX):
+        owner = await request.app.state.services.conversations.key_owner(key_hash(token))
+        if owner is None:
+            raise ApiError(401, "The API key is not valid or has been revoked.", "invalid_api_key")
+        return Principal(owner[0], owner[1], via_key=True)
     settings = request.app.state.settings
-    return verify(token.strip(), settings.jwt_secret.get_secret_value(), settings.jwt_issuer, settings.jwt_audience)
+    return verify(token, settings.jwt_secret.get_secret_value(), settings.jwt_issuer, settings.jwt_audience)
 
 
 CurrentUser = Annotated[Principal, Depends(principal)]

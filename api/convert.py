@@ -25,6 +25,9 @@ def prompt_accepted(
     model: str | None,
     reply_partition: int,
     prev_run_id: str | None,
+    messages: list[dict[str, str]] | None = None,
+    temperature: float | None = None,
+    store: bool = True,
 ) -> Event:
     return {
         "event_id": str(uuid.uuid4()),
@@ -38,7 +41,22 @@ def prompt_accepted(
         "model": model,
         "reply_partition": reply_partition,
         "prev_run_id": prev_run_id,
+        "messages": messages,
+        "temperature": temperature,
+        "store": store,
         "created_at": int(time.time() * 1000),
+    }
+
+
+def run_control(*, run_id: str, chat_id: str, user_id: str, reason: str) -> Event:
+    return {
+        "event_id": str(uuid.uuid4()),
+        "run_id": run_id,
+        "chat_id": chat_id,
+        "user_id": user_id,
+        "action": "cancel",
+        "reason": reason,
+        "requested_at": int(time.time() * 1000),
     }
 
 

@@ -10,13 +10,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, TopicPartition
 
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import consumer_config
+from topics.kafka import consumer_config, until_ready
 from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,17 @@ def to_reply(topics: dict[str, tuple[str, Topic]], msg: Message) -> tuple[str, R
     return run_id, Reply(f"{prefix}:{msg.partition()}:{msg.offset()}", kind, record)
 
 
+@dataclass
+class LiveRun:
+    """One run's records as this replica reads them. When the client reads slower than the run produces and
+    the bounded queue fills, the hub stops filling it and marks it overflowed: the stream then catches up
+    from the log (Replay), so a slow client costs a bounded buffer, never unbounded memory or lost tokens.
+    """
+
+    queue: asyncio.Queue[Reply]
+    overflowed: bool = False
+
+
 class ReplyHub:
     def __init__(self, bootstrap: str, namespace: str, partition: int, buffer: int = 1024) -> None:
         self.partition = partition
@@ -53,7 +65,7 @@ class ReplyHub:
         self._consumer = Consumer(
             consumer_config(bootstrap, f"edge-{namespace}-{partition}", **{"enable.partition.eof": False})
         )
-        self._streams: dict[str, asyncio.Queue[Reply]] = {}
+        self._streams: dict[str, LiveRun] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._thread: threading.Thread | None = None
@@ -63,7 +75,8 @@ class ReplyHub:
         self._loop = loop
         assignment = []
         for name in self._topics:
-            _low, high = self._consumer.get_watermark_offsets(TopicPartition(name, self.partition), timeout=10)
+            watermarks = partial(self._consumer.get_watermark_offsets, TopicPartition(name, self.partition), timeout=10)
+            _low, high = until_ready("reply hub", watermarks)
             assignment.append(TopicPartition(name, self.partition, high if high >= 0 else OFFSET_END))
         self._consumer.assign(assignment)
         self._running = True
@@ -76,11 +89,11 @@ class ReplyHub:
             self._thread.join(5)
         self._consumer.close()
 
-    def open(self, run_id: str) -> asyncio.Queue[Reply]:
+    def open(self, run_id: str) -> LiveRun:
         """Register a run before its prompt is published, so none of its records can be missed."""
-        queue: asyncio.Queue[Reply] = asyncio.Queue(self.buffer)
-        self._streams[run_id] = queue
-        return queue
+        live = LiveRun(asyncio.Queue(self.buffer))
+        self._streams[run_id] = live
+        return live
 
     def close(self, run_id: str) -> None:
         self._streams.pop(run_id, None)
@@ -104,14 +117,14 @@ class ReplyHub:
             self._loop.call_soon_threadsafe(self._dispatch, run_id, reply)
 
     def _dispatch(self, run_id: str, reply: Reply) -> None:
-        queue = self._streams.get(run_id)
-        if queue is None:
+        live = self._streams.get(run_id)
+        if live is None:
             return
         try:
-            queue.put_nowait(reply)
+            live.queue.put_nowait(reply)
         except asyncio.QueueFull:
-            # The client stopped reading; the run goes on and is persisted, the stream is dropped.
-            log.warning("stream of run %s overflowed its buffer; closing it", run_id)
+            log.info("run %s: client reads slower than the run; its stream will catch up from the log", run_id)
+            live.overflowed = True
             self._streams.pop(run_id, None)
 
 

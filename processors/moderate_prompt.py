@@ -36,7 +36,9 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 def moderate(prompt: Event) -> Event:
     """The verdict on one prompt (pure)."""
-    category = next((name for name, rule in RULES if rule.search(prompt["content"])), None)
+    # The OpenAI route sends the whole conversation, and the client wrote every turn of it: check them all.
+    texts = [m["content"] for m in prompt.get("messages") or ()] or [prompt["content"]]
+    category = next((name for name, rule in RULES for text in texts if rule.search(text)), None)
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,

@@ -1,7 +1,12 @@
-"""PromptAccepted | RunCompleted | RunRejected -> Cassandra messages (idempotent: keyed by the event's ids)."""
+"""PromptAccepted | RunCompleted | RunRejected -> Cassandra messages (idempotent: keyed by the event's ids).
+
+Runs of the stateless OpenAI route (store = false) are not written as messages; they are metered and stay
+in the log. A deleted chat gets no new rows from runs that were still in flight when it was deleted.
+"""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime
 
@@ -43,15 +48,33 @@ def refusal_turn(rejected: Event) -> Message:
     )
 
 
+log = logging.getLogger(__name__)
+
+
 def register(stage: Stage, conversations: Conversations) -> None:
+    async def stored_chat(prompt: Event) -> uuid.UUID | None:
+        """The chat to write into, or None for a stateless run or a chat deleted meanwhile."""
+        if not prompt.get("store", True):
+            return None
+        chat_id = uuid.UUID(prompt["chat_id"])
+        if await conversations.get_chat(chat_id) is None:
+            log.info("chat %s was deleted; not storing run %s", chat_id, prompt["run_id"])
+            return None
+        return chat_id
+
     async def on_prompt(prompt: Event) -> None:
-        await conversations.put_message(uuid.UUID(prompt["chat_id"]), user_turn(prompt))
+        if chat_id := await stored_chat(prompt):
+            await conversations.put_message(chat_id, user_turn(prompt))
 
     async def on_completed(done: Event) -> None:
-        await conversations.put_message(uuid.UUID(done["prompt"]["chat_id"]), assistant_turn(done))
+        if chat_id := await stored_chat(done["prompt"]):
+            await conversations.put_message(chat_id, assistant_turn(done))
+            await conversations.finish_run(chat_id, uuid.UUID(done["prompt"]["run_id"]), done["finish_reason"])
 
     async def on_rejected(rejected: Event) -> None:
-        await conversations.put_message(uuid.UUID(rejected["prompt"]["chat_id"]), refusal_turn(rejected))
+        if chat_id := await stored_chat(rejected["prompt"]):
+            await conversations.put_message(chat_id, refusal_turn(rejected))
+            await conversations.finish_run(chat_id, uuid.UUID(rejected["prompt"]["run_id"]), rejected["code"])
 
     stage.consume(PROMPT_ACCEPTED, on_prompt)
     stage.consume(RUN_COMPLETED, on_completed)

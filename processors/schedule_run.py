@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Any
 
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
@@ -34,12 +35,19 @@ def reject(moderated: Event) -> Event:
 
 
 def assemble(prompt: Event, history: list[Message], settings: ProcessorSettings) -> Event:
-    """The run to schedule (pure): the history is the chat's turns before this message, oldest first."""
-    earlier = [m for m in history if m.id != prompt["message_id"] and m.content]
-    earlier = earlier[-settings.context_messages :]
-    messages = [{"role": "system", "content": settings.system_prompt}]
-    messages += [{"role": m.role, "content": m.content} for m in earlier]
-    messages.append({"role": "user", "content": prompt["content"]})
+    """The run to schedule (pure): the history is the chat's turns before this message, oldest first.
+
+    A prompt from the OpenAI-compatible route carries its whole conversation and is used as sent.
+    """
+    if prompt.get("messages"):
+        messages = [dict(m) for m in prompt["messages"]]
+        earlier: list[Any] = messages[:-1]
+    else:
+        earlier = [m for m in history if m.id != prompt["message_id"] and m.content]
+        earlier = earlier[-settings.context_messages :]
+        messages = [{"role": "system", "content": settings.system_prompt}]
+        messages += [{"role": m.role, "content": m.content} for m in earlier]
+        messages.append({"role": "user", "content": prompt["content"]})
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,
@@ -77,7 +85,7 @@ def register(stage: Stage, conversations: Conversations) -> None:
         if moderated["decision"] == "blocked":
             await stage.publish(RUN_REJECTED, reject(moderated), partition=prompt["reply_partition"])
             return
-        history = await history_for(prompt, conversations, stage.settings)
+        history = [] if prompt.get("messages") else await history_for(prompt, conversations, stage.settings)
         await stage.publish(RUN_SCHEDULED, assemble(prompt, history, stage.settings), key=prompt["chat_id"])
 
     stage.consume(PROMPT_MODERATED, handle)

@@ -12,28 +12,39 @@ from typing import Any
 
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy
-from cassandra.query import PreparedStatement
+from cassandra.query import BatchStatement, PreparedStatement
 
 SCHEMA = (
     """CREATE KEYSPACE IF NOT EXISTS {ks}
        WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}""",
     # Ownership and metadata of one chat.
     """CREATE TABLE IF NOT EXISTS {ks}.chats (
-         chat_id timeuuid PRIMARY KEY, user_id text, title text, created_at timestamp, last_run_id text)""",
-    # Where each run's reply stream lives, so any edge replica can replay or resume it.
+         chat_id timeuuid PRIMARY KEY, user_id text, title text, created_at timestamp, last_run_id text,
+         last_active_at timestamp)""",
+    # Where each run's reply stream lives, so any edge replica can replay or resume it; finish_reason is set
+    # once the run has ended (cancel of a finished run is a conflict).
     """CREATE TABLE IF NOT EXISTS {ks}.runs (
-         chat_id timeuuid, run_id timeuuid, reply_partition int,
+         chat_id timeuuid, run_id timeuuid, reply_partition int, finish_reason text,
          PRIMARY KEY ((chat_id), run_id))""",
-    # A user's chats, newest first (chat ids are time-ordered).
-    """CREATE TABLE IF NOT EXISTS {ks}.chats_by_user (
-         user_id text, chat_id timeuuid, title text, created_at timestamp,
-         PRIMARY KEY ((user_id), chat_id)) WITH CLUSTERING ORDER BY (chat_id DESC)""",
+    # A user's chats, most recently active first. A chat's row moves when it is active again (delete + insert
+    # in one batch); a row whose active_at no longer matches chats.last_active_at is stale and skipped.
+    """CREATE TABLE IF NOT EXISTS {ks}.chats_by_activity (
+         user_id text, active_at timestamp, chat_id timeuuid, title text, created_at timestamp,
+         PRIMARY KEY ((user_id), active_at, chat_id)) WITH CLUSTERING ORDER BY (active_at DESC, chat_id DESC)""",
     # The turns of one chat in order. message_id is the event's id: a replay rewrites the same row.
     """CREATE TABLE IF NOT EXISTS {ks}.messages (
          chat_id timeuuid, message_id timeuuid, role text, content text, created_at timestamp,
          run_id text, model text, finish_reason text,
          PRIMARY KEY ((chat_id), message_id)) WITH CLUSTERING ORDER BY (message_id ASC)""",
+    # API keys: only a SHA-256 of the key is stored (keys are 256-bit random, so a fast hash is enough).
+    """CREATE TABLE IF NOT EXISTS {ks}.api_keys (
+         key_hash text PRIMARY KEY, key_id timeuuid, user_id text, tier text, revoked boolean)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.api_keys_by_user (
+         user_id text, key_id timeuuid, key_hash text, name text, prefix text, tier text, created_at timestamp,
+         revoked_at timestamp, PRIMARY KEY ((user_id), key_id)) WITH CLUSTERING ORDER BY (key_id DESC)""",
 )
+# Columns added after a table first shipped: (table, column, type), applied when missing.
+COLUMNS_ADDED = (("chats", "last_active_at", "timestamp"), ("runs", "finish_reason", "text"))
 
 
 def new_id() -> uuid.UUID:
@@ -97,42 +108,79 @@ class Message:
     finish_reason: str | None = None
 
 
+@dataclass
+class ApiKey:
+    key_id: str
+    name: str
+    prefix: str
+    tier: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
 class Conversations:
-    """Reads and writes of chats and messages; one per process, built from settings at start-up."""
+    """Reads and writes of chats, runs, messages and API keys; one per process, built at start-up."""
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self.session = session
         self.ks = keyspace
+        ks = keyspace
         p = session.prepare
         self._insert_chat: PreparedStatement = p(
-            f"INSERT INTO {keyspace}.chats (chat_id, user_id, title, created_at) VALUES (?, ?, ?, ?)"
+            f"INSERT INTO {ks}.chats (chat_id, user_id, title, created_at, last_active_at) VALUES (?, ?, ?, ?, ?)"
         )
-        self._insert_chat_by_user = p(
-            f"INSERT INTO {keyspace}.chats_by_user (user_id, chat_id, title, created_at) VALUES (?, ?, ?, ?)"
+        self._insert_activity = p(
+            f"INSERT INTO {ks}.chats_by_activity (user_id, active_at, chat_id, title, created_at) "
+            "VALUES (?, ?, ?, ?, ?)"
         )
-        self._get_chat = p(f"SELECT user_id, title, created_at, last_run_id FROM {keyspace}.chats WHERE chat_id = ?")
-        self._set_last_run = p(f"UPDATE {keyspace}.chats SET last_run_id = ? WHERE chat_id = ?")
-        self._insert_run = p(f"INSERT INTO {keyspace}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)")
-        self._get_run = p(f"SELECT reply_partition FROM {keyspace}.runs WHERE chat_id = ? AND run_id = ?")
+        self._delete_activity = p(
+            f"DELETE FROM {ks}.chats_by_activity WHERE user_id = ? AND active_at = ? AND chat_id = ?"
+        )
+        self._get_chat = p(
+            f"SELECT chat_id, user_id, title, created_at, last_run_id, last_active_at FROM {ks}.chats WHERE chat_id = ?"
+        )
+        self._get_chats = p(f"SELECT chat_id, title, last_active_at FROM {ks}.chats WHERE chat_id IN ?")
+        self._set_active = p(f"UPDATE {ks}.chats SET last_active_at = ?, last_run_id = ? WHERE chat_id = ?")
+        self._set_title = p(f"UPDATE {ks}.chats SET title = ? WHERE chat_id = ?")
+        self._delete_chat = p(f"DELETE FROM {ks}.chats WHERE chat_id = ?")
+        self._delete_messages = p(f"DELETE FROM {ks}.messages WHERE chat_id = ?")
+        self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE chat_id = ?")
+        self._insert_run = p(f"INSERT INTO {ks}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)")
+        self._get_run = p(f"SELECT reply_partition, finish_reason FROM {ks}.runs WHERE chat_id = ? AND run_id = ?")
+        self._finish_run = p(f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?")
         self._list_chats = p(
-            f"SELECT chat_id, title, created_at FROM {keyspace}.chats_by_user WHERE user_id = ? LIMIT ?"
+            f"SELECT active_at, chat_id, title, created_at FROM {ks}.chats_by_activity WHERE user_id = ? LIMIT ?"
         )
         self._list_chats_after = p(
-            f"SELECT chat_id, title, created_at FROM {keyspace}.chats_by_user WHERE user_id = ? AND chat_id < ? LIMIT ?"
+            f"SELECT active_at, chat_id, title, created_at FROM {ks}.chats_by_activity "
+            "WHERE user_id = ? AND (active_at, chat_id) < (?, ?) LIMIT ?"
         )
         self._insert_message = p(
-            f"INSERT INTO {keyspace}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
+            f"INSERT INTO {ks}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
             "finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        self._list_messages = p(
-            f"SELECT message_id, role, content, created_at, run_id, model, finish_reason FROM {keyspace}.messages "
-            "WHERE chat_id = ? AND message_id > ? LIMIT ?"
-        )
+        columns = "message_id, role, content, created_at, run_id, model, finish_reason"
+        self._list_messages = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? LIMIT ?")
         self._recent_messages = p(
-            f"SELECT message_id, role, content, created_at, run_id, model, finish_reason FROM {keyspace}.messages "
-            "WHERE chat_id = ? ORDER BY message_id DESC LIMIT ?"
+            f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? ORDER BY message_id DESC LIMIT ?"
         )
-        self._get_message = p(f"SELECT message_id FROM {keyspace}.messages WHERE chat_id = ? AND message_id = ?")
+        self._get_message = p(f"SELECT message_id FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+        self._insert_key = p(
+            f"INSERT INTO {ks}.api_keys (key_hash, key_id, user_id, tier, revoked) VALUES (?, ?, ?, ?, false)"
+        )
+        self._insert_key_by_user = p(
+            f"INSERT INTO {ks}.api_keys_by_user (user_id, key_id, key_hash, name, prefix, tier, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._get_key = p(f"SELECT user_id, tier, revoked FROM {ks}.api_keys WHERE key_hash = ?")
+        self._user_keys = p(
+            f"SELECT key_id, key_hash, name, prefix, tier, created_at, revoked_at FROM {ks}.api_keys_by_user "
+            "WHERE user_id = ?"
+        )
+        self._revoke_key = p(f"UPDATE {ks}.api_keys SET revoked = true WHERE key_hash = ?")
+        self._revoke_key_by_user = p(
+            f"UPDATE {ks}.api_keys_by_user SET revoked_at = ? WHERE user_id = ? AND key_id = ?"
+        )
 
     @classmethod
     def connect(cls, hosts: str, port: int, keyspace: str) -> Conversations:
@@ -146,68 +194,161 @@ class Conversations:
         session = cluster.connect()
         for statement in SCHEMA:
             session.execute(statement.format(ks=keyspace), timeout=60)
+        cluster.refresh_schema_metadata()
+        tables = cluster.metadata.keyspaces[keyspace].tables
+        for table, column, kind in COLUMNS_ADDED:
+            if column not in tables[table].columns:
+                session.execute(f"ALTER TABLE {keyspace}.{table} ADD {column} {kind}", timeout=60)
         return cls(session, keyspace)
 
     def close(self) -> None:
         self.session.cluster.shutdown()
 
+    async def _run(self, statement: Any, params: tuple[Any, ...]) -> Any:
+        return await wait(self.session.execute_async(statement, params))
+
+    async def _batch(self, *items: tuple[Any, tuple[Any, ...]]) -> None:
+        batch = BatchStatement()
+        for statement, params in items:
+            batch.add(statement, params)
+        await wait(self.session.execute_async(batch))
+
+    # -- chats -------------------------------------------------------------------------------------
     async def create_chat(self, user_id: str, title: str) -> tuple[uuid.UUID, datetime]:
         chat_id = new_id()
-        now = datetime.now(UTC)
-        await wait(self.session.execute_async(self._insert_chat, (chat_id, user_id, title, now)))
-        await wait(self.session.execute_async(self._insert_chat_by_user, (user_id, chat_id, title, now)))
+        now = _now()
+        await self._batch(
+            (self._insert_chat, (chat_id, user_id, title, now, now)),
+            (self._insert_activity, (user_id, now, chat_id, title, now)),
+        )
         return chat_id, now
 
     async def get_chat(self, chat_id: uuid.UUID) -> Any:
-        rows = await wait(self.session.execute_async(self._get_chat, (chat_id,)))
-        return rows.one()
+        return (await self._run(self._get_chat, (chat_id,))).one()
 
-    async def open_run(self, chat_id: uuid.UUID, run_id: uuid.UUID, reply_partition: int) -> None:
-        """Record a new run of the chat: where its stream lives, and that it is now the chat's latest."""
-        await wait(self.session.execute_async(self._insert_run, (chat_id, run_id, reply_partition)))
-        await wait(self.session.execute_async(self._set_last_run, (str(run_id), chat_id)))
+    async def rename_chat(self, chat: Any, title: str) -> None:
+        active = _active_at(chat)
+        await self._batch(
+            (self._set_title, (title, chat.chat_id)),
+            (self._insert_activity, (chat.user_id, active, chat.chat_id, title, chat.created_at)),
+        )
 
-    async def run_partition(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> int | None:
-        row = (await wait(self.session.execute_async(self._get_run, (chat_id, run_id)))).one()
-        return int(row.reply_partition) if row else None
+    async def delete_chat(self, chat: Any) -> None:
+        """The chat, its messages and its runs (so its streams can no longer be resumed)."""
+        await self._batch(
+            (self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id)),
+            (self._delete_chat, (chat.chat_id,)),
+            (self._delete_messages, (chat.chat_id,)),
+            (self._delete_runs, (chat.chat_id,)),
+        )
 
-    async def list_chats(self, user_id: str, limit: int, after: uuid.UUID | None) -> list[Any]:
-        if after is None:
-            rows = await wait(self.session.execute_async(self._list_chats, (user_id, limit)))
-        else:
-            rows = await wait(self.session.execute_async(self._list_chats_after, (user_id, after, limit)))
-        return list(rows)
+    async def list_chats(self, user_id: str, limit: int, after: tuple[datetime, uuid.UUID] | None) -> list[Any]:
+        """A page of the user's chats, most recently active first; stale activity rows are skipped."""
+        found: list[Any] = []
+        while len(found) < limit:
+            if after is None:
+                rows = list(await self._run(self._list_chats, (user_id, limit)))
+            else:
+                rows = list(await self._run(self._list_chats_after, (user_id, after[0], after[1], limit)))
+            if not rows:
+                break
+            current = {r.chat_id: r for r in await self._run(self._get_chats, ([r.chat_id for r in rows],))}
+            for row in rows:
+                chat = current.get(row.chat_id)
+                if chat is not None and chat.last_active_at == row.active_at:
+                    found.append(row._replace(title=chat.title))
+            if len(rows) < limit:
+                break
+            after = (rows[-1].active_at, rows[-1].chat_id)
+        return found[:limit]
 
+    # -- runs --------------------------------------------------------------------------------------
+    async def open_run(self, chat: Any, run_id: uuid.UUID, reply_partition: int) -> None:
+        """Record a new run of the chat (where its stream lives), make it the chat's latest and the chat active."""
+        now = _now()
+        await self._run(self._insert_run, (chat.chat_id, run_id, reply_partition))
+        await self._batch(
+            (self._set_active, (now, str(run_id), chat.chat_id)),
+            (self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id)),
+            (self._insert_activity, (chat.user_id, now, chat.chat_id, chat.title, chat.created_at)),
+        )
+
+    async def get_run(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> tuple[int, str | None] | None:
+        """(reply partition, finish reason or None while it runs), or None when the chat has no such run."""
+        row = (await self._run(self._get_run, (chat_id, run_id))).one()
+        return (int(row.reply_partition), row.finish_reason) if row else None
+
+    async def finish_run(self, chat_id: uuid.UUID, run_id: uuid.UUID, finish_reason: str) -> None:
+        await self._run(self._finish_run, (finish_reason, chat_id, run_id))
+
+    # -- messages ----------------------------------------------------------------------------------
     async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
         floor = after or uuid.UUID(int=0x00000000_0000_1000_8000_000000000000)  # the smallest timeuuid
-        rows = await wait(self.session.execute_async(self._list_messages, (chat_id, floor, limit)))
+        rows = await self._run(self._list_messages, (chat_id, floor, limit))
         return [_message(r) for r in rows]
 
     async def recent_messages(self, chat_id: uuid.UUID, limit: int) -> list[Message]:
-        rows = await wait(self.session.execute_async(self._recent_messages, (chat_id, limit)))
+        rows = await self._run(self._recent_messages, (chat_id, limit))
         return [_message(r) for r in reversed(list(rows))]
 
     async def has_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> bool:
-        rows = await wait(self.session.execute_async(self._get_message, (chat_id, message_id)))
-        return rows.one() is not None
+        return (await self._run(self._get_message, (chat_id, message_id))).one() is not None
 
     async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
         """Idempotent: the message id comes from the event, so a redelivered event rewrites the same row."""
-        await wait(
-            self.session.execute_async(
-                self._insert_message,
-                (
-                    chat_id,
-                    uuid.UUID(message.id),
-                    message.role,
-                    message.content,
-                    message.created_at,
-                    message.run_id,
-                    message.model,
-                    message.finish_reason,
-                ),
-            )
+        await self._run(
+            self._insert_message,
+            (
+                chat_id,
+                uuid.UUID(message.id),
+                message.role,
+                message.content,
+                message.created_at,
+                message.run_id,
+                message.model,
+                message.finish_reason,
+            ),
         )
+
+    # -- API keys ----------------------------------------------------------------------------------
+    async def create_key(self, user_id: str, tier: str, name: str, key_hash: str, prefix: str) -> ApiKey:
+        key_id, now = new_id(), _now()
+        await self._run(self._insert_key, (key_hash, key_id, user_id, tier))
+        await self._run(self._insert_key_by_user, (user_id, key_id, key_hash, name, prefix, tier, now))
+        return ApiKey(str(key_id), name, prefix, tier, now, None)
+
+    async def key_owner(self, key_hash: str) -> tuple[str, str] | None:
+        """(user id, tier) of a live key, None when unknown or revoked."""
+        row = (await self._run(self._get_key, (key_hash,))).one()
+        return None if row is None or row.revoked else (row.user_id, row.tier)
+
+    async def list_keys(self, user_id: str) -> list[ApiKey]:
+        return [_key(r) for r in await self._run(self._user_keys, (user_id,))]
+
+    async def revoke_key(self, user_id: str, key_id: uuid.UUID) -> bool:
+        rows = [r for r in await self._run(self._user_keys, (user_id,)) if r.key_id == key_id]
+        if not rows:
+            return False
+        await self._run(self._revoke_key, (rows[0].key_hash,))
+        if rows[0].revoked_at is None:
+            await self._run(self._revoke_key_by_user, (_now(), user_id, key_id))
+        return True
+
+
+def _now() -> datetime:
+    """Millisecond precision: Cassandra timestamps hold milliseconds, and activity rows are matched on equality."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def _active_at(chat: Any) -> datetime:
+    active: datetime = chat.last_active_at or chat.created_at
+    return active
+
+
+def _key(row: Any) -> ApiKey:
+    revoked = utc(row.revoked_at) if row.revoked_at else None
+    return ApiKey(str(row.key_id), row.name, row.prefix, row.tier, utc(row.created_at), revoked)
 
 
 def utc(value: datetime) -> datetime:

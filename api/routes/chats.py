@@ -1,29 +1,28 @@
-"""Chats and messages: create, list, read, and post a message that streams its answer as SSE."""
+"""Chats, messages and runs: create, list by recent activity, read, rename, delete, export; post a message that
+streams its answer as SSE; resume a run's stream from any replica; cancel a run.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
-from opentelemetry import trace
+from fastapi import APIRouter, Header, Response
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
-from api import convert
+from api import convert, streams
 from api.app import Deps, Services
 from api.auth import CurrentUser, Principal
 from api.errors import ApiError
-from api.replies import Replay, parse_cursor
+from api.replies import Reply, parse_cursor
 from storage.cassandra import decode_cursor, encode_cursor, new_id, parse_id, utc
-from topics import codec
-from topics.pipeline import PROMPT_ACCEPTED, named
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -37,6 +36,10 @@ RUNS = Counter("parley_edge_runs_total", "Runs opened on this replica", ["outcom
 
 class NewChat(BaseModel):
     title: str = Field("New chat", max_length=200)
+
+
+class ChatPatch(BaseModel):
+    title: str = Field(min_length=1, max_length=200)
 
 
 class NewMessage(BaseModel):
@@ -71,21 +74,92 @@ def cursor_id(cursor: str | None) -> uuid.UUID | None:
     return after
 
 
+def chat_json(row: Any) -> dict[str, Any]:
+    active = row.last_active_at if hasattr(row, "last_active_at") else row.active_at
+    return {
+        "id": str(row.chat_id),
+        "object": "chat",
+        "title": row.title,
+        "created_at": utc(row.created_at).isoformat(),
+        "last_active_at": utc(active or row.created_at).isoformat(),
+    }
+
+
+def activity_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
+    if not cursor:
+        return None
+    value = decode_cursor(cursor)
+    after = parse_id(value.get("after", "")) if value else None
+    at = value.get("at") if value else None
+    if after is None or not isinstance(at, int):
+        raise ApiError(400, "The cursor is not valid.", "invalid_cursor", "cursor")
+    return datetime.fromtimestamp(at / 1000, UTC), after
+
+
 @router.post("", status_code=201)
 async def create_chat(deps: Deps, user: CurrentUser, body: NewChat | None = None) -> dict[str, Any]:
     title = body.title if body else "New chat"
     chat_id, created = await deps.conversations.create_chat(user.user_id, title)
-    return {"id": str(chat_id), "object": "chat", "title": title, "created_at": created.isoformat()}
+    iso = created.isoformat()
+    return {"id": str(chat_id), "object": "chat", "title": title, "created_at": iso, "last_active_at": iso}
 
 
 @router.get("")
 async def list_chats(deps: Deps, user: CurrentUser, cursor: str | None = None, limit: int = 20) -> dict[str, Any]:
+    """The caller's chats, most recently active first (a new message moves a chat to the top)."""
     limit = page_limit(limit)
-    rows = await deps.conversations.list_chats(user.user_id, limit + 1, cursor_id(cursor))
+    rows = await deps.conversations.list_chats(user.user_id, limit + 1, activity_cursor(cursor))
     page = rows[:limit]
-    data = [{"id": str(r.chat_id), "title": r.title, "created_at": utc(r.created_at).isoformat()} for r in page]
-    more = len(rows) > limit
-    return {"data": data, "next_cursor": encode_cursor({"after": data[-1]["id"]}) if more else None}
+    next_cursor = None
+    if len(rows) > limit:
+        last = page[-1]
+        next_cursor = encode_cursor({"at": int(utc(last.active_at).timestamp() * 1000), "after": str(last.chat_id)})
+    return {"data": [chat_json(r) for r in page], "next_cursor": next_cursor}
+
+
+@router.get("/export")
+async def export_chats(deps: Deps, user: CurrentUser) -> dict[str, Any]:
+    """Every chat of the caller with all its messages, as one JSON document."""
+    chats: list[dict[str, Any]] = []
+    after: tuple[datetime, uuid.UUID] | None = None
+    while True:
+        rows = await deps.conversations.list_chats(user.user_id, 100, after)
+        for row in rows:
+            messages, last = [], None
+            while True:
+                page = await deps.conversations.list_messages(row.chat_id, 500, last)
+                messages += [convert.message_json(m) for m in page]
+                if len(page) < 500:
+                    break
+                last = uuid.UUID(page[-1].id)
+            chats.append({**chat_json(row), "messages": messages})
+        if len(rows) < 100:
+            break
+        after = (rows[-1].active_at, rows[-1].chat_id)
+    exported = datetime.now(UTC).isoformat()
+    return {"object": "export", "user_id": user.user_id, "exported_at": exported, "chats": chats}
+
+
+@router.get("/{chat_id}")
+async def get_chat(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str, Any]:
+    _, chat = await owned_chat(deps, user, chat_id)
+    return chat_json(chat)
+
+
+@router.patch("/{chat_id}")
+async def rename_chat(deps: Deps, user: CurrentUser, chat_id: str, body: ChatPatch) -> dict[str, Any]:
+    _, chat = await owned_chat(deps, user, chat_id)
+    await deps.conversations.rename_chat(chat, body.title)
+    return {**chat_json(chat), "title": body.title}
+
+
+@router.delete("/{chat_id}", status_code=204)
+async def delete_chat(deps: Deps, user: CurrentUser, chat_id: str) -> Response:
+    """The chat with its messages and runs; its streams can no longer be resumed (404)."""
+    _, chat = await owned_chat(deps, user, chat_id)
+    await deps.conversations.delete_chat(chat)
+    log.info("chat %s deleted by %s", chat_id, user.user_id)
+    return Response(status_code=204)
 
 
 @router.get("/{chat_id}/messages")
@@ -113,14 +187,12 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
         raise ApiError(
             400, f"content is longer than {settings.max_content_chars} characters.", "content_too_long", "content"
         )
-    max_tokens = body.max_tokens or settings.default_max_tokens
-    if max_tokens > settings.max_tokens_limit:
-        raise ApiError(400, f"max_tokens must be at most {settings.max_tokens_limit}.", "invalid_value", "max_tokens")
-    if body.model is not None and body.model not in settings.models:
-        raise ApiError(400, f"Unknown model '{body.model}'.", "model_not_found", "model")
+    max_tokens = checked_max_tokens(deps, body.max_tokens)
+    checked_model(deps, body.model)
     parsed, chat = await owned_chat(deps, user, chat_id)
 
-    message_id, run_id = str(new_id()), str(new_id())
+    message_id = str(new_id())  # the user's message sorts before the answer, whose id is the run's
+    run_id = str(new_id())
     event = convert.prompt_accepted(
         run_id=run_id,
         chat_id=str(parsed),
@@ -133,20 +205,29 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
         reply_partition=deps.replies.partition,
         prev_run_id=chat.last_run_id,
     )
-    queue = deps.replies.open(run_id)  # before publishing, so no reply can be missed
-    tracer = trace.get_tracer("parley-api")
-    try:
-        with tracer.start_as_current_span("accept prompt", kind=trace.SpanKind.PRODUCER) as span:
-            span.set_attribute("parley.run_id", run_id)
-            await deps.producer.send(
-                named(PROMPT_ACCEPTED, settings.namespace), codec.encode(PROMPT_ACCEPTED.schema, event), key=str(parsed)
-            )
-        await deps.conversations.open_run(parsed, uuid.UUID(run_id), deps.replies.partition)
+    live = await streams.start_run(deps, event)
+    try:  # recorded before the response starts, so a cancel or a resume finds the run from its first event
+        await deps.conversations.open_run(chat, uuid.UUID(run_id), deps.replies.partition)
     except Exception:
         deps.replies.close(run_id)
         raise
     log.info("run %s accepted for chat %s (user %s)", run_id, parsed, user.user_id)
-    return EventSourceResponse(stream(deps, run_id, queue), ping=15)
+    replies = streams.live(deps, run_id, deps.replies.partition, live)
+    return EventSourceResponse(sse_stream(deps, run_id, replies, live=True), ping=15)
+
+
+def checked_max_tokens(deps: Services, requested: int | None) -> int:
+    max_tokens = requested or deps.settings.default_max_tokens
+    if max_tokens > deps.settings.max_tokens_limit:
+        raise ApiError(
+            400, f"max_tokens must be at most {deps.settings.max_tokens_limit}.", "invalid_value", "max_tokens"
+        )
+    return max_tokens
+
+
+def checked_model(deps: Services, model: str | None) -> None:
+    if model is not None and model not in deps.settings.models:
+        raise ApiError(400, f"Unknown model '{model}'.", "model_not_found", "model")
 
 
 def error_event(run_id: str, code: str, message: str) -> dict[str, Any]:
@@ -154,34 +235,40 @@ def error_event(run_id: str, code: str, message: str) -> dict[str, Any]:
     return {"event": "error", "data": json.dumps({"run_id": run_id, "code": code, "message": message})}
 
 
-async def stream(deps: Services, run_id: str, queue: asyncio.Queue[Any]) -> AsyncIterator[dict[str, Any]]:
+async def sse_stream(
+    deps: Services, run_id: str, replies: AsyncIterator[Reply], live: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """The chat route's SSE events for a run's replies (live from the hub, or read back from the log)."""
     accepted = time.perf_counter()
-    first_token = True
-    timeout = deps.settings.first_event_timeout_s
+    first_token = live
     STREAMS.inc()
     try:
-        while True:
-            try:
-                reply = await asyncio.wait_for(queue.get(), timeout)
-            except TimeoutError:
-                RUNS.labels("timeout").inc()
-                yield error_event(run_id, "timeout", f"No progress on this run for {timeout:.0f}s.")
-                return
-            timeout = deps.settings.stream_idle_timeout_s
+        async for reply in replies:
             if reply.kind == "delta" and first_token:
                 EDGE_TTFT.observe(time.perf_counter() - accepted)
                 first_token = False
             yield convert.sse(reply)
-            if reply.kind in convert.TERMINAL:
+            if reply.kind in convert.TERMINAL and live:
                 RUNS.labels(reply.kind).inc()
-                return
+    except streams.StreamTimeout as exc:
+        RUNS.labels("timeout").inc()
+        yield error_event(run_id, "timeout", str(exc))
+    except streams.ForeignCursor:
+        yield error_event(run_id, "invalid_last_event_id", "The cursor is not of this run.")
     finally:
         STREAMS.dec()
-        deps.replies.close(run_id)
+        if live:
+            deps.replies.close(run_id)
 
 
-UUID_EPOCH_100NS = 0x01B21DD213814000  # 1582-10-15 -> 1970-01-01 in the 100 ns units of a version-1 uuid
-REPLAY_MARGIN_MS = 5_000  # clock skew between the edge that minted the run id and the producers' timestamps
+async def owned_run(deps: Services, user: Principal, chat_id: str, run_id: str) -> tuple[uuid.UUID, int, str | None]:
+    """(chat id, reply partition, finish reason) of a run of one of the caller's chats; otherwise 404."""
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    run = parse_id(run_id)
+    state = await deps.conversations.get_run(parsed, run) if run else None
+    if state is None:
+        raise ApiError(404, f"No run found with id '{run_id}' in this chat.", "run_not_found")
+    return parsed, state[0], state[1]
 
 
 @router.get("/{chat_id}/runs/{run_id}/events")
@@ -196,47 +283,23 @@ async def run_events(
 
     Works on any edge replica, after an edge restart, and from several devices at once.
     """
-    parsed, _ = await owned_chat(deps, user, chat_id)
-    run = parse_id(run_id)
-    partition = await deps.conversations.run_partition(parsed, run) if run else None
-    if run is None or partition is None:
-        raise ApiError(404, f"No run found with id '{run_id}' in this chat.", "run_not_found")
+    _, partition, _ = await owned_run(deps, user, chat_id, run_id)
     after = None
     if last_event_id is not None:
         after = parse_cursor(last_event_id.strip())
         if after is None or after[1] != partition:
             raise ApiError(400, "Last-Event-ID is not a cursor of this run's stream.", "invalid_last_event_id")
-    since_ms = (run.time - UUID_EPOCH_100NS) // 10_000 - REPLAY_MARGIN_MS
-    return EventSourceResponse(replay(deps, partition, run_id, since_ms, after), ping=15)
+    replies = streams.from_log(deps, partition, str(uuid.UUID(run_id)), after)
+    return EventSourceResponse(sse_stream(deps, run_id, replies, live=False), ping=15)
 
 
-async def replay(
-    deps: Services, partition: int, run_id: str, since_ms: int, after: tuple[str, int, int] | None
-) -> AsyncIterator[dict[str, Any]]:
-    if after is not None and after[0] == "r":
-        return  # the client already has the run's terminal record (a rejection)
-    loop = asyncio.get_running_loop()
-    settings = deps.settings
-    reader = Replay(settings.kafka_bootstrap, settings.namespace, partition, run_id)
-    try:
-        await loop.run_in_executor(None, reader.seek, since_ms, after)
-        deadline = loop.time() + settings.first_event_timeout_s
-        while True:
-            try:
-                reply = await loop.run_in_executor(None, reader.poll, 0.5)
-            except ValueError:
-                yield error_event(run_id, "invalid_last_event_id", "The cursor is not of this run.")
-                return
-            if reader.finished:
-                return
-            if reply is None:
-                if loop.time() > deadline:
-                    yield error_event(run_id, "timeout", "No progress on this run.")
-                    return
-                continue
-            deadline = loop.time() + settings.stream_idle_timeout_s
-            yield convert.sse(reply)
-            if reply.kind in convert.TERMINAL:
-                return
-    finally:
-        await loop.run_in_executor(None, reader.close)
+@router.post("/{chat_id}/runs/{run_id}/cancel", status_code=202)
+async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -> dict[str, Any]:
+    """Stop a run between decode steps; it completes with finish_reason "cancelled", its partial answer stored."""
+    parsed, _, finish_reason = await owned_run(deps, user, chat_id, run_id)
+    if finish_reason is not None:
+        raise ApiError(409, f"The run already finished ({finish_reason}).", "run_already_finished")
+    await streams.request_cancel(
+        deps, run_id=str(uuid.UUID(run_id)), chat_id=str(parsed), user_id=user.user_id, reason="user"
+    )
+    return {"id": run_id, "object": "run", "status": "cancelling"}

@@ -1,5 +1,9 @@
 """Durable, resumable streams: the SSE id is a cursor into the Kafka log, served by any edge replica."""
 
+import json
+import os
+import random
+import signal
 import threading
 
 from .conftest import chat_turn, sse_events, wait_for
@@ -42,8 +46,6 @@ def test_a_dropped_stream_resumes_on_another_replica_with_no_gap_and_no_duplicat
             elif line.startswith("event:"):
                 current["event"] = line[7:]
             elif line.startswith("data:"):
-                import json
-
                 current["data"] = json.loads(line[6:])
             elif not line and current:
                 first_part.append(current)
@@ -89,3 +91,62 @@ def test_resume_errors(live):
     assert alice.get(f"/v1/chats/{chat['id']}/runs/not-a-run/events").status_code == 404
     # resuming after the terminal event yields nothing more
     assert replay(alice, chat["id"], run_id, last_event_id=events[-1]["id"]) == []
+
+
+def read_until_broken(response, stop_after_tokens, on_enough):
+    """Parse SSE events from a live response; call on_enough() once enough tokens arrived; stop at a broken
+    connection (returning what arrived whole) or at the end."""
+    import httpx
+
+    events, current, fired = [], {}, False
+    try:
+        for line in response.iter_lines():
+            if line.startswith("id:"):
+                current["id"] = line[4:]
+            elif line.startswith("event:"):
+                current["event"] = line[7:]
+            elif line.startswith("data:"):
+                current["data"] = json.loads(line[6:])
+            elif not line and current:
+                events.append(current)
+                current = {}
+                if not fired and sum(e["event"] == "token" for e in events) >= stop_after_tokens:
+                    fired = True
+                    on_enough()
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        pass
+    return events
+
+
+def test_kill_9_of_the_edge_mid_stream_resumes_on_another_replica_byte_identical(live):
+    token = live.token()
+    edge0, edge1 = live.client(token, 0), live.client(token, 1)
+    chat = edge1.post("/v1/chats").json()
+    victim = live.stack.pids()["api-1"]
+    stop_at = random.randint(1, 6)  # a random token
+    with edge1.stream("POST", f"/v1/chats/{chat['id']}/messages",
+                      json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 120}) as r:
+        assert r.status_code == 200
+        before = read_until_broken(r, stop_at, lambda: os.kill(victim, signal.SIGKILL))
+    assert not any(e["event"] == "run.completed" for e in before), "the edge died mid-answer"
+    run_id = before[0]["data"]["run_id"]
+
+    rest = replay(edge0, chat["id"], run_id, last_event_id=before[-1]["id"])
+    combined = before + rest
+    ids = offsets(combined)
+    assert ids == sorted(set(ids)), "no duplicate, in log order"
+    assert combined[-1]["event"] == "run.completed"
+    uninterrupted = replay(edge0, chat["id"], run_id)
+    assert combined == uninterrupted, "no gap: exactly the run's whole stream"
+    text = "".join(e["data"]["delta"] for e in combined if e["event"] == "token").encode()
+
+    def persisted():
+        data = edge0.get(f"/v1/chats/{chat['id']}/messages").json()["data"]
+        return data[1]["content"].encode() if len(data) == 2 else None
+
+    assert wait_for(persisted) == text, "byte-identical to the stored answer"
+
+    # the killed replica comes back and serves the same cursor again (edge restart)
+    live.stack.start()
+    live.stack.wait_ready()
+    assert replay(live.client(token, 1), chat["id"], run_id, last_event_id=before[-1]["id"]) == rest

@@ -1,0 +1,253 @@
+"""OpenAI-compatible `POST /v1/chat/completions`, stream and non-stream, through the same pipeline.
+
+The run goes through moderation, scheduling, inference and metering like any chat turn, carrying the whole
+conversation the client sent; it is not stored as a chat (the API is stateless) but stays in the event log.
+The edge waits for the run's first record before answering, so a refusal or a failure to start is a proper
+HTTP error, not a broken stream. There is no resume on this route, so a client that disconnects before the
+end cancels the run: nobody could read the rest of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette.sse import EventSourceResponse
+
+from api import convert, streams
+from api.app import Deps, Services
+from api.auth import CurrentUser, Principal
+from api.errors import ApiError
+from api.replies import Reply
+from api.routes.chats import checked_max_tokens, checked_model
+from storage.cassandra import new_id
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+class Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class InMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[Part] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class Completion(BaseModel):
+    """The subset of OpenAI's request we honour; sampling knobs we do not forward are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    messages: list[InMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    tools: list[Any] | None = None
+
+
+def text_of(message: InMessage, index: int) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    texts = []
+    for part in message.content:
+        if part.type != "text" or part.text is None:
+            message_text = f"messages[{index}]: only text content is supported."
+            raise ApiError(400, message_text, "unsupported_content", "messages")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def conversation(deps: Services, body: Completion) -> list[dict[str, str]]:
+    if body.n != 1:
+        raise ApiError(400, "Only n=1 is supported.", "unsupported_value", "n")
+    if body.tools:
+        raise ApiError(400, "Tool calling is not supported by these models.", "unsupported_value", "tools")
+    messages = []
+    for i, message in enumerate(body.messages):
+        role = ROLES.get(message.role)
+        if role is None:
+            raise ApiError(400, f"messages[{i}].role '{message.role}' is not supported.", "invalid_value", "messages")
+        messages.append({"role": role, "content": text_of(message, i)})
+    if messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
+        raise ApiError(400, "The last message must be a non-empty user message.", "invalid_value", "messages")
+    if sum(len(m["content"]) for m in messages) > deps.settings.max_content_chars:
+        raise ApiError(
+            400, f"messages are longer than {deps.settings.max_content_chars} characters.", "content_too_long"
+        )
+    return messages
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> JSONResponse | EventSourceResponse:
+    messages = conversation(deps, body)
+    max_tokens = checked_max_tokens(deps, body.max_completion_tokens or body.max_tokens)
+    checked_model(deps, body.model)
+    chat_id, run_id = str(new_id()), str(new_id())
+    event = convert.prompt_accepted(
+        run_id=run_id,
+        chat_id=chat_id,
+        user_id=user.user_id,
+        tier=user.tier,
+        message_id=str(new_id()),
+        content=messages[-1]["content"],
+        max_tokens=max_tokens,
+        model=body.model,
+        reply_partition=deps.replies.partition,
+        prev_run_id=None,
+        messages=messages,
+        temperature=body.temperature,
+        store=False,
+    )
+    live = await streams.start_run(deps, event)
+    replies = aiter(streams.live(deps, run_id, deps.replies.partition, live))
+    handed_over = ended = False
+    try:
+        reply = await anext(replies)
+        ended = reply.kind in convert.TERMINAL
+        check_end(reply, run_id)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            handed_over = True  # the generator owns the run from here
+            return EventSourceResponse(chunk_stream(deps, user, event, reply, replies, include_usage), ping=15)
+        text: list[str] = []
+        while reply.kind not in convert.TERMINAL:
+            if reply.kind == "delta":
+                text.append(reply.record["text"])
+            reply = await anext(replies)
+        ended = True
+        check_end(reply, run_id)
+        return JSONResponse(completion_json(run_id, reply, "".join(text)))
+    except streams.StreamTimeout as exc:
+        raise ApiError(504, str(exc), "timeout") from None
+    finally:
+        if not handed_over:
+            deps.replies.close(run_id)
+            if not ended:  # the client went away or the run stalled: stop it, nobody can read the rest
+                await asyncio.shield(cancel(deps, user, event, "client_disconnected"))
+
+
+def check_end(reply: Reply, run_id: str) -> None:
+    """A refusal or an engine failure becomes an HTTP error (before any byte of a stream is sent)."""
+    record = reply.record
+    if reply.kind == "rejected":
+        if record["code"] == "content_filter":
+            raise ApiError(400, record["message"], "content_policy_violation")
+        headers = {"Retry-After": str(record["retry_after_s"])} if record["retry_after_s"] else None
+        raise ApiError(429 if headers else 503, record["message"], record["code"], headers=headers)
+    if reply.kind == "error":
+        raise ApiError(502, record["error_message"] or "The model failed.", record["error_code"] or "engine_error")
+
+
+async def cancel(deps: Services, user: Principal, event: dict[str, Any], reason: str) -> None:
+    try:
+        await streams.request_cancel(
+            deps, run_id=event["run_id"], chat_id=event["chat_id"], user_id=user.user_id, reason=reason
+        )
+    except Exception:
+        log.exception("run %s: could not publish its cancel", event["run_id"])
+
+
+def usage_json(record: dict[str, Any]) -> dict[str, Any]:
+    usage = record["usage"] or {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+    return {
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"],
+        "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+        "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
+    }
+
+
+def completion_json(run_id: str, end: Reply, text: str) -> dict[str, Any]:
+    record = end.record
+    return {
+        "id": f"chatcmpl-{run_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": record["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": FINISH.get(record["finish_reason"], record["finish_reason"]),
+                "logprobs": None,
+            }
+        ],
+        "usage": usage_json(record),
+    }
+
+
+def chunk(run_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "data": json.dumps(
+            {
+                "id": f"chatcmpl-{run_id}",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            }
+        )
+    }
+
+
+async def chunk_stream(
+    deps: Services,
+    user: Principal,
+    event: dict[str, Any],
+    first: Reply,
+    replies: AsyncIterator[Reply],
+    include_usage: bool,
+) -> AsyncIterator[dict[str, Any]]:
+    run_id, created = event["run_id"], int(time.time())
+    model = first.record.get("model") or event["model"] or deps.settings.models[0]
+    ended = False
+    try:
+        yield chunk(run_id, model, created, {"role": "assistant", "content": ""})
+        reply = first
+        while True:
+            if reply.kind == "delta":
+                yield chunk(run_id, model, created, {"content": reply.record["text"]})
+            elif reply.kind in convert.TERMINAL:
+                ended = True
+                if reply.kind != "completed":
+                    message = reply.record.get("error_message") or reply.record.get("message") or "The run failed."
+                    yield {"data": json.dumps({"error": {"message": message, "type": "api_error", "code": None}})}
+                    return
+                finish = FINISH.get(reply.record["finish_reason"], reply.record["finish_reason"])
+                yield chunk(run_id, model, created, {}, finish)
+                if include_usage:
+                    final = json.loads(chunk(run_id, model, created, {})["data"])
+                    yield {"data": json.dumps({**final, "choices": [], "usage": usage_json(reply.record)})}
+                yield {"data": "[DONE]"}
+                return
+            reply = await anext(replies)
+    except streams.StreamTimeout as exc:
+        ended = True
+        yield {"data": json.dumps({"error": {"message": str(exc), "type": "api_error", "code": "timeout"}})}
+    finally:
+        deps.replies.close(run_id)
+        if not ended:
+            await asyncio.shield(cancel(deps, user, event, "client_disconnected"))

@@ -1,0 +1,119 @@
+"""A run's reply records as an async iterator, live from this replica's hub or read back from the log.
+
+Both routes that stream (the chat route's SSE events and the OpenAI route's chunks) map these Replies to
+their own wire format. A run that makes no progress ends with StreamTimeout, never hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from opentelemetry import trace
+
+from api import convert
+from api.app import Services
+from api.convert import TERMINAL
+from api.replies import LiveRun, Replay, Reply, parse_cursor
+from topics import codec
+from topics.codec import Event
+from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL, named
+
+log = logging.getLogger(__name__)
+
+UUID_EPOCH_100NS = 0x01B21DD213814000  # 1582-10-15 -> 1970-01-01 in the 100 ns units of a version-1 uuid
+REPLAY_MARGIN_MS = 5_000  # clock skew between the edge that minted the run id and the producers' timestamps
+
+
+class StreamTimeout(Exception):
+    pass
+
+
+class ForeignCursor(Exception):
+    """The Last-Event-ID points at a record of another run."""
+
+
+def since_ms(run_id: str) -> int:
+    """Where in the log (by time) a run's records can start: its time-ordered id's timestamp, less a margin."""
+    return (uuid.UUID(run_id).time - UUID_EPOCH_100NS) // 10_000 - REPLAY_MARGIN_MS
+
+
+async def live(deps: Services, run_id: str, partition: int, run: LiveRun) -> AsyncIterator[Reply]:
+    """The run's records as the hub hands them over; after an overflow, the rest from the log."""
+    timeout = deps.settings.first_event_timeout_s
+    last: str | None = None
+    while True:
+        if run.overflowed and run.queue.empty():
+            after = parse_cursor(last) if last else None
+            async for reply in from_log(deps, partition, run_id, after):
+                yield reply
+            return
+        try:
+            reply = await asyncio.wait_for(run.queue.get(), timeout)
+        except TimeoutError:
+            raise StreamTimeout(f"No progress on this run for {timeout:.0f}s.") from None
+        timeout = deps.settings.stream_idle_timeout_s
+        last = reply.cursor
+        yield reply
+        if reply.kind in TERMINAL:
+            return
+
+
+async def from_log(
+    deps: Services, partition: int, run_id: str, after: tuple[str, int, int] | None
+) -> AsyncIterator[Reply]:
+    """The run's records read straight from its reply partition: whole, or after a cursor; live until it ends."""
+    if after is not None and after[0] == "r":
+        return  # the client already has the run's terminal record (a rejection)
+    loop = asyncio.get_running_loop()
+    settings = deps.settings
+    reader = Replay(settings.kafka_bootstrap, settings.namespace, partition, run_id)
+    try:
+        await loop.run_in_executor(None, reader.seek, since_ms(run_id), after)
+        deadline = loop.time() + settings.first_event_timeout_s
+        while True:
+            try:
+                reply = await loop.run_in_executor(None, reader.poll, 0.5)
+            except ValueError as exc:
+                raise ForeignCursor(str(exc)) from None
+            if reader.finished:
+                return
+            if reply is None:
+                if loop.time() > deadline:
+                    raise StreamTimeout("No progress on this run.")
+                continue
+            deadline = loop.time() + settings.stream_idle_timeout_s
+            yield reply
+            if reply.kind in TERMINAL:
+                return
+    finally:
+        await loop.run_in_executor(None, reader.close)
+
+
+async def start_run(deps: Services, event: Event) -> LiveRun:
+    """Publish an accepted prompt, registered with the hub first so none of its replies can be missed."""
+    run = deps.replies.open(event["run_id"])
+    tracer = trace.get_tracer("parley-api")
+    try:
+        with tracer.start_as_current_span("accept prompt", kind=trace.SpanKind.PRODUCER) as span:
+            span.set_attribute("parley.run_id", event["run_id"])
+            await deps.producer.send(
+                named(PROMPT_ACCEPTED, deps.settings.namespace),
+                codec.encode(PROMPT_ACCEPTED.schema, event),
+                key=event["chat_id"],
+            )
+    except Exception:
+        deps.replies.close(event["run_id"])
+        raise
+    return run
+
+
+async def request_cancel(deps: Services, *, run_id: str, chat_id: str, user_id: str, reason: str) -> None:
+    """Publish RunControl(cancel); the inference consumer holding the run stops it between decode steps."""
+    control = convert.run_control(run_id=run_id, chat_id=chat_id, user_id=user_id, reason=reason)
+    await deps.producer.send(
+        named(RUN_CONTROL, deps.settings.namespace), codec.encode(RUN_CONTROL.schema, control), key=chat_id
+    )
+    log.info("run %s: cancel requested (%s)", run_id, reason)

@@ -1,0 +1,84 @@
+"""Cancel is an event: the engine stops between decode steps, the partial answer is stored and metered."""
+
+import json
+
+from topics import codec
+from topics.pipeline import RUN_COMPLETED, RUN_CONTROL
+
+from .conftest import chat_turn, for_run, read_topic, wait_for
+
+LONG = "Write a very long, detailed story about a lighthouse keeper and the sea."
+
+
+def test_cancel_mid_stream_stops_the_run_and_keeps_the_partial_answer(live):
+    client = live.client(live.token())
+    chat = client.post("/v1/chats").json()
+    events, run_id, cancelled = [], None, None
+    with client.stream("POST", f"/v1/chats/{chat['id']}/messages", json={"content": LONG, "max_tokens": 400}) as r:
+        assert r.status_code == 200
+        current = {}
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                current["event"] = line[7:]
+            elif line.startswith("data:"):
+                current["data"] = json.loads(line[6:])
+            elif not line and current:
+                events.append(current)
+                run_id = run_id or current["data"]["run_id"]
+                if cancelled is None and sum(e["event"] == "token" for e in events) == 3:
+                    cancelled = client.post(f"/v1/chats/{chat['id']}/runs/{run_id}/cancel")
+                current = {}
+    assert cancelled is not None and cancelled.status_code == 202, cancelled and cancelled.text
+    done = events[-1]
+    assert done["event"] == "run.completed" and done["data"]["finish_reason"] == "cancelled"
+    usage = done["data"]["usage"]
+    assert 0 < usage["completion_tokens"] < 400 and usage["prompt_tokens"] > 0
+    text = "".join(e["data"]["delta"] for e in events if e["event"] == "token")
+
+    # the control event is on the log, and the run's RunCompleted says cancelled with the streamed text
+    control = read_topic(live.topic(RUN_CONTROL), for_run("RunControl", run_id))
+    assert len(control) == 1 and codec.decode("RunControl", control[0].value())["action"] == "cancel"
+    completed = read_topic(live.topic(RUN_COMPLETED), for_run("RunCompleted", run_id))
+    record = codec.decode("RunCompleted", completed[0].value())
+    assert record["finish_reason"] == "cancelled" and record["content"] == text
+
+    def stored():
+        data = client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]
+        return data[1] if len(data) == 2 else None
+
+    answer = wait_for(stored)
+    assert answer and answer["content"] == text and answer["finish_reason"] == "cancelled"
+    rows = wait_for(lambda: client.get(f"{live.stage_url('metering')}/usage-rows/{run_id}").json()["data"])
+    assert rows and int(rows[0]["completion_tokens"]) == usage["completion_tokens"]
+    assert rows[0]["finish_reason"] == "cancelled"
+
+    # cancelling a finished run is a conflict
+    again = client.post(f"/v1/chats/{chat['id']}/runs/{run_id}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "run_already_finished"
+
+
+def test_cancel_errors(live):
+    alice, bob = live.client(live.token()), live.client(live.token())
+    chat = alice.post("/v1/chats").json()
+    run_id = chat_turn(alice, chat["id"], "Hi", max_tokens=4)[0]["data"]["run_id"]
+    url = f"/v1/chats/{chat['id']}/runs/{run_id}/cancel"
+    assert bob.post(url).status_code == 404, "another user's run: 404, never 403"
+    assert alice.post(f"/v1/chats/{chat['id']}/runs/not-a-run/cancel").status_code == 404
+    assert wait_for(lambda: alice.post(url).status_code == 409)
+
+
+def test_closing_the_connection_does_not_cancel(live):
+    client = live.client(live.token())
+    chat = client.post("/v1/chats").json()
+    with client.stream("POST", f"/v1/chats/{chat['id']}/messages", json={"content": LONG, "max_tokens": 48}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                run_id = json.loads(line[6:])["run_id"]
+                break
+
+    def stored():
+        data = client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]
+        return data[1] if len(data) == 2 else None
+
+    answer = wait_for(stored, timeout_s=60)
+    assert answer and answer["id"] == run_id and answer["finish_reason"] in ("stop", "length")

@@ -1,0 +1,84 @@
+"""The conversation API: list by recent activity, read, rename, delete (with its runs), export."""
+
+import time
+
+from .conftest import chat_turn, wait_for
+
+
+def test_list_is_ordered_by_recent_activity_with_a_cursor(live):
+    client = live.client(live.token())
+    ids = []
+    for i in range(3):
+        ids.append(client.post("/v1/chats", json={"title": f"c{i}"}).json()["id"])
+        time.sleep(0.01)
+    assert [c["id"] for c in client.get("/v1/chats").json()["data"]] == ids[::-1]
+
+    chat_turn(client, ids[0], "Hello again.", max_tokens=4)  # the oldest chat becomes the most recent
+    page1 = client.get("/v1/chats", params={"limit": 2}).json()
+    assert [c["id"] for c in page1["data"]] == [ids[0], ids[2]]
+    assert page1["data"][0]["last_active_at"] > page1["data"][0]["created_at"]
+    page2 = client.get("/v1/chats", params={"limit": 2, "cursor": page1["next_cursor"]}).json()
+    assert [c["id"] for c in page2["data"]] == [ids[1]] and page2["next_cursor"] is None
+    bad = client.get("/v1/chats", params={"cursor": "bm90LWpzb24"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
+
+
+def test_messages_page_with_a_cursor(live):
+    client = live.client(live.token())
+    chat = client.post("/v1/chats").json()
+    for text in ("One.", "Two."):
+        chat_turn(client, chat["id"], text, max_tokens=4)
+    assert wait_for(lambda: len(client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]) == 4)
+    page1 = client.get(f"/v1/chats/{chat['id']}/messages", params={"limit": 3}).json()
+    page2 = client.get(f"/v1/chats/{chat['id']}/messages", params={"limit": 3, "cursor": page1["next_cursor"]}).json()
+    roles = [m["role"] for m in page1["data"] + page2["data"]]
+    assert roles == ["user", "assistant", "user", "assistant"] and page2["next_cursor"] is None
+    assert page1["data"][0]["content"] == "One." and page2["data"][0]["role"] == "assistant"
+
+
+def test_rename_and_ownership(live):
+    alice, bob = live.client(live.token()), live.client(live.token())
+    chat = alice.post("/v1/chats", json={"title": "before"}).json()
+    renamed = alice.patch(f"/v1/chats/{chat['id']}", json={"title": "after"})
+    assert renamed.status_code == 200 and renamed.json()["title"] == "after"
+    assert alice.get(f"/v1/chats/{chat['id']}").json()["title"] == "after"
+    assert alice.get("/v1/chats").json()["data"][0]["title"] == "after"
+    assert alice.patch(f"/v1/chats/{chat['id']}", json={"title": ""}).status_code == 400
+    for call in (bob.get, bob.delete):
+        assert call(f"/v1/chats/{chat['id']}").status_code == 404
+    assert bob.patch(f"/v1/chats/{chat['id']}", json={"title": "mine"}).status_code == 404
+    assert alice.get(f"/v1/chats/{chat['id']}").json()["title"] == "after"
+
+
+def test_delete_removes_the_chat_its_messages_and_its_runs(live):
+    client = live.client(live.token())
+    keep = client.post("/v1/chats", json={"title": "keep"}).json()
+    gone = client.post("/v1/chats", json={"title": "gone"}).json()
+    events = chat_turn(client, gone["id"], "Say something.", max_tokens=6)
+    run_id = events[0]["data"]["run_id"]
+    assert wait_for(lambda: len(client.get(f"/v1/chats/{gone['id']}/messages").json()["data"]) == 2)
+
+    assert client.delete(f"/v1/chats/{gone['id']}").status_code == 204
+    assert client.get(f"/v1/chats/{gone['id']}").status_code == 404
+    assert client.get(f"/v1/chats/{gone['id']}/messages").status_code == 404
+    assert client.get(f"/v1/chats/{gone['id']}/runs/{run_id}/events").status_code == 404, "no resume after delete"
+    assert client.post(f"/v1/chats/{gone['id']}/runs/{run_id}/cancel").status_code == 404
+    assert [c["id"] for c in client.get("/v1/chats").json()["data"]] == [keep["id"]]
+    assert client.delete(f"/v1/chats/{gone['id']}").status_code == 404
+
+
+def test_export_has_every_chat_with_its_messages_and_nothing_of_others(live):
+    client, other = live.client(live.token()), live.client(live.token())
+    first = client.post("/v1/chats", json={"title": "first"}).json()
+    client.post("/v1/chats", json={"title": "empty"})
+    other.post("/v1/chats", json={"title": "not mine"})
+    chat_turn(client, first["id"], "Export me.", max_tokens=4)
+    assert wait_for(lambda: len(client.get(f"/v1/chats/{first['id']}/messages").json()["data"]) == 2)
+
+    export = client.get("/v1/chats/export")
+    assert export.status_code == 200
+    body = export.json()
+    assert sorted(c["title"] for c in body["chats"]) == ["empty", "first"]
+    exported = next(c for c in body["chats"] if c["id"] == first["id"])
+    assert [m["role"] for m in exported["messages"]] == ["user", "assistant"]
+    assert exported["messages"][0]["content"] == "Export me."
