@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, TopicPartition
+from prometheus_client import Counter
 
 from topics import codec
 from topics.codec import Event
@@ -21,6 +22,11 @@ from topics.kafka import consumer_config, until_ready
 from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
+
+RECORDS_READ = Counter("parley_edge_reply_records_read_total", "Reply records this replica read from Kafka")
+RECORDS_FOR_STREAMS = Counter(
+    "parley_edge_reply_records_dispatched_total", "Reply records handed to a stream this replica holds"
+)
 
 
 @dataclass(frozen=True)
@@ -99,33 +105,44 @@ class ReplyHub:
         self._streams.pop(run_id, None)
 
     def _poll(self) -> None:
+        """Read in batches and hand each batch to the event loop at once (one wake-up per batch, not per record)."""
         while self._running:
-            msg = self._consumer.poll(0.05)
-            if msg is None:
+            first = self._consumer.poll(0.05)  # wakes on the first record; then take what is already here
+            if first is None:
                 continue
-            error = msg.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("reply consumer: %s", error)
-                continue
-            try:
-                run_id, reply = to_reply(self._topics, msg)
-            except PoisonEvent as exc:
-                log.warning("skipping undecodable reply %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
-                continue
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._dispatch, run_id, reply)
+            batch = []
+            messages = [first, *self._consumer.consume(500, 0)]
+            for msg in messages:
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("reply consumer: %s", error)
+                    continue
+                try:
+                    batch.append(to_reply(self._topics, msg))
+                except PoisonEvent as exc:
+                    log.warning(
+                        "skipping undecodable reply %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc
+                    )
+            RECORDS_READ.inc(len(messages))  # once per batch: a metric update costs a lock
+            if batch:
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._dispatch, batch)
 
-    def _dispatch(self, run_id: str, reply: Reply) -> None:
-        live = self._streams.get(run_id)
-        if live is None:
-            return
-        try:
-            live.queue.put_nowait(reply)
-        except asyncio.QueueFull:
-            log.info("run %s: client reads slower than the run; its stream will catch up from the log", run_id)
-            live.overflowed = True
-            self._streams.pop(run_id, None)
+    def _dispatch(self, batch: list[tuple[str, Reply]]) -> None:
+        handed = 0
+        for run_id, reply in batch:
+            live = self._streams.get(run_id)
+            if live is None:
+                continue
+            handed += 1
+            try:
+                live.queue.put_nowait(reply)
+            except asyncio.QueueFull:
+                log.info("run %s: client reads slower than the run; its stream catches up from the log", run_id)
+                live.overflowed = True
+                self._streams.pop(run_id, None)
+        RECORDS_FOR_STREAMS.inc(handed)
 
 
 def parse_cursor(cursor: str) -> tuple[str, int, int] | None:

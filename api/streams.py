@@ -50,10 +50,13 @@ async def live(deps: Services, run_id: str, partition: int, run: LiveRun) -> Asy
             async for reply in from_log(deps, partition, run_id, after):
                 yield reply
             return
-        try:
-            reply = await asyncio.wait_for(run.queue.get(), timeout)
-        except TimeoutError:
-            raise StreamTimeout(f"No progress on this run for {timeout:.0f}s.") from None
+        if not run.queue.empty():
+            reply = run.queue.get_nowait()  # the common case under load: no timer task per record
+        else:
+            try:
+                reply = await asyncio.wait_for(run.queue.get(), timeout)
+            except TimeoutError:
+                raise StreamTimeout(f"No progress on this run for {timeout:.0f}s.") from None
         timeout = deps.settings.stream_idle_timeout_s
         last = reply.cursor
         yield reply
