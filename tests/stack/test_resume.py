@@ -35,23 +35,10 @@ def test_a_dropped_stream_resumes_on_another_replica_with_no_gap_and_no_duplicat
     edge0, edge1 = live.client(token, 0), live.client(token, 1)
     chat = edge0.post("/v1/chats").json()
 
-    first_part = []
     with edge0.stream("POST", f"/v1/chats/{chat['id']}/messages",
                       json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 160}) as r:
         assert r.status_code == 200
-        current = {}
-        for line in r.iter_lines():  # read a few events, then drop the connection mid-answer
-            if line.startswith("id:"):
-                current["id"] = line[4:]
-            elif line.startswith("event:"):
-                current["event"] = line[7:]
-            elif line.startswith("data:"):
-                current["data"] = json.loads(line[6:])
-            elif not line and current:
-                first_part.append(current)
-                current = {}
-                if sum(e["event"] == "token" for e in first_part) >= 3:
-                    break
+        first_part = read_until(r, 3, lambda: True)  # read a few events, then drop the connection mid-answer
     assert first_part[0]["event"] == "run.started"
     run_id = first_part[0]["data"]["run_id"]
 
@@ -93,9 +80,9 @@ def test_resume_errors(live):
     assert replay(alice, chat["id"], run_id, last_event_id=events[-1]["id"]) == []
 
 
-def read_until_broken(response, stop_after_tokens, on_enough):
-    """Parse SSE events from a live response; call on_enough() once enough tokens arrived; stop at a broken
-    connection (returning what arrived whole) or at the end."""
+def read_until(response, tokens, on_enough):
+    """Parse SSE events from a live response; once `tokens` tokens arrived call on_enough(), and stop reading
+    if it returns True. Stops at the end or at a broken connection, returning the events that arrived whole."""
     import httpx
 
     events, current, fired = [], {}, False
@@ -110,9 +97,10 @@ def read_until_broken(response, stop_after_tokens, on_enough):
             elif not line and current:
                 events.append(current)
                 current = {}
-                if not fired and sum(e["event"] == "token" for e in events) >= stop_after_tokens:
+                if not fired and sum(e["event"] == "token" for e in events) >= tokens:
                     fired = True
-                    on_enough()
+                    if on_enough():
+                        break
     except (httpx.RemoteProtocolError, httpx.ReadError):
         pass
     return events
@@ -127,7 +115,7 @@ def test_kill_9_of_the_edge_mid_stream_resumes_on_another_replica_byte_identical
     with edge1.stream("POST", f"/v1/chats/{chat['id']}/messages",
                       json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 120}) as r:
         assert r.status_code == 200
-        before = read_until_broken(r, stop_at, lambda: os.kill(victim, signal.SIGKILL))
+        before = read_until(r, stop_at, lambda: os.kill(victim, signal.SIGKILL))  # then read on until it breaks
     assert not any(e["event"] == "run.completed" for e in before), "the edge died mid-answer"
     run_id = before[0]["data"]["run_id"]
 
