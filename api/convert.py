@@ -10,8 +10,6 @@ from typing import Any
 from api.replies import Reply
 from topics.codec import Event
 
-TERMINAL = {"completed", "error", "rejected"}
-
 
 def prompt_accepted(
     *,

@@ -29,6 +29,9 @@ RECORDS_FOR_STREAMS = Counter(
 )
 
 
+TERMINAL = frozenset({"completed", "error", "rejected"})  # kinds that end a run's stream
+
+
 @dataclass(frozen=True)
 class Reply:
     cursor: str  # durable position in the log: "<t|r>:<partition>:<offset>"
@@ -204,7 +207,7 @@ class Replay:
             if self._after is not None and reply.cursor == ":".join(map(str, self._after)):
                 if run_id != self.run_id:
                     raise ValueError("the cursor belongs to another run")
-                self.finished = reply.kind in ("completed", "error", "rejected")
+                self.finished = reply.kind in TERMINAL
                 continue
             if run_id == self.run_id:
                 return reply

@@ -15,8 +15,7 @@ from opentelemetry import trace
 
 from api import convert
 from api.app import Services
-from api.convert import TERMINAL
-from api.replies import LiveRun, Replay, Reply, parse_cursor
+from api.replies import TERMINAL, LiveRun, Replay, Reply, parse_cursor
 from topics import codec
 from topics.codec import Event
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL, named

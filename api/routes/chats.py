@@ -21,7 +21,7 @@ from api import convert, streams
 from api.app import Deps, Services
 from api.auth import CurrentUser, Principal
 from api.errors import ApiError
-from api.replies import Reply, parse_cursor
+from api.replies import TERMINAL, Reply, parse_cursor
 from storage.cassandra import decode_cursor, encode_cursor, new_id, parse_id, utc
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ async def sse_stream(
                 EDGE_TTFT.observe(time.perf_counter() - accepted)
                 first_token = False
             yield convert.sse(reply)
-            if reply.kind in convert.TERMINAL and live:
+            if reply.kind in TERMINAL and live:
                 RUNS.labels(reply.kind).inc()
     except streams.StreamTimeout as exc:
         RUNS.labels("timeout").inc()

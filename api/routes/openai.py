@@ -25,7 +25,7 @@ from api import convert, streams
 from api.app import Deps, Services
 from api.auth import CurrentUser, Principal
 from api.errors import ApiError
-from api.replies import Reply
+from api.replies import TERMINAL, Reply
 from api.routes.chats import checked_max_tokens, checked_model
 from storage.cassandra import new_id
 
@@ -126,14 +126,14 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
     handed_over = ended = False
     try:
         reply = await anext(replies)
-        ended = reply.kind in convert.TERMINAL
+        ended = reply.kind in TERMINAL
         check_end(reply, run_id)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             handed_over = True  # the generator owns the run from here
             return EventSourceResponse(chunk_stream(deps, user, event, reply, replies, include_usage), ping=15)
         text: list[str] = []
-        while reply.kind not in convert.TERMINAL:
+        while reply.kind not in TERMINAL:
             if reply.kind == "delta":
                 text.append(reply.record["text"])
             reply = await anext(replies)
@@ -201,16 +201,17 @@ def completion_json(run_id: str, end: Reply, text: str) -> dict[str, Any]:
 
 def chunk(run_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return {
-        "data": json.dumps(
-            {
-                "id": f"chatcmpl-{run_id}",
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-            }
-        )
+        "id": f"chatcmpl-{run_id}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
     }
+
+
+def data(payload: dict[str, Any]) -> dict[str, str]:
+    """One SSE event of the OpenAI stream format (data only, no event name)."""
+    return {"data": json.dumps(payload)}
 
 
 async def chunk_stream(
@@ -225,28 +226,28 @@ async def chunk_stream(
     model = first.record.get("model") or event["model"] or deps.settings.models[0]
     ended = False
     try:
-        yield chunk(run_id, model, created, {"role": "assistant", "content": ""})
+        yield data(chunk(run_id, model, created, {"role": "assistant", "content": ""}))
         reply = first
         while True:
             if reply.kind == "delta":
-                yield chunk(run_id, model, created, {"content": reply.record["text"]})
-            elif reply.kind in convert.TERMINAL:
+                yield data(chunk(run_id, model, created, {"content": reply.record["text"]}))
+            elif reply.kind in TERMINAL:
                 ended = True
                 if reply.kind != "completed":
                     message = reply.record.get("error_message") or reply.record.get("message") or "The run failed."
-                    yield {"data": json.dumps({"error": {"message": message, "type": "api_error", "code": None}})}
+                    yield data({"error": {"message": message, "type": "api_error", "code": None}})
                     return
                 finish = FINISH.get(reply.record["finish_reason"], reply.record["finish_reason"])
-                yield chunk(run_id, model, created, {}, finish)
+                yield data(chunk(run_id, model, created, {}, finish))
                 if include_usage:
-                    final = json.loads(chunk(run_id, model, created, {})["data"])
-                    yield {"data": json.dumps({**final, "choices": [], "usage": usage_json(reply.record)})}
+                    usage = {**chunk(run_id, model, created, {}), "choices": [], "usage": usage_json(reply.record)}
+                    yield data(usage)
                 yield {"data": "[DONE]"}
                 return
             reply = await anext(replies)
     except streams.StreamTimeout as exc:
         ended = True
-        yield {"data": json.dumps({"error": {"message": str(exc), "type": "api_error", "code": "timeout"}})}
+        yield data({"error": {"message": str(exc), "type": "api_error", "code": "timeout"}})
     finally:
         deps.replies.close(run_id)
         if not ended:

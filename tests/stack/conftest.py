@@ -94,6 +94,30 @@ def sse_events(response: httpx.Response) -> list[dict]:
     return events
 
 
+def read_until(response, tokens, on_enough):
+    """Parse SSE events from a live response; once `tokens` tokens arrived call on_enough(events so far), and
+    stop reading if it returns True. Stops at the end or at a broken connection; returns the whole events."""
+    events, current, fired = [], {}, False
+    try:
+        for line in response.iter_lines():
+            if line.startswith("id:"):
+                current["id"] = line[4:]
+            elif line.startswith("event:"):
+                current["event"] = line[7:]
+            elif line.startswith("data:"):
+                current["data"] = json.loads(line[6:])
+            elif not line and current:
+                events.append(current)
+                current = {}
+                if not fired and sum(e["event"] == "token" for e in events) >= tokens:
+                    fired = True
+                    if on_enough(events):
+                        break
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        pass
+    return events
+
+
 def chat_turn(client: httpx.Client, chat_id: str, content: str, max_tokens: int = 24) -> list[dict]:
     with client.stream("POST", f"/v1/chats/{chat_id}/messages",
                        json={"content": content, "max_tokens": max_tokens}) as response:

@@ -1,11 +1,9 @@
 """Cancel is an event: the engine stops between decode steps, the partial answer is stored and metered."""
 
-import json
-
 from topics import codec
 from topics.pipeline import RUN_COMPLETED, RUN_CONTROL
 
-from .conftest import chat_turn, for_run, read_topic, wait_for
+from .conftest import chat_turn, for_run, read_topic, read_until, wait_for
 
 LONG = "Write a very long, detailed story about a lighthouse keeper and the sea."
 
@@ -13,21 +11,18 @@ LONG = "Write a very long, detailed story about a lighthouse keeper and the sea.
 def test_cancel_mid_stream_stops_the_run_and_keeps_the_partial_answer(live):
     client = live.client(live.token())
     chat = client.post("/v1/chats").json()
-    events, run_id, cancelled = [], None, None
+    answers = []
+
+    def cancel_now(events_so_far):
+        run_id = events_so_far[0]["data"]["run_id"]
+        answers.append(client.post(f"/v1/chats/{chat['id']}/runs/{run_id}/cancel"))
+        return False  # keep reading to the end of the stream
+
     with client.stream("POST", f"/v1/chats/{chat['id']}/messages", json={"content": LONG, "max_tokens": 400}) as r:
         assert r.status_code == 200
-        current = {}
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                current["event"] = line[7:]
-            elif line.startswith("data:"):
-                current["data"] = json.loads(line[6:])
-            elif not line and current:
-                events.append(current)
-                run_id = run_id or current["data"]["run_id"]
-                if cancelled is None and sum(e["event"] == "token" for e in events) == 3:
-                    cancelled = client.post(f"/v1/chats/{chat['id']}/runs/{run_id}/cancel")
-                current = {}
+        events = read_until(r, 3, cancel_now)
+    run_id = events[0]["data"]["run_id"]
+    cancelled = answers[0] if answers else None
     assert cancelled is not None and cancelled.status_code == 202, cancelled and cancelled.text
     done = events[-1]
     assert done["event"] == "run.completed" and done["data"]["finish_reason"] == "cancelled"
@@ -71,10 +66,7 @@ def test_closing_the_connection_does_not_cancel(live):
     client = live.client(live.token())
     chat = client.post("/v1/chats").json()
     with client.stream("POST", f"/v1/chats/{chat['id']}/messages", json={"content": LONG, "max_tokens": 48}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                run_id = json.loads(line[6:])["run_id"]
-                break
+        run_id = read_until(r, 0, lambda _: True)[0]["data"]["run_id"]  # the first event, then hang up
 
     def stored():
         data = client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]

@@ -1,12 +1,11 @@
 """Durable, resumable streams: the SSE id is a cursor into the Kafka log, served by any edge replica."""
 
-import json
 import os
 import random
 import signal
 import threading
 
-from .conftest import chat_turn, sse_events, wait_for
+from .conftest import chat_turn, read_until, sse_events, wait_for
 
 
 def replay(client, chat_id, run_id, last_event_id=None):
@@ -38,7 +37,7 @@ def test_a_dropped_stream_resumes_on_another_replica_with_no_gap_and_no_duplicat
     with edge0.stream("POST", f"/v1/chats/{chat['id']}/messages",
                       json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 160}) as r:
         assert r.status_code == 200
-        first_part = read_until(r, 3, lambda: True)  # read a few events, then drop the connection mid-answer
+        first_part = read_until(r, 3, lambda _: True)  # read a few events, then drop the connection mid-answer
     assert first_part[0]["event"] == "run.started"
     run_id = first_part[0]["data"]["run_id"]
 
@@ -80,32 +79,6 @@ def test_resume_errors(live):
     assert replay(alice, chat["id"], run_id, last_event_id=events[-1]["id"]) == []
 
 
-def read_until(response, tokens, on_enough):
-    """Parse SSE events from a live response; once `tokens` tokens arrived call on_enough(), and stop reading
-    if it returns True. Stops at the end or at a broken connection, returning the events that arrived whole."""
-    import httpx
-
-    events, current, fired = [], {}, False
-    try:
-        for line in response.iter_lines():
-            if line.startswith("id:"):
-                current["id"] = line[4:]
-            elif line.startswith("event:"):
-                current["event"] = line[7:]
-            elif line.startswith("data:"):
-                current["data"] = json.loads(line[6:])
-            elif not line and current:
-                events.append(current)
-                current = {}
-                if not fired and sum(e["event"] == "token" for e in events) >= tokens:
-                    fired = True
-                    if on_enough():
-                        break
-    except (httpx.RemoteProtocolError, httpx.ReadError):
-        pass
-    return events
-
-
 def test_kill_9_of_the_edge_mid_stream_resumes_on_another_replica_byte_identical(live):
     token = live.token()
     edge0, edge1 = live.client(token, 0), live.client(token, 1)
@@ -115,7 +88,7 @@ def test_kill_9_of_the_edge_mid_stream_resumes_on_another_replica_byte_identical
     with edge1.stream("POST", f"/v1/chats/{chat['id']}/messages",
                       json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 120}) as r:
         assert r.status_code == 200
-        before = read_until(r, stop_at, lambda: os.kill(victim, signal.SIGKILL))  # then read on until it breaks
+        before = read_until(r, stop_at, lambda _: os.kill(victim, signal.SIGKILL))  # then read on until it breaks
     assert not any(e["event"] == "run.completed" for e in before), "the edge died mid-answer"
     run_id = before[0]["data"]["run_id"]
 
