@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from cassandra.cluster import Cluster, ResponseFuture, Session
+from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy
 from cassandra.query import BatchStatement, PreparedStatement
+
+log = logging.getLogger(__name__)
 
 SCHEMA = (
     """CREATE KEYSPACE IF NOT EXISTS {ks}
@@ -184,14 +188,8 @@ class Conversations:
 
     @classmethod
     def connect(cls, hosts: str, port: int, keyspace: str) -> Conversations:
-        cluster = Cluster(
-            hosts.split(","),
-            port=port,
-            connect_timeout=10,
-            protocol_version=5,
-            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
-        )
-        session = cluster.connect()
+        session = _connect(hosts.split(","), port)
+        cluster = session.cluster
         for statement in SCHEMA:
             session.execute(statement.format(ks=keyspace), timeout=60)
         cluster.refresh_schema_metadata()
@@ -349,6 +347,28 @@ def _active_at(chat: Any) -> datetime:
 def _key(row: Any) -> ApiKey:
     revoked = utc(row.revoked_at) if row.revoked_at else None
     return ApiKey(str(row.key_id), row.name, row.prefix, row.tier, utc(row.created_at), revoked)
+
+
+def _connect(hosts: list[str], port: int, timeout_s: float = 90.0) -> Session:
+    """Connect, retrying while a node that has just started (or is swamped by every stage connecting at once
+    on a small machine) does not answer yet. A failed connect shuts its Cluster down, so each try builds one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cluster = Cluster(
+            hosts,
+            port=port,
+            connect_timeout=10,
+            protocol_version=5,
+            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
+        )
+        try:
+            return cluster.connect()
+        except NoHostAvailable as exc:
+            cluster.shutdown()
+            if time.monotonic() > deadline:
+                raise
+            log.info("Cassandra not reachable yet (%s); retrying", exc)
+            time.sleep(1.0)
 
 
 def utc(value: datetime) -> datetime:
