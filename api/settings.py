@@ -17,7 +17,6 @@ class ApiSettings(StackSettings):
     max_content_chars: int = 32_000
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
-    models: tuple[str, ...] = ("smollm2-135m-instruct",)
     metering_url: str = "http://127.0.0.1:6069"
     first_event_timeout_s: float = 120.0  # a run that never starts ends with an error event, never hangs
     stream_idle_timeout_s: float = 60.0

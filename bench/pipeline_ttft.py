@@ -131,7 +131,7 @@ def main() -> None:
                       settings.jwt_audience)
         api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
         engine = httpx.Client(timeout=120)
-        engine_url = f"http://127.0.0.1:{args.port_base + 21}"
+        engine_url = stack.engine_url()
         system = ProcessorSettings().system_prompt
         rng = random.Random(7)
         for _ in range(3):  # warm-up, both paths

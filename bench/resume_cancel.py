@@ -93,7 +93,7 @@ def main() -> None:
         auth = {"Authorization": f"Bearer {token}"}
         edge0 = httpx.Client(base_url=f"http://127.0.0.1:{PORT_BASE}", headers=auth, timeout=120)
         edge1 = httpx.Client(base_url=f"http://127.0.0.1:{PORT_BASE + 100}", headers=auth, timeout=120)
-        llama = f"http://127.0.0.1:{PORT_BASE + 21}"
+        llama = stack.engine_url()
         skipped: list[str] = []
         live_ms, finished_ms, cancel_ms, after_cancel, per_record = [], [], [], [], []
         for _ in tqdm(range(args.runs), desc="resume (live runs)", file=sys.stderr):

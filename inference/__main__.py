@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 
 from inference.engine import Engine, OpenAIStreamEngine
 from inference.settings import InferenceSettings
 from inference.worker import Worker
 from topics.settings import state_dir
 
+log = logging.getLogger("inference")
 
-async def amain(settings: InferenceSettings, engine_url: str) -> None:
+
+async def amain(settings: InferenceSettings, engine_url: str, revive: Callable[[], Awaitable[bool]] | None) -> None:
     engine: Engine = OpenAIStreamEngine(settings.engine, engine_url)
-    worker = Worker(settings, engine)
+    worker = Worker(settings, engine, revive)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
@@ -28,22 +31,41 @@ def main() -> None:
     settings = InferenceSettings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if settings.engine != "llamacpp":
-        asyncio.run(amain(settings, settings.engine_url))
+    if settings.engine != "llamacpp":  # sglang (GPU) or any OpenAI-style server someone else runs
+        asyncio.run(amain(settings, settings.engine_url, None))
         return
     from inference.llama_server import LlamaServer
 
-    # Started from the main thread: the child's death signal is tied to the thread that spawned it.
     server = LlamaServer(
         port=settings.llama_port,
         slots=settings.slots,
         context=settings.slot_context,
         threads=settings.threads,
-        log_path=state_dir() / "logs" / (settings.namespace or "default") / f"llama-server-{settings.pool}.log",
+        alias=settings.model,
+        log_path=state_dir()
+        / "logs"
+        / (settings.namespace or "default")
+        / f"llama-server-{settings.pool}-{settings.llama_port}.log",
     )
+    # Started (and restarted) from the main thread, which also runs the event loop: the child's death signal
+    # is tied to the thread that spawned it.
     server.start()
+
+    async def revive() -> bool:
+        """Restart our llama-server if it died; True once it answers again."""
+        if server.alive():
+            return False  # running but not answering (hung or overloaded): nothing to restart
+        log.warning("llama-server exited (%s); restarting it", server.process and server.process.returncode)
+        server.spawn()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, server.wait_ready, 60.0)
+        except (RuntimeError, TimeoutError):
+            log.exception("llama-server did not come back")
+            return False
+        return True
+
     try:
-        asyncio.run(amain(settings, server.url))
+        asyncio.run(amain(settings, server.url, revive))
     finally:
         server.stop()
 

@@ -1,6 +1,10 @@
 """One small interface in front of the engines. Both speak OpenAI-style streaming chat completions:
 llama.cpp's llama-server (CPU, the embedded default) and SGLang's server (GPU, production), so one client
-serves both; closing the stream aborts the sequence in either engine.
+serves both; closing the stream aborts the sequence in either engine. Both batch continuously (slots in
+llama.cpp, the running batch in SGLang) and reuse cached prompt prefixes (slot prompt cache; RadixAttention).
+
+A run taken over from a failed consumer continues from the text already published: the partial answer goes
+in as the final assistant message with `continue_final_message` (both engines implement it, as vLLM does).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ class Request:
     messages: list[dict[str, str]]
     max_tokens: int
     temperature: float = 0.7
+    continuation: str = ""  # the answer so far, when a run is taken over: generation continues after it
 
 
 @dataclass
@@ -69,10 +74,16 @@ class OpenAIStreamEngine:
             return False
         return response.status_code == 200
 
-    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
-        body = {
+    def body(self, request: Request) -> dict[str, Any]:
+        messages = list(request.messages)
+        body: dict[str, Any] = {}
+        if request.continuation:
+            messages.append({"role": "assistant", "content": request.continuation})
+            body = {"continue_final_message": True, "add_generation_prompt": False}
+        return {
+            **body,
             "model": request.model,
-            "messages": request.messages,
+            "messages": messages,
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "stream": True,
@@ -81,12 +92,16 @@ class OpenAIStreamEngine:
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "timings_per_token": True,
         }
+
+    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
+        body = self.body(request)
         for attempt in (1, 2):
             try:
                 async with self._client.stream("POST", f"{self.base_url}/v1/chat/completions", json=body) as response:
                     if response.status_code != 200:
                         detail = (await response.aread()).decode(errors="replace")[:300]
-                        raise EngineError(f"engine answered {response.status_code}: {detail}")
+                        failure = EngineDown if response.status_code >= 500 else EngineError
+                        raise failure(f"engine answered {response.status_code}: {detail}")
                     async for line in response.aiter_lines():
                         chunk = parse_sse_line(line)
                         if chunk is not None:
@@ -96,14 +111,20 @@ class OpenAIStreamEngine:
                 # llama-server (cpp-httplib) closes a keep-alive connection after 100 requests; a request sent
                 # on it in that instant is refused before any byte of it is processed, so one retry is safe.
                 if attempt == 2 or "without sending a response" not in str(exc):
-                    raise
+                    raise EngineDown(f"engine connection broke: {exc}") from exc
+            except httpx.TransportError as exc:
+                raise EngineDown(f"engine unreachable: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
 class EngineError(RuntimeError):
-    pass
+    """The engine refused this request (a 4xx, or an error in its stream): the run fails."""
+
+
+class EngineDown(RuntimeError):
+    """The engine is unreachable, failed (5xx) or aborted the sequence: the run is handed to a healthy engine."""
 
 
 def parse_sse_line(line: str) -> Chunk | None:
@@ -121,6 +142,8 @@ def parse_sse_line(line: str) -> Chunk | None:
         delta = choice.get("delta") or {}
         chunk.text += delta.get("content") or ""
         chunk.finish_reason = choice.get("finish_reason") or chunk.finish_reason
+    if chunk.finish_reason == "abort":  # SGLang aborted the sequence itself (e.g. out of memory, shutting down)
+        raise EngineDown("the engine aborted the sequence")
     usage = payload.get("usage")
     if usage:
         chunk.prompt_tokens = usage.get("prompt_tokens")

@@ -54,6 +54,7 @@ class LlamaServer:
         slots: int,
         context: int,
         threads: int,
+        alias: str,
         log_path: Path,
         binary: Path | None = None,
         model: Path | None = None,
@@ -80,18 +81,30 @@ class LlamaServer:
             "--no-webui",
             "--metrics",
             "--alias",
-            "smollm2-135m-instruct",
+            alias,
         ]
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60.0) -> None:
+        self.spawn()
+        self.wait_ready(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the child. Call from the thread that lives as long as the consumer: the child's death signal
+        is tied to the thread that spawned it."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = self.log_path.open("ab")
         log.info("starting %s", " ".join(self.args))
         self.process = subprocess.Popen(
             self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
         )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
+from pydantic import Field
+
 from topics.settings import StackSettings
 
 
 class InferenceSettings(StackSettings):
     pool: str = "small"
-    engine: str = "llamacpp"  # llamacpp: start llama-server as a child; openai: an existing SGLang/llama server
-    engine_url: str = ""  # for engine=openai, e.g. http://sglang:30000
+    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    engine: str = "llamacpp"  # llamacpp: start llama-server as a child; sglang or openai: an existing server
+    engine_url: str = ""  # for an existing server, e.g. http://sglang:30000
     llama_port: int = 8081
     slots: int = 8  # sequences in flight; the consumer pulls runs only while a slot is free
-    slot_context: int = 2048
     threads: int = 1  # 1 is fastest on a busy 2-core box: more threads spin-wait (see INFRA.md)
     temperature: float = 0.7
     coalesce_ms: float = 20.0
     metrics_port: int = 9101
-    health_interval_s: float = 5.0
+    health_interval_s: float = 2.0
+    # A consumer that dies stops heartbeating; after this its partitions, and runs, move to the pool's others.
+    session_timeout_ms: int = 6000
+    run_deadline_s: float = 300.0  # a run still unserved this long after scheduling fails with an error
+
+    @property
+    def slot_context(self) -> int:
+        return self.pools[self.pool].context
+
+    @property
+    def model(self) -> str:
+        return self.pools[self.pool].model

@@ -1,8 +1,16 @@
-"""RunScheduled -> TokenDelta (reply partition) + RunCompleted.
+"""RunScheduled (one pool's topic) -> TokenDelta (the run's reply partition) + RunCompleted.
 
-A confluent-kafka consumer that pulls runs only while its engine has a free slot, folds each into the
-engine's running batch, publishes coalesced deltas to the run's reply partition and, at the end, the
-run's completion. Offsets are committed only after a run's RunCompleted is acknowledged by the broker.
+A confluent-kafka consumer, one of its pool's group, that pulls runs only while its engine has a free slot,
+folds each into the engine's running batch, publishes coalesced deltas to the run's reply partition and, at
+the end, the run's completion. Offsets are committed only after a run's RunCompleted is acknowledged.
+
+Failure (docs/decisions/0005-inference-pools-and-takeover.md):
+- A consumer killed mid-run stops heartbeating; after the session timeout its partitions go to the pool's
+  other consumers, which read what the run already published and continue generating after that text.
+- A partition taken away in a rebalance hands its runs off the same way: they stop between decode steps,
+  what they generated is flushed to the log, and the new owner continues them.
+- An unhealthy engine: the consumer leaves the group (its partitions and runs move to healthy consumers),
+  says so in /metrics and the log, and rejoins once the engine answers again.
 """
 
 from __future__ import annotations
@@ -11,17 +19,20 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
-from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from inference.coalesce import Coalescer
 from inference.control import RunControls
-from inference.engine import Engine, Outcome, Request, generate
+from inference.engine import Engine, EngineDown, Outcome, Request, generate
 from inference.offsets import OffsetTracker
 from inference.settings import InferenceSettings
+from inference.takeover import Prior, prior_of, published
 from topics import codec, tracing
 from topics.codec import Event
 from topics.errors import PoisonEvent
@@ -34,7 +45,7 @@ TTFT = Histogram(
     "parley_inference_ttft_seconds",
     "Engine time to first token",
     ["pool"],
-    buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+    buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
 INTER_TOKEN = Histogram(
     "parley_inference_inter_token_seconds",
@@ -52,6 +63,11 @@ CANCEL_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2),
 )
 HEALTHY = Gauge("parley_inference_engine_healthy", "1 while the engine answers its health check", ["pool"])
+TAKING_WORK = Gauge("parley_inference_taking_work", "1 while this consumer is in its pool's group", ["pool"])
+HANDED_OFF = Counter("parley_inference_handed_off_total", "Runs stopped here to continue on another consumer", ["pool"])
+TAKEN_OVER = Counter(
+    "parley_inference_taken_over_total", "Runs picked up after another consumer had started them", ["pool", "state"]
+)
 
 
 def position(msg: Message) -> tuple[str, int, int]:
@@ -63,6 +79,11 @@ def position(msg: Message) -> tuple[str, int, int]:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def epoch_ms(value: Any) -> int:
+    """A timestamp-millis field as decoded (datetime) or as built here (int)."""
+    return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
 
 
 def delta(run: Event, seq: int, kind: str, **fields: Any) -> Event:
@@ -78,6 +99,7 @@ def delta(run: Event, seq: int, kind: str, **fields: Any) -> Event:
         "usage": None,
         "error_code": None,
         "error_message": None,
+        "tokens": None,
         "emitted_at": now_ms(),
         **fields,
     }
@@ -90,10 +112,12 @@ def completed(
     usage: dict[str, int],
     ttft_ms: float,
     duration_ms: float,
+    served_by: str,
     error: str | None = None,
 ) -> Event:
     return {
-        "event_id": str(uuid.uuid4()),
+        # One id per run: a RunCompleted published again after a takeover is the same event to every sink.
+        "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"parley:run-completed:{run['prompt']['run_id']}")),
         "prompt": run["prompt"],
         "pool": run["pool"],
         "model": run["model"],
@@ -103,32 +127,79 @@ def completed(
         "ttft_ms": ttft_ms,
         "duration_ms": duration_ms,
         "error_message": error,
+        "served_by": served_by,
         "completed_at": now_ms(),
     }
 
 
+def usage_after(prior: Prior, outcome: Outcome | None) -> dict[str, int]:
+    """The run's usage (pure). A continued run's engine prompt held the text published before; that text is
+    counted once, as completion, and the prompt as the user's own (the re-read is our failure's cost)."""
+    if outcome is None:
+        return {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
+    prompt = max(0, outcome.prompt_tokens - prior.tokens) if prior.started else outcome.prompt_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": prior.tokens + outcome.completion_tokens,
+        "cached_tokens": min(outcome.cached_tokens, prompt),
+    }
+
+
+@dataclass
+class Flight:
+    """One run this consumer holds."""
+
+    msg: Message
+    run: Event
+    partition: int
+    maybe_started: bool  # read from before this consumer was assigned the partition: another may have begun it
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # set by a cancel or a hand-off
+    handing_off: bool = False
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def run_id(self) -> str:
+        return str(self.run["prompt"]["run_id"])
+
+
 class Worker:
-    def __init__(self, settings: InferenceSettings, engine: Engine) -> None:
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        engine: Engine,
+        revive: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.settings = settings
         self.engine = engine
+        self.revive = revive  # restarts an engine this process owns; True when it was down and came back
         self.tracer = tracing.setup(f"parley-inference-{settings.pool}")
         self.producer = AsyncProducer(settings.kafka_bootstrap)
         self.consumer = Consumer(
             consumer_config(
                 settings.kafka_bootstrap,
                 settings.group(f"inference.{settings.pool}"),
-                **{"max.poll.interval.ms": 600_000},
+                **{
+                    "max.poll.interval.ms": 600_000,
+                    "session.timeout.ms": settings.session_timeout_ms,
+                    "heartbeat.interval.ms": max(500, settings.session_timeout_ms // 6),
+                    # A rebalance moves only the partitions it must: chats stay on the engine holding them warm.
+                    "partition.assignment.strategy": "cooperative-sticky",
+                },
             )
         )
-        self.scheduled_topic = named(RUN_SCHEDULED, settings.namespace)
+        self.scheduled_topic = named(RUN_SCHEDULED[settings.pool], settings.namespace)
         self.delta_topic = named(TOKEN_DELTA, settings.namespace)
         self.completed_topic = named(RUN_COMPLETED, settings.namespace)
         self.controls = RunControls(settings.kafka_bootstrap, named(RUN_CONTROL, settings.namespace))
         self.offsets = OffsetTracker()
         self.slots = asyncio.Semaphore(settings.slots)
         self.healthy = True
+        self.flights: dict[str, Flight] = {}
+        self.fresh_from: dict[int, int] = {}  # partition -> its end when assigned: later records are new runs
+        self._kafka = ThreadPoolExecutor(1, thread_name_prefix="consumer")  # every consumer call, one thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._subscribed = False
         self._stopping = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- Kafka I/O ---------------------------------------------------------------------------------
     async def _publish_delta(self, run: Event, record: Event) -> None:
@@ -136,170 +207,324 @@ class Worker:
             self.delta_topic, codec.encode(TOKEN_DELTA.schema, record), partition=run["prompt"]["reply_partition"]
         )
 
+    async def _consumer_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._kafka, fn, *args)
+
     # -- one run -----------------------------------------------------------------------------------
-    async def serve(self, run: Event) -> Event:
-        """Generate one run: started, coalesced deltas, completed (also on engine failure), then RunCompleted."""
-        pool = self.settings.pool
+    async def _prior(self, flight: Flight) -> Prior:
+        if not flight.maybe_started:
+            return Prior()
+        prompt = flight.run["prompt"]
+        assert self._loop is not None
+        records = await self._loop.run_in_executor(
+            None,
+            published,
+            self.settings.kafka_bootstrap,
+            self.delta_topic,
+            prompt["reply_partition"],
+            prompt["run_id"],
+            epoch_ms(flight.run["scheduled_at"]),
+            self.settings.group("inference.takeover"),
+        )
+        prior = prior_of(records)
+        if prior.started:
+            state = "ended" if prior.terminal else "continued"
+            TAKEN_OVER.labels(self.settings.pool, state).inc()
+            log.info(
+                "run %s was started by another consumer (%d records, %d tokens published): %s here",
+                prompt["run_id"],
+                prior.seq + 1,
+                prior.tokens,
+                state,
+            )
+        return prior
+
+    async def serve(self, flight: Flight) -> Event | None:
+        """Generate one run: started, coalesced deltas, completed (also on failure), then RunCompleted.
+
+        Returns None when the run was handed off (to continue on another consumer): nothing final published.
+        """
+        run, pool = flight.run, self.settings.pool
         prompt = run["prompt"]
+        prior = await self._prior(flight)
+        if prior.terminal is not None:
+            return await self._finish_ended(run, prior)
         started = time.perf_counter()
-        await self._publish_delta(run, delta(run, 0, "started", model=run["model"]))
+        age_s = time.time() - epoch_ms(run["scheduled_at"]) / 1000
+        if age_s > self.settings.run_deadline_s:
+            log.warning("run %s expired: scheduled %.0fs ago, never served", prompt["run_id"], age_s)
+            return await self._finish(
+                run,
+                prior,
+                prior.seq + 1,
+                outcome=None,
+                started=started,
+                error=("run_expired", "No model server could take this request in time. Please try again."),
+            )
+        if prior.started and prior.tokens >= prompt["max_tokens"]:  # it had reached its limit when it stopped
+            return await self._finish(
+                run, prior, prior.seq + 1, outcome=Outcome(finish_reason="length"), started=started, error=None
+            )
+        seq = prior.seq
+        if not prior.started:
+            seq = 0
+            await self._publish_delta(run, delta(run, 0, "started", model=run["model"]))
         request = Request(
             prompt["run_id"],
             run["model"],
             [dict(m) for m in run["messages"]],
-            prompt["max_tokens"],
+            prompt["max_tokens"] - prior.tokens,
             self.settings.temperature if prompt.get("temperature") is None else prompt["temperature"],
+            continuation=prior.text,
         )
-        cancel = self.controls.watch(prompt["run_id"])
         coalescer = Coalescer(self.settings.coalesce_ms / 1000)
-        seq: int = 0
         last_emit: float | None = None
         outcome: Outcome | None = None
-        error: str | None = None
+        failure: tuple[str, str] | None = None
         try:
-            async for piece, progress in generate(self.engine, request, cancel):
+            async for piece, progress in generate(self.engine, request, flight.stop):
                 outcome = progress
                 ready = coalescer.add(piece)
                 if ready:
                     seq += 1
-                    await self._publish_delta(run, delta(run, seq, "delta", text=ready))
+                    tokens = prior.tokens + progress.completion_tokens
+                    await self._publish_delta(run, delta(run, seq, "delta", text=ready, tokens=tokens))
                     now = time.perf_counter()
                     if last_emit is not None:
                         INTER_TOKEN.labels(pool).observe(now - last_emit)
                     last_emit = now
-            rest = coalescer.drain()
-            if rest:
-                seq += 1
-                await self._publish_delta(run, delta(run, seq, "delta", text=rest))
-        except Exception as exc:  # engine failure: the run ends with an error, never hangs
+        except EngineDown as exc:
+            log.warning("run %s: engine failed mid-run (%s); handing the run off", prompt["run_id"], exc)
+            self.healthy = False
+            flight.handing_off = True
+        except Exception as exc:  # the engine refused the request: the run ends with an error, never hangs
             log.exception("run %s failed in the engine", prompt["run_id"])
-            error = f"{type(exc).__name__}: {exc}"[:500]
-        finally:
-            self.controls.release(prompt["run_id"])
-        if outcome is None and cancel.is_set():
+            failure = ("engine_error", f"The model failed while generating this answer ({type(exc).__name__}).")
+        rest = coalescer.drain()
+        if rest:  # generated text is published even when the run stops here, so a successor continues after it
+            seq += 1
+            tokens = prior.tokens + (outcome.completion_tokens if outcome else 0)
+            await self._publish_delta(run, delta(run, seq, "delta", text=rest, tokens=tokens))
+        if flight.handing_off:
+            HANDED_OFF.labels(pool).inc()
+            log.info("run %s handed off after %d records", prompt["run_id"], seq + 1)
+            return None
+        if outcome is None and flight.stop.is_set():
             outcome = Outcome(finish_reason="cancelled")  # cancelled before the engine produced anything
         if outcome is not None and outcome.finish_reason == "cancelled":
             requested = self.controls.requested_at(prompt["run_id"])
             if requested is not None:
                 CANCEL_LATENCY.labels(pool).observe(max(0.0, time.time() - requested))
             log.info("run %s cancelled after %d completion tokens", prompt["run_id"], outcome.completion_tokens)
-        duration_ms = (time.perf_counter() - started) * 1000
-        text = "".join(outcome.text) if outcome else ""
-        usage = {
-            "prompt_tokens": outcome.prompt_tokens if outcome else 0,
-            "completion_tokens": outcome.completion_tokens if outcome else 0,
-            "cached_tokens": outcome.cached_tokens if outcome else 0,
-        }
+        return await self._finish(run, prior, seq + 1, outcome=outcome, started=started, error=failure)
+
+    async def _finish(
+        self,
+        run: Event,
+        prior: Prior,
+        seq: int,
+        *,
+        outcome: Outcome | None,
+        started: float,
+        error: tuple[str, str] | None,
+    ) -> Event:
+        """Publish the terminal delta and RunCompleted."""
+        pool = self.settings.pool
+        usage = usage_after(prior, outcome)
+        text = prior.text + ("".join(outcome.text) if outcome else "")
         first = outcome.first_token_at if outcome else None
         ttft_ms = (first - started) * 1000 if first else 0.0
         finish = "error" if error else (outcome.finish_reason if outcome else "stop")
-        seq += 1
+        tokens = usage["completion_tokens"]
         if error:
-            await self._publish_delta(
-                run,
-                delta(
-                    run,
-                    seq,
-                    "error",
-                    error_code="engine_error",
-                    error_message="The model failed while generating this answer.",
-                ),
-            )
+            terminal = delta(run, seq, "error", error_code=error[0], error_message=error[1], tokens=tokens)
         else:
-            await self._publish_delta(
-                run, delta(run, seq, "completed", finish_reason=finish, usage=usage, model=run["model"])
+            terminal = delta(
+                run, seq, "completed", finish_reason=finish, usage=usage, model=run["model"], tokens=tokens
             )
-        done = completed(run, text, finish, usage, ttft_ms, duration_ms, error)
-        await self.producer.send(self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=prompt["chat_id"])
+        await self._publish_delta(run, terminal)
+        duration_ms = (time.perf_counter() - started) * 1000
+        message = error[1] if error else None
+        done = completed(run, text, finish, usage, ttft_ms, duration_ms, self.settings.worker_id, message)
+        await self.producer.send(
+            self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=run["prompt"]["chat_id"]
+        )
         if first:
             TTFT.labels(pool).observe(first - started)
         TOKENS.labels(pool, "prompt").inc(usage["prompt_tokens"])
+        TOKENS.labels(pool, "cached").inc(usage["cached_tokens"])
         TOKENS.labels(pool, "completion").inc(usage["completion_tokens"])
         RUNS.labels(pool, finish).inc()
         return done
 
-    async def _run_task(self, msg: Message, run: Event) -> None:
+    async def _finish_ended(self, run: Event, prior: Prior) -> Event:
+        """A run whose consumer died after its terminal delta: publish its RunCompleted from the log."""
+        terminal = prior.terminal
+        assert terminal is not None
+        error = terminal["kind"] == "error"
+        usage = terminal["usage"] or {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
+        finish = "error" if error else terminal["finish_reason"] or "stop"
+        message = terminal["error_message"] if error else None
+        done = completed(run, prior.text, finish, usage, 0.0, 0.0, self.settings.worker_id, message)
+        await self.producer.send(
+            self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=run["prompt"]["chat_id"]
+        )
+        return done
+
+    async def _run_task(self, flight: Flight) -> None:
+        cancel = self.controls.watch(flight.run_id)
+        relay = asyncio.create_task(self._relay(cancel, flight.stop))
         try:
-            with tracing.consumed_span(self.tracer, f"inference {self.settings.pool}", msg.headers()) as span:
-                span.set_attribute("parley.run_id", run["prompt"]["run_id"])
-                await self.serve(run)
-            self._commit(msg)
+            with tracing.consumed_span(self.tracer, f"inference {self.settings.pool}", flight.msg.headers()) as span:
+                span.set_attribute("parley.run_id", flight.run_id)
+                done = await self.serve(flight)
+            if done is not None:
+                self._commit(flight.msg)
         except Exception:
             # Kafka unreachable while publishing: leave the offset uncommitted so the run is redelivered.
-            log.exception("run %s could not be published; it will be redelivered", run["prompt"]["run_id"])
+            log.exception("run %s could not be published; it will be redelivered", flight.run_id)
         finally:
+            relay.cancel()
+            self.controls.release(flight.run_id)
+            self.flights.pop(flight.run_id, None)
             IN_FLIGHT.labels(self.settings.pool).dec()
             self.slots.release()
+
+    @staticmethod
+    async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
+        await source.wait()
+        target.set()
 
     def _commit(self, msg: Message) -> None:
         topic, partition, offset = position(msg)
         tp = TopicPartition(topic, partition, self.offsets.finished(partition, offset))
         self.consumer.commit(offsets=[tp], asynchronous=True)
 
-    # -- main loop ---------------------------------------------------------------------------------
-    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.offsets.forget([p.partition for p in partitions])
+    # -- group membership --------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+            self.fresh_from[tp.partition] = high
+        if partitions:
+            numbers = sorted(tp.partition for tp in partitions)
+            log.info("assigned partitions %s of %s", numbers, self.scheduled_topic)
 
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Runs of partitions leaving this consumer stop and flush what they generated before the partitions
+        go (this blocks the rebalance briefly), so their new owner continues each run where it stopped."""
+        numbers = {tp.partition for tp in partitions}
+        if not numbers:
+            return
+        assert self._loop is not None
+        handed = asyncio.run_coroutine_threadsafe(self._hand_off(numbers), self._loop)
+        try:
+            handed.result(timeout=60)
+        except Exception:
+            log.exception("hand-off of partitions %s did not finish", sorted(numbers))
+        self.offsets.forget(list(numbers))
+        for number in numbers:
+            self.fresh_from.pop(number, None)
+        log.info("revoked partitions %s of %s", sorted(numbers), self.scheduled_topic)
+
+    async def _hand_off(self, partitions: set[int]) -> None:
+        leaving = [f for f in self.flights.values() if f.partition in partitions]
+        for flight in leaving:
+            flight.handing_off = True
+            flight.stop.set()
+        tasks = [f.task for f in leaving if f.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _join(self) -> None:
+        await self._consumer_call(
+            lambda: self.consumer.subscribe(
+                [self.scheduled_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+            )
+        )
+        self._subscribed = True
+        TAKING_WORK.labels(self.settings.pool).set(1)
+
+    async def _leave(self) -> None:
+        def leave() -> None:
+            self.consumer.unsubscribe()
+            deadline = time.monotonic() + 30
+            while self.consumer.assignment() and time.monotonic() < deadline:
+                self.consumer.poll(0.1)  # serves the revoke (hand-off); a record read now stays uncommitted
+
+        await self._consumer_call(leave)
+        self._subscribed = False
+        TAKING_WORK.labels(self.settings.pool).set(0)
+
+    # -- engine health -----------------------------------------------------------------------------
     async def _watch_health(self) -> None:
         while not self._stopping.is_set():
             ok = await self.engine.healthy()
+            if not ok and self.revive is not None:
+                ok = await self.revive()
             if ok != self.healthy:
-                state = "healthy again" if ok else "UNHEALTHY: not taking work"
-                log.warning("engine %s is %s", self.engine.name, state)
+                state = "healthy again: taking work" if ok else "UNHEALTHY: not taking work"
+                log.warning("engine %s of pool %s is %s", self.engine.name, self.settings.pool, state)
             self.healthy = ok
             HEALTHY.labels(self.settings.pool).set(1 if ok else 0)
             await asyncio.sleep(self.settings.health_interval_s)
 
+    # -- main loop ---------------------------------------------------------------------------------
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         start_http_server(self.settings.metrics_port, addr="127.0.0.1")
-        self.consumer.subscribe([self.scheduled_topic], on_revoke=self._on_revoke)
         self.producer.start()
-        self.controls.start(loop)
+        self.controls.start(self._loop)
+        HEALTHY.labels(self.settings.pool).set(1)
         background = [asyncio.create_task(self._watch_health())]
         log.info(
-            "inference pool=%s engine=%s consuming %s with %d slots",
+            "inference pool=%s model=%s engine=%s worker=%s consuming %s with %d slots",
             self.settings.pool,
+            self.settings.model,
             self.engine.name,
+            self.settings.worker_id,
             self.scheduled_topic,
             self.settings.slots,
         )
         try:
             while not self._stopping.is_set():
+                if not self.healthy:
+                    if self._subscribed:
+                        await self._leave()  # our partitions, and their runs, go to the pool's healthy consumers
+                    await asyncio.sleep(0.5)
+                    continue
+                if not self._subscribed:
+                    await self._join()
                 await self.slots.acquire()  # pull a run only when the engine has room for it
-                msg = None
-                while msg is None and not self._stopping.is_set():
-                    if not self.healthy:
-                        await asyncio.sleep(0.5)
-                        continue
-                    msg = await loop.run_in_executor(None, self.consumer.poll, 0.2)
-                    error = msg.error() if msg is not None else None
-                    if error is not None:
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", error)
-                        msg = None
-                if msg is None:
+                msg = await self._consumer_call(self.consumer.poll, 0.2)
+                error = msg.error() if msg is not None else None
+                if msg is None or error is not None:
+                    if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("consumer error: %s", error)
                     self.slots.release()
-                    break
+                    continue
                 self._accept(msg)
         finally:
             self._stopping.set()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._subscribed:
+                await self._leave()  # hands in-flight runs off to the pool's other consumers
+            await asyncio.gather(*(f.task for f in list(self.flights.values()) if f.task), return_exceptions=True)
             for task in background:
                 task.cancel()
             await self.producer.close()
             self.controls.stop()
-            self.consumer.close()
+            await self._consumer_call(self.consumer.close)
+            self._kafka.shutdown()
 
     def _accept(self, msg: Message) -> None:
         topic, partition, offset = position(msg)
         self.offsets.started(partition, offset)
         try:
-            run = codec.decode(RUN_SCHEDULED.schema, msg.value())
+            run = codec.decode(RUN_SCHEDULED[self.settings.pool].schema, msg.value())
         except PoisonEvent as exc:
             dead_letter(
                 self.producer.producer,
-                RUN_SCHEDULED,
+                RUN_SCHEDULED[self.settings.pool],
                 self.settings.namespace,
                 source=topic,
                 partition=partition,
@@ -312,13 +537,13 @@ class Worker:
             self._commit(msg)
             self.slots.release()
             return
+        flight = Flight(msg, run, partition, maybe_started=offset < self.fresh_from.get(partition, 0))
+        if flight.run_id in self.flights:  # redelivered while still running here (cannot happen; be safe)
+            self.slots.release()
+            return
         IN_FLIGHT.labels(self.settings.pool).inc()
-        task = asyncio.create_task(self._run_task(msg, run))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.flights[flight.run_id] = flight
+        flight.task = asyncio.create_task(self._run_task(flight))
 
     def stop(self) -> None:
         self._stopping.set()
-
-
-__all__ = ["Worker", "trace"]

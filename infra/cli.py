@@ -9,8 +9,21 @@ import time
 from infra.stack import Stack
 
 
+def workers(text: str) -> dict[str, int]:
+    """'small=2,large=1' -> {'small': 2, 'large': 1}"""
+    from topics.pipeline import POOLS
+
+    found: dict[str, int] = {}
+    for part in text.split(","):
+        pool, _, count = part.partition("=")
+        if pool not in POOLS or not count.isdigit():
+            raise argparse.ArgumentTypeError(f"expected pool=count with a pool in {POOLS}, got {part!r}")
+        found[pool] = int(count)
+    return found
+
+
 def _stack(args: argparse.Namespace) -> Stack:
-    return Stack(namespace=args.namespace, port_base=args.port_base, replicas=args.replicas)
+    return Stack(namespace=args.namespace, port_base=args.port_base, replicas=args.replicas, workers=args.workers)
 
 
 def cmd_token(args: argparse.Namespace) -> None:
@@ -105,6 +118,12 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
         p.add_argument("--port-base", type=int, default=8000)
         p.add_argument("--replicas", type=int, default=1, help="edge replicas (ports base, base+100, ...)")
+        p.add_argument(
+            "--workers",
+            type=workers,
+            default={"small": 1, "large": 1},
+            help="inference consumers per pool, e.g. small=2,large=1 (each with its own engine)",
+        )
         if name == "down":
             p.add_argument("--keep-services", action="store_true", help="leave Kafka and Cassandra running")
         p.set_defaults(fn=fn)

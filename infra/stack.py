@@ -23,6 +23,8 @@ import httpx
 from topics.settings import REPO_ROOT, state_dir
 
 LOCAL = REPO_ROOT / "infra" / "local"
+# Sequences each pool's engine keeps in flight: many short ones, or few long ones (the same KV memory).
+POOL_SLOTS = {"small": 8, "large": 2}
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Stack:
     namespace: str = ""
     port_base: int = 8000
     replicas: int = 1  # edge replicas, each on its own port and reply partition
+    workers: dict[str, int] = field(default_factory=lambda: {"small": 1, "large": 1})  # inference consumers per pool
     state: Path = field(default_factory=state_dir)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -79,21 +82,26 @@ class Stack:
                     "/healthz",
                 )
             )
-        metrics = self.port_base + 20
-        out.append(
-            Service(
-                "inference-small",
-                (py, "-m", "inference"),
-                {
-                    **base,
-                    "PARLEY_POOL": "small",
-                    "PARLEY_METRICS_PORT": str(metrics),
-                    "PARLEY_LLAMA_PORT": str(self.port_base + 21),
-                },
-                metrics,
-                "/metrics",
-            )
-        )
+        port = self.port_base + 20  # each inference consumer: a metrics port and its llama-server's port
+        for pool, count in self.workers.items():
+            for index in range(count):
+                out.append(
+                    Service(
+                        f"inference-{pool}-{index}",
+                        (py, "-m", "inference"),
+                        {
+                            **base,
+                            "PARLEY_POOL": pool,
+                            "PARLEY_SLOTS": str(POOL_SLOTS.get(pool, 4)),
+                            "PARLEY_WORKER_ID": f"{self.tag}-{pool}-{index}",
+                            "PARLEY_METRICS_PORT": str(port),
+                            "PARLEY_LLAMA_PORT": str(port + 1),
+                        },
+                        port,
+                        "/metrics",
+                    )
+                )
+                port += 2
         for replica in range(self.replicas):
             port = self.port_base + (replica * 100 if replica else 0)
             out.append(
@@ -110,6 +118,11 @@ class Stack:
                 )
             )
         return out
+
+    def engine_url(self, pool: str = "small", index: int = 0) -> str:
+        """The llama-server behind one inference consumer (for benchmarks that compare against it directly)."""
+        service = next(s for s in self.services() if s.name == f"inference-{pool}-{index}")
+        return f"http://127.0.0.1:{service.port + 1}"
 
     # -- steps ---------------------------------------------------------------------------------------
     def _step(self, name: str, fn: Callable[[], object]) -> None:

@@ -1,8 +1,8 @@
 """PromptModerated -> RunScheduled | RunRejected.
 
-Minimal here: blocked prompts are rejected, allowed ones are routed to the default pool with their context
-(system prompt + the chat's recent turns + the new message). Budgets, priorities and queues are issue 5;
-summaries and retrieval are issue 7.
+Blocked prompts are rejected; allowed ones get their context (system prompt + the chat's recent turns + the
+new message) and a model pool: the one serving the requested model, or the smallest whose context holds the
+prompt and its answer. Budgets, priorities and queues are issue 5; summaries and retrieval are issue 7.
 """
 
 from __future__ import annotations
@@ -22,22 +22,53 @@ from topics.pipeline import PROMPT_MODERATED, RUN_REJECTED, RUN_SCHEDULED
 log = logging.getLogger(__name__)
 
 
-def reject(moderated: Event) -> Event:
+def reject(prompt: Event, code: str, message: str, category: str | None = None) -> Event:
     return {
         "event_id": str(uuid.uuid4()),
-        "prompt": moderated["prompt"],
-        "code": "content_filter",
-        "message": "This request was declined by the content policy.",
-        "category": moderated["category"],
+        "prompt": prompt,
+        "code": code,
+        "message": message,
+        "category": category,
         "retry_after_s": None,
         "rejected_at": int(time.time() * 1000),
     }
+
+
+def estimate_tokens(messages: list[dict[str, str]]) -> int:
+    """A deliberately high estimate of a prompt's tokens (English runs about 4 characters per token with
+    SmolLM2's tokenizer; 3 leaves room), plus the chat template's few tokens per message. Issue 7 replaces
+    it with the serving model's own tokenizer."""
+    return sum(len(m["content"]) // 3 + 4 for m in messages)
+
+
+class TooLong(Exception):
+    pass
+
+
+def choose_pool(prompt: Event, messages: list[dict[str, str]], settings: ProcessorSettings) -> tuple[str, str]:
+    """(pool, model) for a run (pure). A requested model picks its pool; a prompt that does not fit there
+    goes to the smallest pool whose context holds it (the answer names the model that served it)."""
+    need = estimate_tokens(messages) + prompt["max_tokens"]
+    by_size = sorted(settings.pools.items(), key=lambda item: item[1].context)
+    wanted = prompt["model"] or settings.pools[settings.default_pool].model
+    for name, pool in by_size:
+        if pool.model == wanted and need <= pool.context:
+            return name, pool.model
+    for name, pool in by_size:
+        if need <= pool.context:
+            return name, pool.model
+    largest = by_size[-1][1].context
+    raise TooLong(
+        f"This conversation needs about {need} tokens with its answer; the largest model here holds {largest}. "
+        "Start a new chat or ask for a shorter answer."
+    )
 
 
 def assemble(prompt: Event, history: list[Message], settings: ProcessorSettings) -> Event:
     """The run to schedule (pure): the history is the chat's turns before this message, oldest first.
 
     A prompt from the OpenAI-compatible route carries its whole conversation and is used as sent.
+    Raises TooLong when no pool can hold it.
     """
     if prompt.get("messages"):
         messages = [dict(m) for m in prompt["messages"]]
@@ -48,11 +79,12 @@ def assemble(prompt: Event, history: list[Message], settings: ProcessorSettings)
         messages = [{"role": "system", "content": settings.system_prompt}]
         messages += [{"role": m.role, "content": m.content} for m in earlier]
         messages.append({"role": "user", "content": prompt["content"]})
+    pool, model = choose_pool(prompt, messages, settings)
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,
-        "pool": settings.default_pool,
-        "model": prompt["model"] or settings.default_model,
+        "pool": pool,
+        "model": model,
         "messages": messages,
         "context_turns": len(earlier),
         "scheduled_at": int(time.time() * 1000),
@@ -83,9 +115,19 @@ def register(stage: Stage, conversations: Conversations) -> None:
     async def handle(moderated: Event) -> None:
         prompt = moderated["prompt"]
         if moderated["decision"] == "blocked":
-            await stage.publish(RUN_REJECTED, reject(moderated), partition=prompt["reply_partition"])
+            refusal = reject(
+                prompt, "content_filter", "This request was declined by the content policy.", moderated["category"]
+            )
+            await stage.publish(RUN_REJECTED, refusal, partition=prompt["reply_partition"])
             return
         history = [] if prompt.get("messages") else await history_for(prompt, conversations, stage.settings)
-        await stage.publish(RUN_SCHEDULED, assemble(prompt, history, stage.settings), key=prompt["chat_id"])
+        try:
+            run = assemble(prompt, history, stage.settings)
+        except TooLong as exc:
+            log.info("run %s rejected: %s", prompt["run_id"], exc)
+            refusal = reject(prompt, "context_length_exceeded", str(exc))
+            await stage.publish(RUN_REJECTED, refusal, partition=prompt["reply_partition"])
+            return
+        await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"])
 
     stage.consume(PROMPT_MODERATED, handle)

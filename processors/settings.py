@@ -12,8 +12,6 @@ def _default_usage_url() -> str:
 class ProcessorSettings(StackSettings):
     web_port: int = 0  # faust's own web server (health, /metrics, metering's usage views); 0 = per stage default
     # scheduling
-    default_model: str = "smollm2-135m-instruct"
-    default_pool: str = "small"
     context_messages: int = 20  # earlier messages carried verbatim into the prompt (memory is issue 7)
     system_prompt: str = "You are Parley, a helpful assistant. Answer clearly and concisely."
     prev_turn_wait_s: float = 3.0  # how long to wait for the previous answer to be persisted before going on

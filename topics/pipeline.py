@@ -45,14 +45,18 @@ PROMPT_MODERATED = Topic(
     CHAT_PARTITIONS,
     "chat_id",
 )
-RUN_SCHEDULED = Topic(
-    "chat.run-scheduled.v1",
-    "RunScheduled",
-    "scheduling",
-    ("inference",),
-    CHAT_PARTITIONS,
-    "chat_id",
-)
+# Model pools: each has its own scheduled-runs topic, read by that pool's inference consumers as one group.
+# Keyed by chat_id, so every turn of a chat lands on the partition (and so the consumer and engine) that
+# holds its prompt prefix warm (docs/decisions/0005-inference-pools-and-takeover.md).
+POOLS = ("small", "large")
+
+
+def _scheduled(pool: str) -> Topic:
+    name = f"chat.run-scheduled-{pool}.v1"
+    return Topic(name, "RunScheduled", "scheduling", ("inference",), CHAT_PARTITIONS, "chat_id")
+
+
+RUN_SCHEDULED = {pool: _scheduled(pool) for pool in POOLS}
 RUN_REJECTED = Topic(
     "chat.run-rejected.v1",
     "RunRejected",
@@ -91,7 +95,7 @@ RUN_CONTROL = Topic(
 TOPICS: tuple[Topic, ...] = (
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
-    RUN_SCHEDULED,
+    *RUN_SCHEDULED.values(),
     RUN_REJECTED,
     TOKEN_DELTA,
     RUN_COMPLETED,

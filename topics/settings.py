@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +27,23 @@ def local_jwt_secret() -> SecretStr:
     return SecretStr(path.read_text().strip())
 
 
+class Pool(BaseModel):
+    """A model pool: the model id it serves and how many tokens (prompt + answer) one sequence may hold."""
+
+    model_config = {"frozen": True}
+
+    model: str
+    context: int
+
+
+# Locally both pools run SmolLM2-135M under llama.cpp, as two engine configurations: many short sequences,
+# or few long ones (the model's own limit is 8,192 tokens). On GPUs they are different models.
+DEFAULT_POOLS = {
+    "small": Pool(model="smollm2-135m-instruct", context=2048),
+    "large": Pool(model="smollm2-135m-instruct-8k", context=8192),
+}
+
+
 class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARLEY_", frozen=True, extra="ignore")
 
@@ -36,6 +53,14 @@ class StackSettings(BaseSettings):
     cassandra_port: int = 9042
     keyspace: str = "parley"
     log_level: str = "INFO"
+    pools: dict[str, Pool] = Field(default_factory=lambda: dict(DEFAULT_POOLS))
+    default_pool: str = "small"
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model id served, the default pool's first."""
+        ids = [self.pools[self.default_pool].model] + [p.model for p in self.pools.values()]
+        return tuple(dict.fromkeys(ids))
 
     @property
     def keyspace_name(self) -> str:

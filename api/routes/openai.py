@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -100,12 +101,20 @@ def conversation(deps: Services, body: Completion) -> list[dict[str, str]]:
     return messages
 
 
+def conversation_key(user_id: str, messages: list[dict[str, str]]) -> str:
+    """A stateless client resends its conversation each turn; the same opening (system prompt and first user
+    message) gives the same key, so each turn is routed like a chat's: to the engine holding its prefix warm."""
+    first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    opening = [(m["role"], m["content"]) for m in messages[: first_user + 1]]
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, json.dumps([user_id, opening])))
+
+
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> JSONResponse | EventSourceResponse:
     messages = conversation(deps, body)
     max_tokens = checked_max_tokens(deps, body.max_completion_tokens or body.max_tokens)
     checked_model(deps, body.model)
-    chat_id, run_id = str(new_id()), str(new_id())
+    chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
     event = convert.prompt_accepted(
         run_id=run_id,
         chat_id=chat_id,
@@ -155,6 +164,8 @@ def check_end(reply: Reply, run_id: str) -> None:
     if reply.kind == "rejected":
         if record["code"] == "content_filter":
             raise ApiError(400, record["message"], "content_policy_violation")
+        if record["code"] == "context_length_exceeded":
+            raise ApiError(400, record["message"], "context_length_exceeded", "messages")
         headers = {"Retry-After": str(record["retry_after_s"])} if record["retry_after_s"] else None
         raise ApiError(429 if headers else 503, record["message"], record["code"], headers=headers)
     if reply.kind == "error":

@@ -51,6 +51,11 @@ class Live:
         offset = {"moderation": 10, "scheduling": 11, "persistence": 12, "metering": 13, "inference": 20}[stage]
         return f"http://127.0.0.1:{PORT_BASE + offset}"
 
+    def worker(self, name: str) -> tuple[str, int]:
+        """(metrics URL, pid) of one inference consumer, e.g. "inference-small-1"."""
+        service = next(s for s in self.stack.services() if s.name == name)
+        return f"http://127.0.0.1:{service.port}/metrics", self.stack.pids().get(name, 0)
+
     def topic(self, topic: Topic) -> str:
         return named(topic, self.namespace)
 
@@ -62,7 +67,10 @@ def _running(script: str) -> bool:
 @pytest.fixture(scope="session")
 def live() -> Iterator[Live]:
     started_here = [s for s in ("kafka.sh", "cassandra.sh") if not _running(s)]
-    stack = Stack(namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE, replicas=2)
+    # Two edge replicas; two consumers (two engines) in the small pool so one can die, one in the large pool.
+    stack = Stack(
+        namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE, replicas=2, workers={"small": 2, "large": 1}
+    )
     stack.up()
     try:
         yield Live(stack, stack.api_url)

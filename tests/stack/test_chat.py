@@ -28,7 +28,7 @@ def test_two_turns_stream_persist_and_carry_context(live):
     run2 = second[0]["data"]["run_id"]
 
     # Multi-turn: the second run's assembled prompt carries the first turn (question and answer).
-    scheduled = read_topic(live.topic(RUN_SCHEDULED), for_run("RunScheduled", run2))
+    scheduled = read_topic(live.topic(RUN_SCHEDULED["small"]), for_run("RunScheduled", run2))
     assert len(scheduled) == 1
     messages = codec.decode("RunScheduled", scheduled[0].value())["messages"]
     contents = [(m["role"], m["content"]) for m in messages]
@@ -89,4 +89,4 @@ def test_blocked_prompt_is_refused_without_inference(live):
     assert [e["event"] for e in events] == ["moderation"]
     assert events[0]["data"]["action"] == "refused"
     run_id = events[0]["data"]["run_id"]
-    assert not read_topic(live.topic(RUN_SCHEDULED), for_run("RunScheduled", run_id), timeout_s=5)
+    assert not read_topic(live.topic(RUN_SCHEDULED["small"]), for_run("RunScheduled", run_id), timeout_s=5)

@@ -8,7 +8,7 @@ from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RU
 
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
 
-POISONED = (PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_SCHEDULED, RUN_COMPLETED, RUN_REJECTED)
+POISONED = (PROMPT_ACCEPTED, PROMPT_MODERATED, *RUN_SCHEDULED.values(), RUN_COMPLETED, RUN_REJECTED)
 
 
 def test_malformed_records_are_dead_lettered_and_the_stages_keep_serving(live):

@@ -26,7 +26,7 @@ def test_trace_context_travels_in_kafka_headers(live):
     events = chat_turn(client, chat["id"], "Hello", max_tokens=4)
     run_id = events[0]["data"]["run_id"]
     trace_ids = set()
-    for topic in (PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_SCHEDULED, RUN_COMPLETED):
+    for topic in (PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_SCHEDULED["small"], RUN_COMPLETED):
         found = read_topic(live.topic(topic), for_run(topic.schema, run_id))
         assert len(found) == 1, topic.name
         headers = found[0].headers() or []

@@ -1,0 +1,172 @@
+"""Inference consumers on the real stack: model pools, prefix reuse, a killed consumer, an unhealthy engine."""
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import httpx
+from confluent_kafka import Producer
+
+from topics import codec
+from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
+
+from .conftest import chat_turn, for_run, read_topic, read_until, wait_for
+
+SMALL = ("inference-small-0", "inference-small-1")
+
+
+def completed_of(live, run_id):
+    found = wait_for(lambda: read_topic(live.topic(RUN_COMPLETED), for_run("RunCompleted", run_id), 5), 60)
+    assert len(found) == 1, found
+    return codec.decode("RunCompleted", found[0].value())
+
+
+def metric(url, name, default=None):
+    for line in httpx.get(url, timeout=5).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return default
+
+
+def test_long_chats_go_to_the_large_pool_and_their_next_turn_reuses_the_cached_prefix(live):
+    client = live.client(live.token())
+    assert {m["id"] for m in client.get("/v1/models").json()["data"]} == {
+        "smollm2-135m-instruct", "smollm2-135m-instruct-8k"}
+    chat = client.post("/v1/chats").json()["id"]
+    notes = " ".join(f"Note {i}: the harbour light number {i} is painted {['red', 'green', 'white'][i % 3]}."
+                     for i in range(110))  # ~6,600 characters: more than the small pool's 2,048 tokens
+    first = chat_turn(client, chat, f"Here are my notes. {notes} Which colour is light 7?", max_tokens=24)
+    assert first[0]["event"] == "run.started" and first[0]["data"]["model"] == "smollm2-135m-instruct-8k"
+    assert first[-1]["event"] == "run.completed", first[-1]
+    run1 = first[0]["data"]["run_id"]
+    assert read_topic(live.topic(RUN_SCHEDULED["large"]), for_run("RunScheduled", run1))
+    done1 = completed_of(live, run1)
+    assert (done1["pool"], done1["model"]) == ("large", "smollm2-135m-instruct-8k")
+
+    second = chat_turn(client, chat, "And light 8?", max_tokens=16)
+    assert second[-1]["event"] == "run.completed", second[-1]
+    usage1, usage2 = first[-1]["data"]["usage"], second[-1]["data"]["usage"]
+    # The second prompt starts with the whole first turn: the engine reuses it instead of recomputing it.
+    assert usage2["prompt_tokens"] > usage1["prompt_tokens"]
+    assert usage2["cached_tokens"] >= 0.9 * usage1["prompt_tokens"], (usage1, usage2)
+    done2 = completed_of(live, second[0]["data"]["run_id"])
+    assert done2["usage"]["cached_tokens"] == usage2["cached_tokens"] and done2["served_by"] == done1["served_by"]
+
+    short = chat_turn(client, client.post("/v1/chats").json()["id"], "Hi!", max_tokens=8)
+    assert short[0]["data"]["model"] == "smollm2-135m-instruct"
+
+
+def test_each_chat_stays_on_the_consumer_that_holds_its_prefix(live):
+    client = live.client(live.token())
+    chats = [client.post("/v1/chats").json()["id"] for _ in range(4)]
+    story = "Remember this list of fruits and their prices: " + ", ".join(
+        f"fruit {i} costs {i * 3} cents" for i in range(40))
+    firsts = [chat_turn(client, chat, f"{story}. ({n})", max_tokens=12) for n, chat in enumerate(chats)]
+    seconds = [chat_turn(client, chat, "What does fruit 5 cost?", max_tokens=12) for chat in chats]
+    workers = set()
+    for first, second in zip(firsts, seconds, strict=True):
+        assert first[-1]["event"] == second[-1]["event"] == "run.completed"
+        a = completed_of(live, first[0]["data"]["run_id"])
+        b = completed_of(live, second[0]["data"]["run_id"])
+        assert a["served_by"] == b["served_by"] and a["pool"] == "small"
+        assert b["usage"]["cached_tokens"] >= 0.9 * a["usage"]["prompt_tokens"], (a["usage"], b["usage"])
+        workers.add(a["served_by"])
+    assert workers <= {f"{live.namespace}-small-0", f"{live.namespace}-small-1"}
+
+
+def holder(live):
+    """The small-pool consumer with a run in flight, or None."""
+    for name in SMALL:
+        url, _ = live.worker(name)
+        if metric(url, "parley_inference_in_flight", 0) >= 1:
+            return name
+    return None
+
+
+def test_a_killed_consumers_run_is_continued_by_another_with_no_duplicated_text(live):
+    client = live.client(live.token())
+    for _attempt in range(3):
+        chat = client.post("/v1/chats").json()["id"]
+        killed = {}
+
+        def kill_holder(events):
+            name = wait_for(lambda: holder(live), 5)
+            if name and not any(e["event"] == "run.completed" for e in events):
+                killed["name"], killed["tokens"] = name, sum(e["event"] == "token" for e in events)
+                os.kill(live.worker(name)[1], signal.SIGKILL)
+            return False  # keep reading: the stream must go on
+
+        with client.stream("POST", f"/v1/chats/{chat}/messages", json={
+                "content": "Write a long story about a lighthouse keeper and a storm.", "max_tokens": 400}) as r:
+            assert r.status_code == 200
+            events = read_until(r, 4, kill_holder)
+        if killed:
+            break
+    assert killed, "no run was in flight to kill"
+    try:
+        assert events[-1]["event"] == "run.completed", events[-3:]
+        tokens = [e for e in events if e["event"] == "token"]
+        assert len(tokens) > killed["tokens"]
+        cursors = [int(e["id"].split(":")[2]) for e in events]
+        assert cursors == sorted(set(cursors))
+        run_id = events[0]["data"]["run_id"]
+        done = completed_of(live, run_id)
+        survivor = next(n for n in SMALL if n != killed["name"])
+        assert done["served_by"] == f"{live.namespace}-{survivor.removeprefix('inference-')}"
+        text = "".join(e["data"]["delta"] for e in tokens)
+        assert text == done["content"]  # what the client saw is exactly the answer: nothing twice, nothing lost
+        stored = client.get(f"/v1/chats/{chat}/messages").json()["data"]
+        assert stored[-1]["content"] == text
+        assert done["usage"]["completion_tokens"] >= len(tokens) // 2
+        assert len(read_topic(live.topic(TOKEN_DELTA), for_run("TokenDelta", run_id))) == len(events)
+    finally:
+        live.stack.start()  # the killed consumer comes back (and takes its partitions back)
+        live.stack.wait_ready()
+
+
+def llama_pid(consumer_pid):
+    out = subprocess.run(["pgrep", "-P", str(consumer_pid), "llama-server"], capture_output=True, text=True)
+    return int(out.stdout.split()[0])
+
+
+def test_an_unhealthy_engine_stops_its_consumer_taking_work_until_it_recovers(live):
+    url, pid = live.worker("inference-small-1")
+    engine = llama_pid(pid)
+    os.kill(engine, signal.SIGSTOP)  # hung: the process is there but answers nothing
+    try:
+        assert wait_for(lambda: metric(url, "parley_inference_engine_healthy") == 0, 30)
+        assert wait_for(lambda: metric(url, "parley_inference_taking_work") == 0, 30)
+        client = live.client(live.token())
+        for _ in range(4):  # every chat is served by the healthy consumer, whatever its partition
+            events = chat_turn(client, client.post("/v1/chats").json()["id"], "Hello!", max_tokens=6)
+            assert events[-1]["event"] == "run.completed", events[-1]
+            done = completed_of(live, events[0]["data"]["run_id"])
+            assert done["served_by"] == f"{live.namespace}-small-0"
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    assert wait_for(lambda: metric(url, "parley_inference_engine_healthy") == 1, 30)
+    assert wait_for(lambda: metric(url, "parley_inference_taking_work") == 1, 30)
+    log = (live.stack.state / "logs" / live.stack.tag / "inference-small-1.log").read_text()
+    assert "UNHEALTHY: not taking work" in log and "healthy again" in log
+
+
+def test_a_run_nobody_served_in_time_fails_with_a_clear_error(live):
+    run_id, chat_id = str(uuid.uuid1()), str(uuid.uuid1())
+    prompt = {"event_id": str(uuid.uuid4()), "run_id": run_id, "chat_id": chat_id, "user_id": "u-expired",
+              "tier": "free", "message_id": str(uuid.uuid1()), "content": "Hi", "max_tokens": 8, "model": None,
+              "reply_partition": 0, "prev_run_id": None, "messages": None, "temperature": None, "store": False,
+              "created_at": int(time.time() * 1000) - 900_000}
+    run = {"event_id": str(uuid.uuid4()), "prompt": prompt, "pool": "small", "model": "smollm2-135m-instruct",
+           "messages": [{"role": "user", "content": "Hi"}], "context_turns": 0,
+           "scheduled_at": int(time.time() * 1000) - 900_000}  # waited 15 minutes: past the 5-minute deadline
+    producer = Producer({"bootstrap.servers": "127.0.0.1:9092"})
+    producer.produce(live.topic(RUN_SCHEDULED["small"]), key=chat_id,
+                     value=codec.encode("RunScheduled", run))
+    producer.flush(10)
+    done = completed_of(live, run_id)
+    assert done["finish_reason"] == "error" and "in time" in done["error_message"]
+    replies = [codec.decode("TokenDelta", m.value())
+               for m in read_topic(live.topic(TOKEN_DELTA), for_run("TokenDelta", run_id))]
+    assert [r["kind"] for r in replies] == ["error"] and replies[0]["error_code"] == "run_expired"

@@ -1,0 +1,133 @@
+"""Pure parts of the inference stage: pool routing, both engines' stream formats, takeover bookkeeping."""
+
+import json
+
+import pytest
+
+from api.routes.openai import conversation_key
+from inference.engine import EngineDown, OpenAIStreamEngine, Outcome, Request, parse_sse_line
+from inference.takeover import prior_of
+from inference.worker import usage_after
+from processors.schedule_run import TooLong, choose_pool, estimate_tokens
+from processors.settings import ProcessorSettings
+
+from .test_stages import prompt
+
+SETTINGS = ProcessorSettings()
+
+
+def test_a_short_chat_goes_to_the_small_pool_a_long_one_to_the_large():
+    short = [{"role": "user", "content": "Hi"}]
+    assert choose_pool(prompt(max_tokens=256), short, SETTINGS) == ("small", "smollm2-135m-instruct")
+    long = [{"role": "user", "content": "word " * 2000}]  # ~10,000 characters: beyond 2,048 tokens
+    assert choose_pool(prompt(max_tokens=256), long, SETTINGS) == ("large", "smollm2-135m-instruct-8k")
+
+
+def test_a_requested_model_picks_its_pool_and_nothing_fits_beyond_the_largest():
+    short = [{"role": "user", "content": "Hi"}]
+    assert choose_pool(prompt(model="smollm2-135m-instruct-8k"), short, SETTINGS)[0] == "large"
+    huge = [{"role": "user", "content": "x" * 30_000}]
+    with pytest.raises(TooLong, match="8192"):
+        choose_pool(prompt(max_tokens=256), huge, SETTINGS)
+
+
+def test_the_token_estimate_errs_high():
+    text = "The quick brown fox jumps over the lazy dog. " * 40  # SmolLM2: about 10 tokens per sentence
+    assert estimate_tokens([{"role": "user", "content": text}]) >= 400
+
+
+# SGLang's documented OpenAI-compatible stream (sglang/srt/entrypoints/openai/protocol.py,
+# ChatCompletionStreamResponse): usage on every chunk with stream_options.continuous_usage_stats, cached
+# tokens in prompt_tokens_details when the server runs with --enable-cache-report, a final usage chunk with
+# empty choices when include_usage is set, finish_reason "abort" when the server drops the sequence.
+SGLANG_STREAM = [
+    {"id": "c1", "object": "chat.completion.chunk", "created": 1763700000, "model": "smollm2-135m-instruct",
+     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "", "reasoning_content": None,
+                                        "tool_calls": None}, "logprobs": None, "finish_reason": None,
+                  "matched_stop": None}],
+     "usage": {"prompt_tokens": 31, "total_tokens": 31, "completion_tokens": 0,
+               "prompt_tokens_details": {"cached_tokens": 24}, "reasoning_tokens": 0}},
+    {"id": "c1", "object": "chat.completion.chunk", "created": 1763700000, "model": "smollm2-135m-instruct",
+     "choices": [{"index": 0, "delta": {"role": None, "content": "Hello", "reasoning_content": None,
+                                        "tool_calls": None}, "logprobs": None, "finish_reason": None,
+                  "matched_stop": None}],
+     "usage": {"prompt_tokens": 31, "total_tokens": 32, "completion_tokens": 1,
+               "prompt_tokens_details": {"cached_tokens": 24}, "reasoning_tokens": 0}},
+    {"id": "c1", "object": "chat.completion.chunk", "created": 1763700000, "model": "smollm2-135m-instruct",
+     "choices": [{"index": 0, "delta": {"role": None, "content": " there", "reasoning_content": None,
+                                        "tool_calls": None}, "logprobs": None, "finish_reason": "stop",
+                  "matched_stop": 2}],
+     "usage": {"prompt_tokens": 31, "total_tokens": 33, "completion_tokens": 2,
+               "prompt_tokens_details": {"cached_tokens": 24}, "reasoning_tokens": 0}},
+    {"id": "c1", "object": "chat.completion.chunk", "created": 1763700000, "model": "smollm2-135m-instruct",
+     "choices": [],
+     "usage": {"prompt_tokens": 31, "total_tokens": 33, "completion_tokens": 2,
+               "prompt_tokens_details": {"cached_tokens": 24}, "reasoning_tokens": 0}},
+]
+
+
+def test_sglang_stream_chunks_parse_to_text_finish_and_running_usage():
+    chunks = [parse_sse_line("data: " + json.dumps(c)) for c in SGLANG_STREAM]
+    assert all(c is not None for c in chunks)
+    assert "".join(c.text for c in chunks) == "Hello there"
+    assert chunks[2].finish_reason == "stop"
+    assert [c.completion_tokens for c in chunks] == [0, 1, 2, 2]
+    assert {(c.prompt_tokens, c.cached_tokens) for c in chunks} == {(31, 24)}
+
+
+def test_an_sglang_abort_hands_the_run_off_rather_than_ending_it():
+    aborted = dict(SGLANG_STREAM[1], choices=[{"index": 0, "delta": {"content": ""}, "finish_reason": "abort"}])
+    with pytest.raises(EngineDown):
+        parse_sse_line("data: " + json.dumps(aborted))
+
+
+def test_llama_server_stream_chunks_with_per_token_timings():
+    # As this repo's llama-server build streams them (timings_per_token): prompt_n new + cache_n reused.
+    line = ('data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":" water"}}],"created":1,'
+            '"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk","timings":{"cache_n":41,'
+            '"prompt_n":2,"prompt_ms":10.1,"predicted_n":3,"predicted_ms":40.0}}')
+    chunk = parse_sse_line(line)
+    assert chunk is not None
+    assert (chunk.text, chunk.prompt_tokens, chunk.cached_tokens, chunk.completion_tokens) == (" water", 43, 41, 3)
+
+
+def test_a_taken_over_run_continues_after_its_published_text():
+    engine = OpenAIStreamEngine("sglang", "http://engine")
+    request = Request("r", "m", [{"role": "user", "content": "Tell me"}], 40, continuation="Once upon")
+    body = engine.body(request)
+    assert body["messages"][-1] == {"role": "assistant", "content": "Once upon"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    fresh = engine.body(Request("r", "m", [{"role": "user", "content": "Tell me"}], 40))
+    assert fresh["messages"][-1]["role"] == "user" and "continue_final_message" not in fresh
+
+
+def record(seq, kind, text="", tokens=None, **extra):
+    return {"run_id": "r", "seq": seq, "kind": kind, "text": text, "tokens": tokens, "finish_reason": None,
+            "usage": None, "error_message": None, **extra}
+
+
+def test_prior_folds_records_in_seq_order_once_each():
+    records = [record(2, "delta", " upon", 3), record(0, "started"), record(1, "delta", "Once", 1),
+               record(2, "delta", " upon", 3)]
+    prior = prior_of(records)
+    assert (prior.text, prior.seq, prior.tokens, prior.terminal) == ("Once upon", 2, 3, None)
+    assert prior.started
+    assert not prior_of([]).started
+    ended = prior_of([*records, record(3, "completed", tokens=3, finish_reason="stop")])
+    assert ended.terminal is not None and ended.terminal["seq"] == 3
+
+
+def test_usage_of_a_continued_run_counts_the_earlier_text_once_as_completion():
+    prior = prior_of([record(0, "started"), record(1, "delta", "Once upon", 5)])
+    outcome = Outcome(prompt_tokens=35, completion_tokens=7, cached_tokens=0)  # engine prompt = 30 + 5 published
+    assert usage_after(prior, outcome) == {"prompt_tokens": 30, "completion_tokens": 12, "cached_tokens": 0}
+    fresh = Outcome(prompt_tokens=30, completion_tokens=7, cached_tokens=20)
+    assert usage_after(prior_of([]), fresh) == {"prompt_tokens": 30, "completion_tokens": 7, "cached_tokens": 20}
+
+
+def test_a_stateless_conversation_keeps_its_routing_key_across_turns():
+    turn1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "And?"}]
+    assert conversation_key("u1", turn1) == conversation_key("u1", turn2)
+    assert conversation_key("u1", turn1) != conversation_key("u2", turn1)
+    assert conversation_key("u1", turn1) != conversation_key("u1", [{"role": "user", "content": "Other"}])
