@@ -475,7 +475,10 @@ class Worker:
         start_http_server(self.settings.metrics_port, addr="127.0.0.1")
         self.producer.start()
         self.controls.start(self._loop)
-        HEALTHY.labels(self.settings.pool).set(1)
+        pool = self.settings.pool
+        for metric in (TTFT, INTER_TOKEN, IN_FLIGHT, CANCEL_LATENCY, HANDED_OFF):  # present from the start
+            metric.labels(pool)
+        HEALTHY.labels(pool).set(1)
         background = [asyncio.create_task(self._watch_health())]
         log.info(
             "inference pool=%s model=%s engine=%s worker=%s consuming %s with %d slots",

@@ -93,19 +93,20 @@ def assemble(prompt: Event, history: list[Message], settings: ProcessorSettings)
 
 async def history_for(prompt: Event, conversations: Conversations, settings: ProcessorSettings) -> list[Message]:
     """The chat's turns before this message. Waits (bounded) until the previous answer is persisted."""
+    if not prompt["prev_run_id"]:
+        return []  # the chat's first turn: nothing earlier to read (saves a query on the path to the first token)
     chat_id = uuid.UUID(prompt["chat_id"])
-    if prompt["prev_run_id"]:
-        deadline = time.monotonic() + settings.prev_turn_wait_s
-        while not await conversations.has_message(chat_id, uuid.UUID(prompt["prev_run_id"])):
-            if time.monotonic() > deadline:
-                log.warning(
-                    "chat %s: previous answer %s not persisted after %.1fs; scheduling without it",
-                    prompt["chat_id"],
-                    prompt["prev_run_id"],
-                    settings.prev_turn_wait_s,
-                )
-                break
-            await asyncio.sleep(0.05)
+    deadline = time.monotonic() + settings.prev_turn_wait_s
+    while not await conversations.has_message(chat_id, uuid.UUID(prompt["prev_run_id"])):
+        if time.monotonic() > deadline:
+            log.warning(
+                "chat %s: previous answer %s not persisted after %.1fs; scheduling without it",
+                prompt["chat_id"],
+                prompt["prev_run_id"],
+                settings.prev_turn_wait_s,
+            )
+            break
+        await asyncio.sleep(0.05)
     recent = await conversations.recent_messages(chat_id, settings.context_messages + 2)
     before = uuid.UUID(prompt["message_id"]).time
     return [m for m in recent if uuid.UUID(m.id).time < before]

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import yaml
 
-from topics.pipeline import STAGES
+from topics.pipeline import POOLS, STAGES
 from topics.settings import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
@@ -21,8 +21,12 @@ def test_compose_file_validates_offline():
 
 def test_every_stage_and_store_is_a_service_with_a_healthcheck():
     services = yaml.safe_load(COMPOSE.read_text())["services"]
-    for name in ("kafka", "cassandra", "clickhouse", "sglang", "llama", "api", "inference-cpu", "inference-gpu",
+    engines = [f"{kind}-{pool}" for kind in ("sglang", "llama", "inference-cpu", "inference-gpu") for pool in POOLS]
+    for name in ("kafka", "cassandra", "clickhouse", "api", *engines,
                  *[s for s in STAGES if s not in ("api", "inference")]):
         assert name in services, name
         assert "healthcheck" in services[name], name
-    assert services["sglang"]["profiles"] == ["gpu"]
+    for pool in POOLS:
+        assert services[f"sglang-{pool}"]["profiles"] == ["gpu"]
+        assert "--enable-cache-report" in services[f"sglang-{pool}"]["command"]
+        assert services[f"inference-gpu-{pool}"]["environment"]["PARLEY_POOL"] == pool
