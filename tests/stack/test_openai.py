@@ -19,7 +19,7 @@ def client(live):
 
 
 def test_models_and_non_streaming(client):
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert [m.id for m in client.models.list().data] == [MODEL, "smollm2-135m-instruct-8k"]  # one per pool
     reply = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}],
