@@ -16,8 +16,10 @@ from api import errors
 from api.replies import ReplyHub
 from api.settings import ApiSettings
 from storage.cassandra import Conversations
+from storage.ledger import Ledger
 from topics import tracing
 from topics.kafka import AsyncProducer
+from topics.limits import LimitsView
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ class Services:
     replies: ReplyHub
     conversations: Conversations
     http: httpx.AsyncClient
+    ledger: Ledger
+    limits: LimitsView
 
 
 def services(request: Request) -> Services:
@@ -53,12 +57,16 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.reply_partition)
         await loop.run_in_executor(None, replies.start, loop)
         http = httpx.AsyncClient(timeout=5.0)
-        app.state.services = Services(settings, producer, replies, conversations, http)
+        ledger = await loop.run_in_executor(None, Ledger, conversations.session, settings.keyspace_name)
+        limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
+        await loop.run_in_executor(None, limits.start)
+        app.state.services = Services(settings, producer, replies, conversations, http, ledger, limits)
         log.info("edge ready on %s:%d, reply partition %d", settings.host, settings.port, settings.reply_partition)
         try:
             yield
         finally:
             await http.aclose()
+            limits.stop()
             replies.stop()
             await producer.close()
             conversations.close()
@@ -66,10 +74,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
-    from api.routes import chats, keys, openai, system
+    from api.routes import admin, chats, keys, openai, system
 
     app.include_router(chats.router)
     app.include_router(openai.router)
     app.include_router(keys.router)
     app.include_router(system.router)
+    app.include_router(admin.router)
     return app

@@ -28,6 +28,7 @@ class Principal:
     user_id: str
     tier: str
     via_key: bool = False
+    admin: bool = False  # may change limits (a claim of a signed credential; API keys never carry it)
 
 
 def new_key() -> tuple[str, str]:
@@ -40,11 +41,28 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def issue(secret: str, user: str, tier: str, issuer: str, audience: str, ttl_s: int = 30 * 24 * 3600) -> str:
+def issue(
+    secret: str,
+    user: str,
+    tier: str,
+    issuer: str,
+    audience: str,
+    ttl_s: int = 30 * 24 * 3600,
+    admin: bool = False,
+) -> str:
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {', '.join(TIERS)}")
     now = int(time.time())
-    claims = {"sub": user, "tier": tier, "iss": issuer, "aud": audience, "iat": now, "exp": now + ttl_s}
+    claims: dict[str, object] = {
+        "sub": user,
+        "tier": tier,
+        "iss": issuer,
+        "aud": audience,
+        "iat": now,
+        "exp": now + ttl_s,
+    }
+    if admin:
+        claims["admin"] = True
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
@@ -65,7 +83,7 @@ def verify(token: str, secret: str, issuer: str, audience: str) -> Principal:
     tier = claims.get("tier")
     if tier not in TIERS or not isinstance(claims["sub"], str) or not claims["sub"]:
         raise ApiError(401, "The credential is not valid.", "invalid_token")
-    return Principal(claims["sub"], tier)
+    return Principal(claims["sub"], tier, admin=claims.get("admin") is True)
 
 
 async def principal(request: Request) -> Principal:
@@ -89,3 +107,12 @@ async def principal(request: Request) -> Principal:
 
 
 CurrentUser = Annotated[Principal, Depends(principal)]
+
+
+async def admin_principal(user: CurrentUser) -> Principal:
+    if not user.admin:
+        raise ApiError(403, "This needs an admin credential.", "admin_required")
+    return user
+
+
+Admin = Annotated[Principal, Depends(admin_principal)]

@@ -61,7 +61,19 @@ def run_control(*, run_id: str, chat_id: str, user_id: str, reason: str) -> Even
 def sse(reply: Reply) -> dict[str, Any]:
     """One SSE event (sse-starlette's dict form) for one reply record."""
     r = reply.record
-    if reply.kind == "started":
+    if reply.kind == "queued":
+        event, data = (
+            "run.queued",
+            {
+                "run_id": r["run_id"],
+                "chat_id": r["chat_id"],
+                "model": r["model"],
+                "pool": r.get("pool"),
+                "estimated_wait_ms": r.get("estimated_wait_ms"),
+                "degraded_from": r.get("degraded_from"),
+            },
+        )
+    elif reply.kind == "started":
         event, data = "run.started", {"run_id": r["run_id"], "chat_id": r["chat_id"], "model": r["model"]}
     elif reply.kind == "delta":
         event, data = "token", {"run_id": r["run_id"], "delta": r["text"]}

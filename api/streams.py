@@ -15,6 +15,7 @@ from opentelemetry import trace
 
 from api import convert
 from api.app import Services
+from api.errors import ApiError
 from api.replies import TERMINAL, LiveRun, Replay, Reply, parse_cursor
 from topics import codec
 from topics.codec import Event
@@ -92,6 +93,54 @@ async def from_log(
                 return
     finally:
         await loop.run_in_executor(None, reader.close)
+
+
+def rejection_error(record: Event) -> ApiError:
+    """The HTTP error for a run the pipeline refused: 400 for what retrying cannot fix, else 429 with when."""
+    code, message = record["code"], record["message"]
+    if code == "content_filter":
+        return ApiError(400, message, "content_policy_violation")
+    if code == "context_length_exceeded":
+        return ApiError(400, message, code, "messages")
+    if code == "budget_too_small":
+        return ApiError(400, message, code, "max_tokens")
+    if record["retry_after_s"]:
+        return ApiError(429, message, code, headers={"Retry-After": str(record["retry_after_s"])})
+    return ApiError(503, message, code)
+
+
+async def admitted(deps: Services, event: Event, replies: AsyncIterator[Reply], stream_refusals: bool) -> Reply:
+    """Wait, bounded, for the scheduler's decision on a run, so that a request over capacity or over budget
+    gets its 429 (with Retry-After) before any byte of a stream. Returns the run's first reply record.
+
+    stream_refusals: a content-policy refusal is the chat's own answer (a `moderation` event), not an error.
+    """
+    run_id = event["run_id"]
+    try:
+        first = await asyncio.wait_for(anext(aiter(replies)), deps.settings.admission_timeout_s)
+    except (TimeoutError, StreamTimeout):
+        deps.replies.close(run_id)
+        await request_cancel(
+            deps, run_id=run_id, chat_id=event["chat_id"], user_id=event["user_id"], reason="admission_timeout"
+        )
+        raise ApiError(
+            503,
+            f"The scheduler did not decide on this request within {deps.settings.admission_timeout_s:.0f}s.",
+            "scheduler_unavailable",
+            headers={"Retry-After": "5"},
+        ) from None
+    if first.kind == "rejected" and not (stream_refusals and first.record["code"] == "content_filter"):
+        deps.replies.close(run_id)
+        raise rejection_error(first.record)
+    return first
+
+
+async def prepend(first: Reply, rest: AsyncIterator[Reply]) -> AsyncIterator[Reply]:
+    yield first
+    if first.kind in TERMINAL:
+        return
+    async for reply in rest:
+        yield reply
 
 
 async def start_run(deps: Services, event: Event) -> LiveRun:

@@ -16,7 +16,10 @@ class InferenceSettings(StackSettings):
     engine: str = "llamacpp"  # llamacpp: start llama-server as a child; sglang or openai: an existing server
     engine_url: str = ""  # for an existing server, e.g. http://sglang:30000
     llama_port: int = 8081
-    slots: int = 8  # sequences in flight; the consumer pulls runs only while a slot is free
+    slots: int = 8  # sequences in flight in the engine
+    prefetch: int = 32  # runs read ahead and waiting for a slot here (so the best one can start first)
+    aging_s: float = 10.0  # a waiting run gains one priority level per this many seconds (no starvation)
+    status_interval_s: float = 0.5
     threads: int = 1  # 1 is fastest on a busy 2-core box: more threads spin-wait (see INFRA.md)
     temperature: float = 0.7
     coalesce_ms: float = 20.0

@@ -1,8 +1,11 @@
 """RunScheduled (one pool's topic) -> TokenDelta (the run's reply partition) + RunCompleted.
 
-A confluent-kafka consumer, one of its pool's group, that pulls runs only while its engine has a free slot,
-folds each into the engine's running batch, publishes coalesced deltas to the run's reply partition and, at
-the end, the run's completion. Offsets are committed only after a run's RunCompleted is acknowledged.
+A confluent-kafka consumer, one of its pool's group, that reads runs into a bounded local queue, starts the
+best waiting one whenever its engine has a free slot (tier priority with ageing, and tier slot shares:
+inference/queue.py), folds each into the engine's running batch, publishes coalesced deltas to the run's
+reply partition and, at the end, the run's completion. Offsets are committed only after a run's RunCompleted
+is acknowledged. Every half second it publishes its load (PoolStatus), which the scheduler's bounded queues
+are measured by.
 
 Failure (docs/decisions/0005-inference-pools-and-takeover.md):
 - A consumer killed mid-run stops heartbeating; after the session timeout its partitions go to the pool's
@@ -31,13 +34,15 @@ from inference.coalesce import Coalescer
 from inference.control import RunControls
 from inference.engine import Engine, EngineDown, Outcome, Request, generate
 from inference.offsets import OffsetTracker
+from inference.queue import RunQueue, tier_cap
 from inference.settings import InferenceSettings
 from inference.takeover import Prior, prior_of, published
 from topics import codec, tracing
 from topics.codec import Event
 from topics.errors import PoisonEvent
 from topics.kafka import AsyncProducer, consumer_config, dead_letter
-from topics.pipeline import RUN_COMPLETED, RUN_CONTROL, RUN_SCHEDULED, TOKEN_DELTA, named
+from topics.limits import LimitsView
+from topics.pipeline import POOL_STATUS, RUN_COMPLETED, RUN_CONTROL, RUN_SCHEDULED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,13 @@ INTER_TOKEN = Histogram(
 TOKENS = Counter("parley_inference_tokens_total", "Tokens generated", ["pool", "kind"])
 RUNS = Counter("parley_inference_runs_total", "Runs finished", ["pool", "finish_reason"])
 IN_FLIGHT = Gauge("parley_inference_in_flight", "Runs in the engine's batch", ["pool"])
+QUEUED = Gauge("parley_inference_queued", "Runs read and waiting for a slot", ["pool"])
+QUEUE_WAIT = Histogram(
+    "parley_inference_queue_wait_seconds",
+    "Time a run waited for a slot on this consumer, by tier",
+    ["pool", "tier"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
 CANCEL_LATENCY = Histogram(
     "parley_inference_cancel_seconds",
     "Cancel requested (edge clock) to the engine's sequence closed",
@@ -153,6 +165,7 @@ class Flight:
     run: Event
     partition: int
     maybe_started: bool  # read from before this consumer was assigned the partition: another may have begun it
+    read_at: float = field(default_factory=time.monotonic)
     stop: asyncio.Event = field(default_factory=asyncio.Event)  # set by a cancel or a hand-off
     handing_off: bool = False
     task: asyncio.Task[None] | None = None
@@ -160,6 +173,10 @@ class Flight:
     @property
     def run_id(self) -> str:
         return str(self.run["prompt"]["run_id"])
+
+    @property
+    def tier(self) -> str:
+        return str(self.run["prompt"]["tier"])
 
 
 class Worker:
@@ -192,7 +209,11 @@ class Worker:
         self.completed_topic = named(RUN_COMPLETED, settings.namespace)
         self.controls = RunControls(settings.kafka_bootstrap, named(RUN_CONTROL, settings.namespace))
         self.offsets = OffsetTracker()
-        self.slots = asyncio.Semaphore(settings.slots)
+        self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
+        self.queue: RunQueue[Flight] = RunQueue(settings.aging_s)
+        self.running: dict[str, int] = {}  # runs in the engine, by tier
+        self.mean_run_s = 5.0
+        self._slot_freed = asyncio.Event()
         self.healthy = True
         self.flights: dict[str, Flight] = {}
         self.fresh_from: dict[int, int] = {}  # partition -> its end when assigned: later records are new runs
@@ -373,6 +394,7 @@ class Worker:
         return done
 
     async def _run_task(self, flight: Flight) -> None:
+        started = time.monotonic()
         cancel = self.controls.watch(flight.run_id)
         relay = asyncio.create_task(self._relay(cancel, flight.stop))
         try:
@@ -389,7 +411,11 @@ class Worker:
             self.controls.release(flight.run_id)
             self.flights.pop(flight.run_id, None)
             IN_FLIGHT.labels(self.settings.pool).dec()
-            self.slots.release()
+            self.running[flight.tier] -= 1
+            self.mean_run_s += 0.2 * (time.monotonic() - started - self.mean_run_s)
+            self._slot_freed.set()
+            if not self._stopping.is_set():
+                self._dispatch()  # the slot goes to the best waiting run at once
 
     @staticmethod
     async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
@@ -428,6 +454,9 @@ class Worker:
         log.info("revoked partitions %s of %s", sorted(numbers), self.scheduled_topic)
 
     async def _hand_off(self, partitions: set[int]) -> None:
+        for waiting in self.queue.remove(lambda f: f.partition in partitions):
+            self.flights.pop(waiting.run_id, None)  # not started here: its new owner reads it again
+        QUEUED.labels(self.settings.pool).set(len(self.queue))
         leaving = [f for f in self.flights.values() if f.partition in partitions]
         for flight in leaving:
             flight.handing_off = True
@@ -479,7 +508,8 @@ class Worker:
         for metric in (TTFT, INTER_TOKEN, IN_FLIGHT, CANCEL_LATENCY, HANDED_OFF):  # present from the start
             metric.labels(pool)
         HEALTHY.labels(pool).set(1)
-        background = [asyncio.create_task(self._watch_health())]
+        await self._loop.run_in_executor(None, self.limits.start)
+        background = [asyncio.create_task(self._watch_health()), asyncio.create_task(self._publish_status())]
         log.info(
             "inference pool=%s model=%s engine=%s worker=%s consuming %s with %d slots",
             self.settings.pool,
@@ -498,15 +528,20 @@ class Worker:
                     continue
                 if not self._subscribed:
                     await self._join()
-                await self.slots.acquire()  # pull a run only when the engine has room for it
-                msg = await self._consumer_call(self.consumer.poll, 0.2)
-                error = msg.error() if msg is not None else None
-                if msg is None or error is not None:
-                    if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                if len(self.queue) < self.settings.prefetch:
+                    msg = await self._consumer_call(self.consumer.poll, 0.05 if len(self.queue) else 0.2)
+                    error = msg.error() if msg is not None else None
+                    if msg is not None and error is None:
+                        self._accept(msg)
+                    elif error is not None and error.code() != KafkaError._PARTITION_EOF:
                         log.warning("consumer error: %s", error)
-                    self.slots.release()
-                    continue
-                self._accept(msg)
+                else:  # the local queue is full: wait for a slot before reading more
+                    self._slot_freed.clear()
+                    try:
+                        await asyncio.wait_for(self._slot_freed.wait(), 0.2)
+                    except TimeoutError:
+                        pass
+                self._dispatch()
         finally:
             self._stopping.set()
             if self._subscribed:
@@ -514,6 +549,7 @@ class Worker:
             await asyncio.gather(*(f.task for f in list(self.flights.values()) if f.task), return_exceptions=True)
             for task in background:
                 task.cancel()
+            self.limits.stop()
             await self.producer.close()
             self.controls.stop()
             await self._consumer_call(self.consumer.close)
@@ -538,15 +574,52 @@ class Worker:
                 stage="inference",
             )
             self._commit(msg)
-            self.slots.release()
             return
         flight = Flight(msg, run, partition, maybe_started=offset < self.fresh_from.get(partition, 0))
-        if flight.run_id in self.flights:  # redelivered while still running here (cannot happen; be safe)
-            self.slots.release()
+        if flight.run_id in self.flights:  # redelivered while still here (cannot happen; be safe)
             return
-        IN_FLIGHT.labels(self.settings.pool).inc()
         self.flights[flight.run_id] = flight
-        flight.task = asyncio.create_task(self._run_task(flight))
+        self.queue.push(flight, flight.tier, run.get("priority", 0), flight.read_at)
+        QUEUED.labels(self.settings.pool).set(len(self.queue))
+
+    def _may_start(self, tier: str) -> bool:
+        cap = tier_cap(self.settings.slots, self.limits.tier(tier).slot_share)
+        return self.running.get(tier, 0) < cap
+
+    def _dispatch(self) -> None:
+        """Start the best waiting runs while the engine has free slots."""
+        pool = self.settings.pool
+        while sum(self.running.values()) < self.settings.slots:
+            flight = self.queue.pop(time.monotonic(), self._may_start)
+            if flight is None:
+                break
+            self.running[flight.tier] = self.running.get(flight.tier, 0) + 1
+            IN_FLIGHT.labels(pool).inc()
+            QUEUE_WAIT.labels(pool, flight.tier).observe(time.monotonic() - flight.read_at)
+            flight.task = asyncio.create_task(self._run_task(flight))
+        QUEUED.labels(pool).set(len(self.queue))
+
+    def status(self) -> Event:
+        return {
+            "worker_id": self.settings.worker_id,
+            "pool": self.settings.pool,
+            "slots": self.settings.slots,
+            "healthy": self.healthy and self._subscribed,
+            "running": {t: n for t, n in self.running.items() if n},
+            "queued": self.queue.by_tier(),
+            "mean_run_s": self.mean_run_s,
+            "at": now_ms(),
+        }
+
+    async def _publish_status(self) -> None:
+        topic = named(POOL_STATUS, self.settings.namespace)
+        while not self._stopping.is_set():
+            try:
+                value = codec.encode(POOL_STATUS.schema, self.status())
+                await self.producer.send(topic, value, key=self.settings.worker_id)
+            except Exception:
+                log.exception("could not publish this consumer's status")
+            await asyncio.sleep(self.settings.status_interval_s)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -23,7 +23,13 @@ def workers(text: str) -> dict[str, int]:
 
 
 def _stack(args: argparse.Namespace) -> Stack:
-    return Stack(namespace=args.namespace, port_base=args.port_base, replicas=args.replicas, workers=args.workers)
+    return Stack(
+        namespace=args.namespace,
+        port_base=args.port_base,
+        replicas=args.replicas,
+        stages=args.stages,
+        workers=args.workers,
+    )
 
 
 def cmd_token(args: argparse.Namespace) -> None:
@@ -39,6 +45,7 @@ def cmd_token(args: argparse.Namespace) -> None:
             settings.jwt_issuer,
             settings.jwt_audience,
             args.ttl,
+            admin=args.admin,
         )
     )
 
@@ -107,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     token.add_argument("--user", required=True)
     token.add_argument("--tier", choices=("free", "pro", "enterprise"), default="free")
     token.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="seconds until it expires")
+    token.add_argument("--admin", action="store_true", help="may change tier and per-user limits")
     token.set_defaults(fn=cmd_token)
     for name, fn, text in (
         ("up", cmd_up, "start everything in the background"),
@@ -118,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
         p.add_argument("--port-base", type=int, default=8000)
         p.add_argument("--replicas", type=int, default=1, help="edge replicas (ports base, base+100, ...)")
+        p.add_argument("--stages", type=int, default=1, help="replicas of each processor stage")
         p.add_argument(
             "--workers",
             type=workers,

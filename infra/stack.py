@@ -45,6 +45,7 @@ class Stack:
     namespace: str = ""
     port_base: int = 8000
     replicas: int = 1  # edge replicas, each on its own port and reply partition
+    stages: int = 1  # replicas of each processor stage (metering: one with the embedded engine)
     workers: dict[str, int] = field(default_factory=lambda: {"small": 1, "large": 1})  # inference consumers per pool
     state: Path = field(default_factory=state_dir)
     timings: dict[str, float] = field(default_factory=dict)
@@ -71,17 +72,20 @@ class Stack:
         }
         py = sys.executable
         out = []
-        for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering")):
-            port = self.port_base + 10 + offset
-            out.append(
-                Service(
-                    stage,
-                    (py, "-m", "processors", stage),
-                    {**base, "PARLEY_WEB_PORT": str(port)},
-                    port,
-                    "/healthz",
+        for replica in range(self.stages):
+            for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering")):
+                if replica and stage == "metering":
+                    continue  # the embedded ClickHouse engine (chdb) is opened by one process only
+                port = self.port_base + 10 + offset + (30 + 4 * (replica - 1) if replica else 0)
+                out.append(
+                    Service(
+                        stage if not replica else f"{stage}-{replica}",
+                        (py, "-m", "processors", stage),
+                        {**base, "PARLEY_WEB_PORT": str(port), "PARLEY_REPLICA": str(replica)},
+                        port,
+                        "/healthz",
+                    )
                 )
-            )
         port = self.port_base + 20  # each inference consumer: a metrics port and its llama-server's port
         for pool, count in self.workers.items():
             for index in range(count):

@@ -17,12 +17,26 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from processors import moderate_prompt
 
         moderate_prompt.register(stage)
-    elif name in ("scheduling", "persistence"):
-        from processors import persist_turn, schedule_run
+    elif name == "scheduling":
+        from processors import schedule_run
+        from processors.admission import PoolView
+        from storage.cassandra import Conversations
+        from storage.ledger import Ledger
+        from topics.limits import LimitsView
+
+        conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)
+        ledger = Ledger(conversations.session, settings.keyspace_name, settings.run_deadline_s)
+        limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
+        pools = PoolView(settings.kafka_bootstrap, settings.namespace)
+        limits.start()
+        pools.start()
+        schedule_run.register(stage, conversations, ledger, limits, pools)
+    elif name == "persistence":
+        from processors import persist_turn
         from storage.cassandra import Conversations
 
         conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)
-        (schedule_run if name == "scheduling" else persist_turn).register(stage, conversations)
+        persist_turn.register(stage, conversations)
     elif name == "metering":
         from processors import meter_usage
         from storage.clickhouse import UsageStore

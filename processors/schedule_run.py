@@ -1,8 +1,14 @@
-"""PromptModerated -> RunScheduled | RunRejected.
+"""PromptModerated -> RunScheduled (+ a `queued` record on the run's reply partition) | RunRejected.
 
 Blocked prompts are rejected; allowed ones get their context (system prompt + the chat's recent turns + the
 new message) and a model pool: the one serving the requested model, or the smallest whose context holds the
-prompt and its answer. Budgets, priorities and queues are issue 5; summaries and retrieval are issue 7.
+prompt and its answer. Then admission (docs/decisions/0006-admission-control.md):
+- bounded queues: a run whose estimated wait in its pool exceeds its tier's bound is moved to a smaller pool
+  (tiers that may degrade) or rejected at once with a Retry-After;
+- budgets: its cost (prompt estimate + max_tokens) is charged to the user's token bucket in the ledger, which
+  also holds the user's runs in flight; RunCompleted settles the charge with the actual usage.
+The edge answers 429 (or 400) before its stream starts on a rejection, and starts streaming on `queued`.
+Summaries and retrieval are issue 7.
 """
 
 from __future__ import annotations
@@ -13,24 +19,59 @@ import time
 import uuid
 from typing import Any
 
+from prometheus_client import Counter
+
+from processors.admission import PoolView, place
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from storage.cassandra import Conversations, Message
+from storage.ledger import Ledger
 from topics.codec import Event
-from topics.pipeline import PROMPT_MODERATED, RUN_REJECTED, RUN_SCHEDULED
+from topics.limits import LimitsView
+from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA
 
 log = logging.getLogger(__name__)
 
 
-def reject(prompt: Event, code: str, message: str, category: str | None = None) -> Event:
+ADMISSION = Counter(
+    "parley_scheduler_admissions_total", "Admission decisions", ["tier", "pool", "outcome"]
+)  # outcome: admitted | degraded | over_capacity | token_budget_exceeded | concurrency_limit_exceeded | ...
+SETTLED = Counter("parley_scheduler_settled_total", "Runs whose charge was settled with the actual usage", ["outcome"])
+
+
+def reject(
+    prompt: Event, code: str, message: str, category: str | None = None, retry_after_s: int | None = None
+) -> Event:
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,
         "code": code,
         "message": message,
         "category": category,
-        "retry_after_s": None,
+        "retry_after_s": retry_after_s,
         "rejected_at": int(time.time() * 1000),
+    }
+
+
+def queued(run: Event, wait_s: float) -> Event:
+    """The reply record that tells the edge the run was admitted (seq -1: before the consumer's `started`)."""
+    prompt = run["prompt"]
+    return {
+        "run_id": prompt["run_id"],
+        "chat_id": prompt["chat_id"],
+        "seq": -1,
+        "kind": "queued",
+        "text": "",
+        "model": run["model"],
+        "finish_reason": None,
+        "usage": None,
+        "error_code": None,
+        "error_message": None,
+        "tokens": None,
+        "pool": run["pool"],
+        "estimated_wait_ms": int(wait_s * 1000),
+        "degraded_from": run.get("degraded_from"),
+        "emitted_at": int(time.time() * 1000),
     }
 
 
@@ -87,8 +128,18 @@ def assemble(prompt: Event, history: list[Message], settings: ProcessorSettings)
         "model": model,
         "messages": messages,
         "context_turns": len(earlier),
+        "priority": 0,
+        "degraded_from": None,
+        "estimate_tokens": estimate_tokens(messages) + prompt["max_tokens"],
         "scheduled_at": int(time.time() * 1000),
     }
+
+
+def smaller_pools(run: Event, settings: ProcessorSettings) -> list[str]:
+    """Pools smaller than the run's that still hold it, largest first: where it may go under pressure (pure)."""
+    mine = settings.pools[run["pool"]].context
+    fits = [(p.context, name) for name, p in settings.pools.items() if run["estimate_tokens"] <= p.context < mine]
+    return [name for _, name in sorted(fits, reverse=True)]
 
 
 async def history_for(prompt: Event, conversations: Conversations, settings: ProcessorSettings) -> list[Message]:
@@ -112,23 +163,59 @@ async def history_for(prompt: Event, conversations: Conversations, settings: Pro
     return [m for m in recent if uuid.UUID(m.id).time < before]
 
 
-def register(stage: Stage, conversations: Conversations) -> None:
+def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits: LimitsView, pools: PoolView) -> None:
+    settings = stage.settings
+
+    async def refuse(prompt: Event, code: str, message: str, **extra: Any) -> None:
+        ADMISSION.labels(prompt["tier"], "", code).inc()
+        log.info(
+            "run %s of %s (%s) rejected: %s: %s", prompt["run_id"], prompt["user_id"], prompt["tier"], code, message
+        )
+        await stage.publish(RUN_REJECTED, reject(prompt, code, message, **extra), partition=prompt["reply_partition"])
+
     async def handle(moderated: Event) -> None:
         prompt = moderated["prompt"]
         if moderated["decision"] == "blocked":
-            refusal = reject(
-                prompt, "content_filter", "This request was declined by the content policy.", moderated["category"]
+            category = moderated["category"]
+            await refuse(
+                prompt, "content_filter", "This request was declined by the content policy.", category=category
             )
-            await stage.publish(RUN_REJECTED, refusal, partition=prompt["reply_partition"])
             return
-        history = [] if prompt.get("messages") else await history_for(prompt, conversations, stage.settings)
+        history = [] if prompt.get("messages") else await history_for(prompt, conversations, settings)
         try:
-            run = assemble(prompt, history, stage.settings)
+            run = assemble(prompt, history, settings)
         except TooLong as exc:
-            log.info("run %s rejected: %s", prompt["run_id"], exc)
-            refusal = reject(prompt, "context_length_exceeded", str(exc))
-            await stage.publish(RUN_REJECTED, refusal, partition=prompt["reply_partition"])
+            await refuse(prompt, "context_length_exceeded", str(exc))
             return
+        tier, user = prompt["tier"], prompt["user_id"]
+        mine = limits.for_user(user, tier)
+        tiers = {name: limits.tier(name) for name in ("free", "pro", "enterprise")} | {tier: mine}
+        placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), tier, tiers)
+        if placement.pool is None:
+            wait = int(placement.wait_s)
+            message = f"The {run['model']} model is at capacity (about {wait}s of queue). Please retry shortly."
+            await refuse(prompt, "over_capacity", message, retry_after_s=placement.retry_after_s)
+            return
+        if placement.degraded_from:
+            run["degraded_from"], run["pool"] = run["pool"], placement.pool
+            run["model"] = settings.pools[placement.pool].model
+        run["priority"] = mine.priority
+        decision = await ledger.admit(user, prompt["run_id"], run["estimate_tokens"], mine)
+        if not decision.admitted:
+            await refuse(prompt, decision.code, decision.message, retry_after_s=decision.retry_after_s)
+            return
+        pools.admitted(run["pool"], tier)
+        ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
+        await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
         await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"])
 
+    async def settle(done: Event) -> None:
+        """The run's charge becomes its actual usage (once: a redelivered completion changes nothing)."""
+        prompt, usage = done["prompt"], done["usage"]
+        actual = usage["prompt_tokens"] + usage["completion_tokens"]
+        mine = limits.for_user(prompt["user_id"], prompt["tier"])
+        changed = await ledger.settle(prompt["user_id"], prompt["run_id"], actual, mine)
+        SETTLED.labels("settled" if changed else "unchanged").inc()
+
     stage.consume(PROMPT_MODERATED, handle)
+    stage.consume(RUN_COMPLETED, settle)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from topics.settings import StackSettings, state_dir
 
 
@@ -11,15 +13,24 @@ def _default_usage_url() -> str:
 
 class ProcessorSettings(StackSettings):
     web_port: int = 0  # faust's own web server (health, /metrics, metering's usage views); 0 = per stage default
+    replica: int = 0  # which replica of its stage this process is (its own data folder)
+    session_timeout_s: float = 10.0
     # scheduling
     context_messages: int = 20  # earlier messages carried verbatim into the prompt (memory is issue 7)
     system_prompt: str = "You are Parley, a helpful assistant. Answer clearly and concisely."
     prev_turn_wait_s: float = 3.0  # how long to wait for the previous answer to be persisted before going on
+    run_deadline_s: float = 300.0  # a run in flight longer than this no longer counts against its user's limit
     # metering
     usage_url: str = ""  # chdb:///path (embedded) or http://host:8123 (ClickHouse server)
     usage_database: str = "parley"
     meter_batch: int = 200
     meter_batch_s: float = 0.5
+
+    def datadir(self, stage: str) -> Path:
+        """faust's own data folder, one per replica (out of the source tree)."""
+        path = state_dir() / "faust" / (self.namespace or "default") / f"{stage}-{self.replica}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     @property
     def usage_target(self) -> str:

@@ -60,6 +60,10 @@ class Stage:
             web_bind="127.0.0.1",
             web_port=settings.web_port or STAGE_PORTS[name],
             web_in_thread=False,
+            datadir=str(settings.datadir(name)),
+            # A replica that dies stops heartbeating; after this its partitions go to the stage's other replicas.
+            broker_session_timeout=settings.session_timeout_s,
+            broker_heartbeat_interval=max(1.0, settings.session_timeout_s / 4),
             store="memory://",
             topic_disable_leader=True,
             topic_allow_declare=False,  # topics are declared before start (parley topics)

@@ -46,9 +46,12 @@ def ensure_topics(bootstrap: str, namespace: str, topics: tuple[Topic, ...] = TO
     existing = set(admin.list_topics(timeout=10).topics)
     wanted: list[NewTopic] = []
     for topic in topics:
-        for name, parts in ((named(topic, namespace), topic.partitions), (dead_letter_name(topic, namespace), 1)):
+        for name, parts, config in (
+            (named(topic, namespace), topic.partitions, dict(topic.config)),
+            (dead_letter_name(topic, namespace), 1, {}),
+        ):
             if name not in existing:
-                wanted.append(NewTopic(name, num_partitions=parts, replication_factor=1))
+                wanted.append(NewTopic(name, num_partitions=parts, replication_factor=1, config=config))
     created = []
     for name, future in admin.create_topics(wanted).items() if wanted else ():
         try:
@@ -103,7 +106,7 @@ class AsyncProducer:
         while self._running:
             await loop.run_in_executor(None, self.producer.poll, 0.05)
 
-    async def send(self, topic: str, value: bytes, *, key: str | None = None, partition: int = -1) -> None:
+    async def send(self, topic: str, value: bytes | None, *, key: str | None = None, partition: int = -1) -> None:
         loop = asyncio.get_running_loop()
         acked: asyncio.Future[None] = loop.create_future()
 

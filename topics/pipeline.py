@@ -22,7 +22,8 @@ class Topic:
     producer: str
     consumers: tuple[str, ...]
     partitions: int
-    key: str  # "chat_id" or "reply_partition"
+    key: str  # "chat_id", "reply_partition", or the row key of a table topic
+    config: tuple[tuple[str, str], ...] = ()  # broker topic settings (a table topic is compacted)
 
     @property
     def dead_letter(self) -> str:
@@ -65,6 +66,8 @@ RUN_REJECTED = Topic(
     REPLY_PARTITIONS,
     "reply_partition",
 )
+# A run's reply stream: written by the inference consumer serving it, and opened by the scheduler's `queued`
+# record (the admission the edge waits for before it starts the SSE stream).
 TOKEN_DELTA = Topic(
     "chat.token-delta.v1",
     "TokenDelta",
@@ -77,7 +80,7 @@ RUN_COMPLETED = Topic(
     "chat.run-completed.v1",
     "RunCompleted",
     "inference",
-    ("persistence", "metering"),
+    ("persistence", "metering", "scheduling"),
     CHAT_PARTITIONS,
     "chat_id",
 )
@@ -92,6 +95,29 @@ RUN_CONTROL = Topic(
     "chat_id",
 )
 
+# Tables: small keyed topics every replica reads whole and keeps in memory (latest record per key).
+# Limits per tier and per user, set by admins at run time (docs/decisions/0006-admission-control.md). The
+# edge writes it (admin routes) and also keeps a view of it to answer /v1/usage and the admin reads.
+LIMITS = Topic(
+    "admin.limits.v1",
+    "LimitsChanged",
+    "api",
+    ("scheduling", "inference"),
+    1,
+    "tier:<name> | user:<id>",
+    (("cleanup.policy", "compact"),),
+)
+# Each inference consumer's load, every half second: what the scheduler's bounded queues are measured by.
+POOL_STATUS = Topic(
+    "chat.pool-status.v1",
+    "PoolStatus",
+    "inference",
+    ("scheduling",),
+    1,
+    "worker_id",
+    (("retention.ms", str(3600_000)),),
+)
+
 TOPICS: tuple[Topic, ...] = (
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
@@ -100,6 +126,8 @@ TOPICS: tuple[Topic, ...] = (
     TOKEN_DELTA,
     RUN_COMPLETED,
     RUN_CONTROL,
+    LIMITS,
+    POOL_STATUS,
 )
 
 STAGES = ("api", "moderation", "scheduling", "inference", "persistence", "metering")

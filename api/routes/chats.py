@@ -211,9 +211,10 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
     except Exception:
         deps.replies.close(run_id)
         raise
-    log.info("run %s accepted for chat %s (user %s)", run_id, parsed, user.user_id)
-    replies = streams.live(deps, run_id, deps.replies.partition, live)
-    return EventSourceResponse(sse_stream(deps, run_id, replies, live=True), ping=15)
+    replies = aiter(streams.live(deps, run_id, deps.replies.partition, live))
+    first = await streams.admitted(deps, event, replies, stream_refusals=True)
+    log.info("run %s of chat %s (user %s): %s", run_id, parsed, user.user_id, first.kind)
+    return EventSourceResponse(sse_stream(deps, run_id, streams.prepend(first, replies), live=True), ping=15)
 
 
 def checked_max_tokens(deps: Services, requested: int | None) -> int:

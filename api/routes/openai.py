@@ -132,9 +132,9 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
     )
     live = await streams.start_run(deps, event)
     replies = aiter(streams.live(deps, run_id, deps.replies.partition, live))
+    reply = await streams.admitted(deps, event, replies, stream_refusals=False)
     handed_over = ended = False
     try:
-        reply = await anext(replies)
         ended = reply.kind in TERMINAL
         check_end(reply, run_id)
         if body.stream:
@@ -162,12 +162,7 @@ def check_end(reply: Reply, run_id: str) -> None:
     """A refusal or an engine failure becomes an HTTP error (before any byte of a stream is sent)."""
     record = reply.record
     if reply.kind == "rejected":
-        if record["code"] == "content_filter":
-            raise ApiError(400, record["message"], "content_policy_violation")
-        if record["code"] == "context_length_exceeded":
-            raise ApiError(400, record["message"], "context_length_exceeded", "messages")
-        headers = {"Retry-After": str(record["retry_after_s"])} if record["retry_after_s"] else None
-        raise ApiError(429 if headers else 503, record["message"], record["code"], headers=headers)
+        raise streams.rejection_error(record)
     if reply.kind == "error":
         raise ApiError(502, record["error_message"] or "The model failed.", record["error_code"] or "engine_error")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -9,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from api.app import Deps
 from api.auth import CurrentUser
 from api.errors import ApiError
+from storage.ledger import available, live_runs
 
 router = APIRouter()
 
@@ -21,12 +24,16 @@ async def models(deps: Deps, user: CurrentUser) -> dict[str, object]:
 
 @router.get("/v1/usage")
 async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
+    """The caller's metered totals (metering) and what their budget lets them spend now (the ledger)."""
     try:
         response = await deps.http.get(f"{deps.settings.metering_url}/usage/{user.user_id}")
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise ApiError(503, "Usage data is unavailable right now; try again shortly.", "usage_unavailable") from exc
     totals = response.json()
+    limits = deps.limits.for_user(user.user_id, user.tier)
+    account = await deps.ledger.account(user.user_id)
+    now = int(time.time() * 1000)
     return {
         "user_id": user.user_id,
         "tier": user.tier,
@@ -35,7 +42,13 @@ async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
         "completion_tokens": totals["completion_tokens"],
         "cached_tokens": totals["cached_tokens"],
         "total_tokens": totals["prompt_tokens"] + totals["completion_tokens"],
-        "remaining_budget": None,  # budgets arrive with admission control (issue 5)
+        "remaining_budget": int(available(account, limits, now)),
+        "budget": {
+            "budget_tokens": limits.budget_tokens,
+            "refill_tokens_per_hour": limits.refill_tokens_per_hour,
+            "in_flight": len(live_runs(account, now, deps.ledger.deadline_ms)),
+            "max_concurrent": limits.max_concurrent,
+        },
     }
 
 

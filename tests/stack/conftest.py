@@ -67,9 +67,10 @@ def _running(script: str) -> bool:
 @pytest.fixture(scope="session")
 def live() -> Iterator[Live]:
     started_here = [s for s in ("kafka.sh", "cassandra.sh") if not _running(s)]
-    # Two edge replicas; two consumers (two engines) in the small pool so one can die, one in the large pool.
+    # Two edge replicas and two of each processor stage (metering: one, chdb is single-process); two consumers
+    # (two engines) in the small pool so one can die, one in the large pool.
     stack = Stack(
-        namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE, replicas=2, workers={"small": 2, "large": 1}
+        namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE, replicas=2, stages=2, workers={"small": 2, "large": 1}
     )
     stack.up()
     try:

@@ -1,0 +1,103 @@
+"""Admin: tier and per-user limits, changed at run time by an event on the limits topic (no restart).
+
+Every scheduler, inference consumer and edge replica follows the topic; a change answers once this replica
+has read it back, and applies to the next message everywhere within moments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.app import Deps, Services
+from api.auth import TIERS, Admin
+from api.errors import ApiError
+from storage.ledger import available, live_runs
+from topics import codec
+from topics.limits import FIELDS, change, effective, row_key
+from topics.pipeline import LIMITS, named
+
+router = APIRouter(prefix="/v1/admin")
+
+
+class LimitsPatch(BaseModel):
+    """Fields to set; a field left out keeps the value below it (the tier's, or the built-in default)."""
+
+    model_config = ConfigDict(extra="forbid")
+    budget_tokens: int | None = Field(None, ge=0)
+    refill_tokens_per_hour: int | None = Field(None, ge=0)
+    max_concurrent: int | None = Field(None, ge=0)
+    priority: int | None = Field(None, ge=0, le=100)
+    max_queue_wait_s: float | None = Field(None, ge=0)
+    slot_share: float | None = Field(None, gt=0, le=1)
+    degrade: bool | None = None
+
+
+async def publish(deps: Services, key: str, record: dict[str, Any] | None) -> None:
+    """Write the row and wait (bounded) until this replica's view has it, so a read right after sees it."""
+    value = codec.encode(LIMITS.schema, record) if record is not None else None
+    await deps.producer.send(named(LIMITS, deps.settings.namespace), value, key=key)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        row = deps.limits.get(key)
+        if (record is None and row is None) or (record is not None and row and row["event_id"] == record["event_id"]):
+            return
+        await asyncio.sleep(0.02)
+
+
+def overrides(row: dict[str, Any] | None) -> dict[str, Any]:
+    return {f: row[f] for f in FIELDS if row and row.get(f) is not None}
+
+
+@router.get("/limits")
+async def list_limits(deps: Deps, admin: Admin) -> dict[str, Any]:
+    rows = deps.limits.rows()
+    users = {k.split(":", 1)[1]: overrides(r) for k, r in rows.items() if k.startswith("user:")}
+    return {
+        "tiers": {t: effective(rows, None, t).model_dump() for t in TIERS},
+        "users": dict(sorted(users.items())),
+    }
+
+
+@router.put("/limits/tiers/{tier}")
+async def set_tier(deps: Deps, admin: Admin, tier: str, body: LimitsPatch) -> dict[str, Any]:
+    if tier not in TIERS:
+        raise ApiError(404, f"No tier '{tier}'; one of {', '.join(TIERS)}.", "tier_not_found")
+    key = row_key("tier", tier)
+    fields = {**overrides(deps.limits.get(key)), **body.model_dump(exclude_none=True)}
+    await publish(deps, key, change("tier", tier, fields, admin.user_id))
+    return {"tier": tier, "limits": deps.limits.tier(tier).model_dump()}
+
+
+@router.put("/limits/users/{user_id}")
+async def set_user(deps: Deps, admin: Admin, user_id: str, body: LimitsPatch) -> dict[str, Any]:
+    key = row_key("user", user_id)
+    fields = {**overrides(deps.limits.get(key)), **body.model_dump(exclude_none=True)}
+    await publish(deps, key, change("user", user_id, fields, admin.user_id))
+    return {"user_id": user_id, "overrides": overrides(deps.limits.get(key))}
+
+
+@router.delete("/limits/users/{user_id}", status_code=204)
+async def clear_user(deps: Deps, admin: Admin, user_id: str) -> Response:
+    await publish(deps, row_key("user", user_id), None)
+    return Response(status_code=204)
+
+
+@router.get("/users/{user_id}/budget")
+async def user_budget(deps: Deps, admin: Admin, user_id: str, tier: str = "free") -> dict[str, Any]:
+    """A user's bucket as the schedulers see it (tier: the user's tier, which lives in their credentials)."""
+    if tier not in TIERS:
+        raise ApiError(400, f"tier must be one of {', '.join(TIERS)}.", "invalid_value", "tier")
+    limits = deps.limits.for_user(user_id, tier)
+    account = await deps.ledger.account(user_id)
+    now = int(time.time() * 1000)
+    return {
+        "user_id": user_id,
+        "remaining_budget": int(available(account, limits, now)),
+        "in_flight": sorted(live_runs(account, now, deps.ledger.deadline_ms)),
+        "limits": limits.model_dump(),
+    }

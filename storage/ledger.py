@@ -1,0 +1,178 @@
+"""Token budgets in Cassandra: one partition per user, changed only by compare-and-set (lightweight transactions).
+
+Every scheduler replica admits and settles runs of any user against the same rows, so a budget holds across
+replicas and restarts: there is no state in the stage to lose. A user's partition has the bucket in static
+columns (balance, when it was last refilled, a version every write bumps, the runs in flight) and one row
+per run decided (its estimate, and once settled its actual tokens). Each write is one conditional batch on
+`version`: two replicas admitting runs of one user at once serialise, and a redelivered event finds its run's
+row and changes nothing (docs/decisions/0006-admission-control.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cassandra.cluster import Session
+from cassandra.query import BatchStatement
+
+from storage.cassandra import wait
+from topics.limits import Limits
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """CREATE TABLE IF NOT EXISTS {ks}.budgets (
+    user_id text, run_id text,
+    balance double static, refilled_at bigint static, version bigint static, in_flight map<text, bigint> static,
+    estimate int, actual int, settled boolean, decided_at bigint,
+    PRIMARY KEY ((user_id), run_id))"""
+RUN_ROW_TTL_S = 7 * 24 * 3600  # how long a run's row stays to recognise a redelivered event
+
+
+@dataclass
+class Account:
+    """A user's bucket as stored (a user never seen has a full bucket)."""
+
+    balance: float | None = None  # None: never written (a full bucket)
+    refilled_at: int = 0  # ms
+    version: int | None = None
+    in_flight: dict[str, int] = field(default_factory=dict)  # run id -> admitted at (ms)
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    code: str = ""  # when not admitted: token_budget_exceeded | concurrency_limit_exceeded | budget_too_small
+    message: str = ""
+    retry_after_s: int | None = None
+
+
+def available(account: Account, limits: Limits, now_ms: int) -> float:
+    """Tokens the user can spend now: the stored balance plus the refill since, capped at the bucket (pure)."""
+    if account.balance is None:
+        return float(limits.budget_tokens)
+    refill = limits.refill_tokens_per_hour * max(0, now_ms - account.refilled_at) / 3_600_000
+    return min(float(limits.budget_tokens), account.balance + refill)
+
+
+def live_runs(account: Account, now_ms: int, deadline_ms: int) -> dict[str, int]:
+    """Runs in flight, less any older than the run deadline (their completion was lost: they free the slot)."""
+    return {run: at for run, at in account.in_flight.items() if now_ms - at < deadline_ms}
+
+
+def decide(account: Account, limits: Limits, estimate: int, now_ms: int, deadline_ms: int) -> Decision:
+    """Admit a run costing `estimate` tokens, or say why not and when to retry (pure)."""
+    if estimate > limits.budget_tokens:
+        return Decision(
+            False,
+            "budget_too_small",
+            f"This request could use up to {estimate} tokens, more than your budget of {limits.budget_tokens}. "
+            "Ask for a shorter answer (max_tokens) or start a new chat.",
+        )
+    running = live_runs(account, now_ms, deadline_ms)
+    if len(running) >= limits.max_concurrent:
+        return Decision(
+            False,
+            "concurrency_limit_exceeded",
+            f"You have {len(running)} requests in progress, the most your plan allows at once. Wait for one to finish.",
+            retry_after_s=2,
+        )
+    have = available(account, limits, now_ms)
+    if have < estimate:
+        rate = limits.refill_tokens_per_hour / 3600
+        wait_s = math.ceil((estimate - have) / rate) if rate > 0 else 3600
+        return Decision(
+            False,
+            "token_budget_exceeded",
+            f"This request could use up to {estimate} tokens and {int(have)} remain in your budget.",
+            retry_after_s=max(1, wait_s),
+        )
+    return Decision(True)
+
+
+class Ledger:
+    def __init__(self, session: Session, keyspace: str, run_deadline_s: float = 300.0) -> None:
+        self.session = session
+        self.deadline_ms = int(run_deadline_s * 1000)
+        ks = keyspace
+        session.execute(SCHEMA.format(ks=ks), timeout=60)
+        p = session.prepare
+        self._account = p(
+            f"SELECT balance, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1"
+        )
+        self._run = p(f"SELECT estimate, settled FROM {ks}.budgets WHERE user_id = ? AND run_id = ?")
+        self._set_bucket = p(
+            f"UPDATE {ks}.budgets SET balance = ?, refilled_at = ?, version = ?, in_flight = ? "
+            "WHERE user_id = ? IF version = ?"
+        )
+        self._insert_run = p(
+            f"INSERT INTO {ks}.budgets (user_id, run_id, estimate, settled, decided_at) VALUES (?, ?, ?, false, ?) "
+            f"USING TTL {RUN_ROW_TTL_S}"
+        )
+        self._settle_run = p(
+            f"UPDATE {ks}.budgets USING TTL {RUN_ROW_TTL_S} SET actual = ?, settled = true "
+            "WHERE user_id = ? AND run_id = ?"
+        )
+
+    async def account(self, user_id: str) -> Account:
+        row = (await wait(self.session.execute_async(self._account, (user_id,)))).one()
+        if row is None or row.version is None:
+            return Account()
+        return Account(row.balance, row.refilled_at or 0, row.version, dict(row.in_flight or {}))
+
+    async def _run_row(self, user_id: str, run_id: str) -> Any:
+        return (await wait(self.session.execute_async(self._run, (user_id, run_id)))).one()
+
+    async def _write(
+        self,
+        user_id: str,
+        before: Account,
+        balance: float,
+        in_flight: dict[str, int],
+        now_ms: int,
+        run: tuple[Any, tuple[Any, ...]],
+    ) -> bool:
+        batch = BatchStatement()
+        version = (before.version or 0) + 1
+        batch.add(self._set_bucket, (balance, now_ms, version, in_flight, user_id, before.version))
+        batch.add(*run)
+        result = (await wait(self.session.execute_async(batch))).one()
+        return bool(result[0])
+
+    async def admit(self, user_id: str, run_id: str, estimate: int, limits: Limits) -> Decision:
+        """Charge the run's estimate and count it in flight, or refuse; a run already admitted stays admitted."""
+        for attempt in range(50):
+            account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
+            if row is not None:
+                return Decision(True)  # decided before (a redelivered event): charged once
+            now = int(time.time() * 1000)
+            decision = decide(account, limits, estimate, now, self.deadline_ms)
+            if not decision.admitted:
+                return decision
+            balance = available(account, limits, now) - estimate
+            in_flight = {**live_runs(account, now, self.deadline_ms), run_id: now}
+            insert = (self._insert_run, (user_id, run_id, estimate, now))
+            if await self._write(user_id, account, balance, in_flight, now, insert):
+                return decision
+            await asyncio.sleep(0.002 * (attempt + 1))  # another replica wrote this user's bucket first
+        raise TimeoutError(f"budget of {user_id} is contended; giving up for now")
+
+    async def settle(self, user_id: str, run_id: str, actual: int, limits: Limits) -> bool:
+        """Replace the run's estimate with its actual tokens and free its slot; False when there was nothing to
+        settle (a run never charged here, or one settled before)."""
+        for attempt in range(50):
+            account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
+            if row is None or row.settled:
+                return False
+            now = int(time.time() * 1000)
+            balance = min(float(limits.budget_tokens), available(account, limits, now) + (row.estimate or 0) - actual)
+            in_flight = {r: at for r, at in live_runs(account, now, self.deadline_ms).items() if r != run_id}
+            update = (self._settle_run, (actual, user_id, run_id))
+            if await self._write(user_id, account, balance, in_flight, now, update):
+                return True
+            await asyncio.sleep(0.002 * (attempt + 1))
+        raise TimeoutError(f"budget of {user_id} is contended; giving up for now")

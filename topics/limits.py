@@ -1,0 +1,101 @@
+"""Per-tier and per-user limits: built-in defaults, overridden at run time by events on the limits topic.
+
+A user's effective limits are the built-in tier defaults, then the tier's row, then the user's row (a field
+left null in a row keeps the value below it). Every scheduler, inference consumer and edge replica follows
+the topic, so a change applies to the next message everywhere without a restart.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel
+
+from topics.codec import Event
+from topics.pipeline import LIMITS
+from topics.tables import TopicTable
+
+
+class Limits(BaseModel):
+    model_config = {"frozen": True}
+
+    budget_tokens: int  # token bucket: the most a user can spend at once
+    refill_tokens_per_hour: int  # the bucket refills continuously at this rate
+    max_concurrent: int  # runs in flight per user
+    priority: int  # higher is served first when capacity is tight
+    max_queue_wait_s: float  # estimated wait beyond which a run is degraded or rejected with 429
+    slot_share: float  # share of an engine's slots this tier may hold; the rest stays free for higher tiers
+    degrade: bool  # under pressure, move to a smaller pool before rejecting
+
+
+FIELDS = tuple(Limits.model_fields)
+
+DEFAULT_TIERS = {
+    "free": Limits(
+        budget_tokens=50_000,
+        refill_tokens_per_hour=50_000,
+        max_concurrent=2,
+        priority=0,
+        max_queue_wait_s=2.0,
+        slot_share=0.5,
+        degrade=True,
+    ),
+    "pro": Limits(
+        budget_tokens=500_000,
+        refill_tokens_per_hour=500_000,
+        max_concurrent=4,
+        priority=1,
+        max_queue_wait_s=10.0,
+        slot_share=1.0,
+        degrade=False,
+    ),
+    "enterprise": Limits(
+        budget_tokens=5_000_000,
+        refill_tokens_per_hour=5_000_000,
+        max_concurrent=16,
+        priority=2,
+        max_queue_wait_s=20.0,
+        slot_share=1.0,
+        degrade=False,
+    ),
+}
+
+
+def row_key(scope: str, name: str) -> str:
+    return f"{scope}:{name}"
+
+
+def effective(rows: dict[str, Event], user_id: str | None, tier: str) -> Limits:
+    """Defaults, then the tier's row, then the user's row (pure)."""
+    values: dict[str, Any] = DEFAULT_TIERS.get(tier, DEFAULT_TIERS["free"]).model_dump()
+    keys = [row_key("tier", tier)] + ([row_key("user", user_id)] if user_id else [])
+    for key in keys:
+        row = rows.get(key)
+        if row:
+            values.update({f: row[f] for f in FIELDS if row.get(f) is not None})
+    return Limits(**values)
+
+
+def change(scope: str, name: str, fields: dict[str, Any], changed_by: str) -> Event:
+    """A LimitsChanged record; fields not given stay null (inherit)."""
+    return {
+        "event_id": str(uuid.uuid4()),
+        "scope": scope,
+        "name": name,
+        **{f: fields.get(f) for f in FIELDS},
+        "changed_by": changed_by,
+        "changed_at": int(time.time() * 1000),
+    }
+
+
+class LimitsView(TopicTable):
+    def __init__(self, bootstrap: str, namespace: str) -> None:
+        super().__init__(bootstrap, LIMITS, namespace)
+
+    def for_user(self, user_id: str, tier: str) -> Limits:
+        return effective(self._rows, user_id, tier)
+
+    def tier(self, tier: str) -> Limits:
+        return effective(self._rows, None, tier)

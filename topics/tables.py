@@ -1,0 +1,109 @@
+"""Small keyed topics read whole by every replica that needs them: the latest record per key, followed live.
+
+A table topic (limits, pool status) is tiny and changes rarely or is overwritten often; each reader assigns
+every partition itself (no consumer group, nothing committed) and keeps the rows in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, TopicPartition
+
+from topics import codec
+from topics.codec import Event
+from topics.errors import PoisonEvent
+from topics.kafka import consumer_config, until_ready
+from topics.pipeline import Topic, named
+
+log = logging.getLogger(__name__)
+
+
+class TopicTable:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: Topic,
+        namespace: str,
+        *,
+        since_s: float | None = None,
+        on_change: Callable[[str, Event | None], None] | None = None,
+    ) -> None:
+        """since_s: read only the last seconds of the topic (status that goes stale); None: the whole topic."""
+        self.topic = topic
+        self.name = named(topic, namespace)
+        self.since_s = since_s
+        self.on_change = on_change
+        self._consumer = Consumer(
+            consumer_config(bootstrap, f"{namespace or 'parley'}.table-reader", **{"enable.partition.eof": False})
+        )
+        self._rows: dict[str, Event] = {}
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._caught_up = threading.Event()
+        self._pending: dict[int, int] = {}  # partition -> its end at start, until read that far
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Assign every partition and return once the rows present at start have been read."""
+        metadata = until_ready(f"table {self.name}", lambda: self._consumer.list_topics(self.name, timeout=10))
+        partitions = sorted(metadata.topics[self.name].partitions)
+        since_ms = int((time.time() - self.since_s) * 1000) if self.since_s is not None else None
+        assignment = []
+        for p in partitions:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.name, p), timeout=10)
+            start = low
+            if since_ms is not None:
+                found = self._consumer.offsets_for_times([TopicPartition(self.name, p, since_ms)], timeout=10)[0]
+                start = found.offset if found.offset >= 0 else high
+            if start < high:
+                self._pending[p] = high  # caught up once the record before `high` has been read
+            assignment.append(TopicPartition(self.name, p, start))
+        self._consumer.assign(assignment)
+        if not self._pending:
+            self._caught_up.set()
+        self._running = True
+        self._thread = threading.Thread(target=self._poll, name=f"table-{self.topic.schema}", daemon=True)
+        self._thread.start()
+        if not self._caught_up.wait(timeout_s):
+            log.warning("table %s: not caught up after %.0fs; going on with what was read", self.name, timeout_s)
+
+    def _poll(self) -> None:
+        while self._running:
+            msg = self._consumer.poll(0.1)
+            if msg is None or msg.error() is not None:
+                continue
+            key = (msg.key() or b"").decode(errors="replace")
+            value = msg.value()
+            record: Event | None = None
+            if value:
+                try:
+                    record = codec.decode(self.topic.schema, value)
+                except PoisonEvent as exc:
+                    log.warning("table %s: skipping undecodable row %r: %s", self.name, key, exc)
+                    record = self._rows.get(key)  # keep what we had
+            if record is None:
+                self._rows.pop(key, None)  # a tombstone
+            else:
+                self._rows[key] = record
+            if self.on_change is not None:
+                self.on_change(key, record)
+            partition, offset = msg.partition(), msg.offset() or 0
+            if partition in self._pending and offset + 1 >= self._pending[partition]:
+                del self._pending[partition]
+                if not self._pending:
+                    self._caught_up.set()
+
+    def rows(self) -> dict[str, Event]:
+        return dict(self._rows)
+
+    def get(self, key: str) -> Event | None:
+        return self._rows.get(key)
+
+    def stop(self) -> None:
+        self._running = False
+        if self._thread:
+            self._thread.join(5)
+        self._consumer.close()
