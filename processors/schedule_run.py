@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from processors.admission import PoolView, place
+from processors.admission import Placement, PoolView, place
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from storage.cassandra import Conversations, Message
@@ -188,9 +188,15 @@ def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits:
             await refuse(prompt, "context_length_exceeded", str(exc))
             return
         tier, user = prompt["tier"], prompt["user_id"]
+        before = await ledger.decided(user, prompt["run_id"])
+        if before is not None and before.scheduled:
+            log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
+            return
         mine = limits.for_user(user, tier)
         tiers = {name: limits.tier(name) for name in ("free", "pro", "enterprise")} | {tier: mine}
         placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), tier, tiers)
+        if before is not None:  # admitted (and charged) before a crash: schedule it whatever the load now
+            placement = Placement(run["pool"], placement.wait_s)
         if placement.pool is None:
             wait = int(placement.wait_s)
             message = f"The {run['model']} model is at capacity (about {wait}s of queue). Please retry shortly."
@@ -208,6 +214,7 @@ def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits:
         ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
         await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
         await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"])
+        await ledger.mark_scheduled(user, prompt["run_id"])
 
     async def settle(done: Event) -> None:
         """The run's charge becomes its actual usage (once: a redelivered completion changes nothing)."""

@@ -2,10 +2,10 @@
 
 Every scheduler replica admits and settles runs of any user against the same rows, so a budget holds across
 replicas and restarts: there is no state in the stage to lose. A user's partition has the bucket in static
-columns (balance, when it was last refilled, a version every write bumps, the runs in flight) and one row
-per run decided (its estimate, and once settled its actual tokens). Each write is one conditional batch on
-`version`: two replicas admitting runs of one user at once serialise, and a redelivered event finds its run's
-row and changes nothing (docs/decisions/0006-admission-control.md).
+columns (the tokens used and not yet refilled, when that was written, a version every write bumps, the runs
+in flight) and one row per run admitted (its estimate, and once settled its actual tokens). Each write is one
+conditional batch on `version`: two replicas admitting runs of one user at once serialise, and a redelivered
+event finds its run's row and changes nothing (docs/decisions/0006-admission-control.md).
 """
 
 from __future__ import annotations
@@ -27,18 +27,20 @@ log = logging.getLogger(__name__)
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS {ks}.budgets (
     user_id text, run_id text,
-    balance double static, refilled_at bigint static, version bigint static, in_flight map<text, bigint> static,
-    estimate int, actual int, settled boolean, decided_at bigint,
+    used double static, refilled_at bigint static, version bigint static, in_flight map<text, bigint> static,
+    estimate int, actual int, settled boolean, scheduled boolean, decided_at bigint,
     PRIMARY KEY ((user_id), run_id))"""
 RUN_ROW_TTL_S = 7 * 24 * 3600  # how long a run's row stays to recognise a redelivered event
 
 
 @dataclass
 class Account:
-    """A user's bucket as stored (a user never seen has a full bucket)."""
+    """A user's bucket as stored: what they used that has not refilled yet (a user never seen used nothing).
 
-    balance: float | None = None  # None: never written (a full bucket)
-    refilled_at: int = 0  # ms
+    Storing the usage rather than the balance lets an admin's new budget apply at once, up or down."""
+
+    used: float = 0.0
+    refilled_at: int = 0  # ms, when `used` was written
     version: int | None = None
     in_flight: dict[str, int] = field(default_factory=dict)  # run id -> admitted at (ms)
 
@@ -49,14 +51,18 @@ class Decision:
     code: str = ""  # when not admitted: token_budget_exceeded | concurrency_limit_exceeded | budget_too_small
     message: str = ""
     retry_after_s: int | None = None
+    scheduled: bool = False  # admitted before and already handed to its pool (a redelivered event)
+
+
+def outstanding(account: Account, limits: Limits, now_ms: int) -> float:
+    """Tokens used and not refilled yet: the stored usage less the refill since it was written (pure)."""
+    refill = limits.refill_tokens_per_hour * max(0, now_ms - account.refilled_at) / 3_600_000
+    return max(0.0, account.used - refill)
 
 
 def available(account: Account, limits: Limits, now_ms: int) -> float:
-    """Tokens the user can spend now: the stored balance plus the refill since, capped at the bucket (pure)."""
-    if account.balance is None:
-        return float(limits.budget_tokens)
-    refill = limits.refill_tokens_per_hour * max(0, now_ms - account.refilled_at) / 3_600_000
-    return min(float(limits.budget_tokens), account.balance + refill)
+    """Tokens the user can spend now (pure)."""
+    return max(0.0, limits.budget_tokens - outstanding(account, limits, now_ms))
 
 
 def live_runs(account: Account, now_ms: int, deadline_ms: int) -> dict[str, int]:
@@ -101,12 +107,13 @@ class Ledger:
         ks = keyspace
         session.execute(SCHEMA.format(ks=ks), timeout=60)
         p = session.prepare
-        self._account = p(
-            f"SELECT balance, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1"
+        self._account = p(f"SELECT used, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1")
+        self._run = p(f"SELECT estimate, settled, scheduled FROM {ks}.budgets WHERE user_id = ? AND run_id = ?")
+        self._scheduled = p(
+            f"UPDATE {ks}.budgets USING TTL {RUN_ROW_TTL_S} SET scheduled = true WHERE user_id = ? AND run_id = ?"
         )
-        self._run = p(f"SELECT estimate, settled FROM {ks}.budgets WHERE user_id = ? AND run_id = ?")
         self._set_bucket = p(
-            f"UPDATE {ks}.budgets SET balance = ?, refilled_at = ?, version = ?, in_flight = ? "
+            f"UPDATE {ks}.budgets SET used = ?, refilled_at = ?, version = ?, in_flight = ? "
             "WHERE user_id = ? IF version = ?"
         )
         self._insert_run = p(
@@ -122,7 +129,7 @@ class Ledger:
         row = (await wait(self.session.execute_async(self._account, (user_id,)))).one()
         if row is None or row.version is None:
             return Account()
-        return Account(row.balance, row.refilled_at or 0, row.version, dict(row.in_flight or {}))
+        return Account(row.used or 0.0, row.refilled_at or 0, row.version, dict(row.in_flight or {}))
 
     async def _run_row(self, user_id: str, run_id: str) -> Any:
         return (await wait(self.session.execute_async(self._run, (user_id, run_id)))).one()
@@ -131,14 +138,14 @@ class Ledger:
         self,
         user_id: str,
         before: Account,
-        balance: float,
+        used: float,
         in_flight: dict[str, int],
         now_ms: int,
         run: tuple[Any, tuple[Any, ...]],
     ) -> bool:
         batch = BatchStatement()
         version = (before.version or 0) + 1
-        batch.add(self._set_bucket, (balance, now_ms, version, in_flight, user_id, before.version))
+        batch.add(self._set_bucket, (used, now_ms, version, in_flight, user_id, before.version))
         batch.add(*run)
         result = (await wait(self.session.execute_async(batch))).one()
         return bool(result[0])
@@ -148,18 +155,27 @@ class Ledger:
         for attempt in range(50):
             account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
             if row is not None:
-                return Decision(True)  # decided before (a redelivered event): charged once
+                return Decision(True, scheduled=bool(row.scheduled))  # decided before (redelivered): charged once
             now = int(time.time() * 1000)
             decision = decide(account, limits, estimate, now, self.deadline_ms)
             if not decision.admitted:
                 return decision
-            balance = available(account, limits, now) - estimate
+            used = outstanding(account, limits, now) + estimate
             in_flight = {**live_runs(account, now, self.deadline_ms), run_id: now}
             insert = (self._insert_run, (user_id, run_id, estimate, now))
-            if await self._write(user_id, account, balance, in_flight, now, insert):
+            if await self._write(user_id, account, used, in_flight, now, insert):
                 return decision
             await asyncio.sleep(0.002 * (attempt + 1))  # another replica wrote this user's bucket first
         raise TimeoutError(f"budget of {user_id} is contended; giving up for now")
+
+    async def decided(self, user_id: str, run_id: str) -> Decision | None:
+        """The decision recorded for a run, if any (only admissions are recorded)."""
+        row = await self._run_row(user_id, run_id)
+        return None if row is None else Decision(True, scheduled=bool(row.scheduled))
+
+    async def mark_scheduled(self, user_id: str, run_id: str) -> None:
+        """The run was handed to its pool: a redelivered prompt is not scheduled (served) a second time."""
+        await wait(self.session.execute_async(self._scheduled, (user_id, run_id)))
 
     async def settle(self, user_id: str, run_id: str, actual: int, limits: Limits) -> bool:
         """Replace the run's estimate with its actual tokens and free its slot; False when there was nothing to
@@ -169,10 +185,10 @@ class Ledger:
             if row is None or row.settled:
                 return False
             now = int(time.time() * 1000)
-            balance = min(float(limits.budget_tokens), available(account, limits, now) + (row.estimate or 0) - actual)
+            used = max(0.0, outstanding(account, limits, now) - (row.estimate or 0) + actual)
             in_flight = {r: at for r, at in live_runs(account, now, self.deadline_ms).items() if r != run_id}
             update = (self._settle_run, (actual, user_id, run_id))
-            if await self._write(user_id, account, balance, in_flight, now, update):
+            if await self._write(user_id, account, used, in_flight, now, update):
                 return True
             await asyncio.sleep(0.002 * (attempt + 1))
         raise TimeoutError(f"budget of {user_id} is contended; giving up for now")

@@ -36,10 +36,10 @@ class Live:
     def namespace(self) -> str:
         return self.stack.namespace
 
-    def token(self, user: str | None = None, tier: str = "pro", ttl: int = 3600) -> str:
+    def token(self, user: str | None = None, tier: str = "pro", ttl: int = 3600, admin: bool = False) -> str:
         s = ApiSettings()
         return issue(s.jwt_secret.get_secret_value(), user or f"u-{uuid.uuid4().hex[:8]}", tier, s.jwt_issuer,
-                     s.jwt_audience, ttl)
+                     s.jwt_audience, ttl, admin=admin)
 
     def client(self, token: str | None = None, replica: int = 0) -> httpx.Client:
         """A client of one edge replica (replica 1 listens on port base + 100, with its own reply partition)."""
@@ -69,9 +69,8 @@ def live() -> Iterator[Live]:
     started_here = [s for s in ("kafka.sh", "cassandra.sh") if not _running(s)]
     # Two edge replicas and two of each processor stage (metering: one, chdb is single-process); two consumers
     # (two engines) in the small pool so one can die, one in the large pool.
-    stack = Stack(
-        namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE, replicas=2, stages=2, workers={"small": 2, "large": 1}
-    )
+    stack = Stack(namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE, replicas=2, stages=2,
+                  workers={"small": 2, "large": 1})
     stack.up()
     try:
         yield Live(stack, stack.api_url)

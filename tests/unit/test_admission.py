@@ -1,7 +1,7 @@
 """Admission control's pure parts: token buckets, concurrency, bounded-queue estimates, degradation, priority."""
 
-from processors.admission import PoolLoad, estimated_wait, place, pool_loads
 from inference.queue import RunQueue, tier_cap
+from processors.admission import PoolLoad, estimated_wait, place, pool_loads
 from storage.ledger import Account, available, decide, live_runs
 from topics.limits import DEFAULT_TIERS, Limits, effective
 
@@ -17,15 +17,16 @@ def limits(**changes) -> Limits:
 def test_a_new_user_has_a_full_bucket_and_it_refills_at_the_tier_rate_up_to_its_size():
     lim = limits(budget_tokens=1000, refill_tokens_per_hour=3600)  # one token a second
     assert available(Account(), lim, 0) == 1000
-    spent = Account(balance=100.0, refilled_at=0, version=3)
+    spent = Account(used=900.0, refilled_at=0, version=3)
     assert available(spent, lim, 10_000) == 110  # 10 s later
     assert available(spent, lim, 10 * HOUR_MS) == 1000  # never above the bucket
+    assert available(spent, limits(budget_tokens=5000, refill_tokens_per_hour=0), 0) == 4100  # a raise applies now
 
 
 def test_a_run_is_admitted_only_while_the_budget_covers_its_whole_estimate():
     lim = limits(budget_tokens=1000, refill_tokens_per_hour=3600)
-    assert decide(Account(balance=500.0, refilled_at=0, version=1), lim, 500, 0, 300_000).admitted
-    short = decide(Account(balance=499.0, refilled_at=0, version=1), lim, 500, 0, 300_000)
+    assert decide(Account(used=500.0, refilled_at=0, version=1), lim, 500, 0, 300_000).admitted
+    short = decide(Account(used=501.0, refilled_at=0, version=1), lim, 500, 0, 300_000)
     assert not short.admitted and short.code == "token_budget_exceeded"
     assert short.retry_after_s == 1  # one token short at a token a second
     too_big = decide(Account(), lim, 1001, 0, 300_000)
@@ -34,7 +35,7 @@ def test_a_run_is_admitted_only_while_the_budget_covers_its_whole_estimate():
 
 def test_runs_in_flight_are_limited_per_user_and_a_lost_completion_frees_its_slot_after_the_deadline():
     lim = limits(max_concurrent=2)
-    busy = Account(balance=1e6, refilled_at=0, version=1, in_flight={"a": 0, "b": 1000})
+    busy = Account(used=0.0, refilled_at=0, version=1, in_flight={"a": 0, "b": 1000})
     refused = decide(busy, lim, 10, 2000, 300_000)
     assert not refused.admitted and refused.code == "concurrency_limit_exceeded" and refused.retry_after_s
     assert live_runs(busy, 300_500, 300_000) == {"b": 1000}  # "a" outlived the run deadline

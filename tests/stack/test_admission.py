@@ -1,0 +1,202 @@
+"""Admission control on the real stack (two replicas of the edge, moderation, scheduling and persistence):
+token budgets, per-user concurrency, bounded queues and degradation, limits changed at run time, and a
+scheduler restart that loses and double-counts nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import Producer
+
+from tests.stack.conftest import BOOTSTRAP, for_run, read_topic, sse_events, wait_for
+from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
+
+
+def set_limits(live, user: str, **fields) -> None:
+    with live.client(live.token("root", "pro", admin=True)) as admin:
+        response = admin.put(f"/v1/admin/limits/users/{user}", json=fields)
+        assert response.status_code == 200, response.text
+
+
+def post(live, token: str, replica: int = 0, content: str = "Say hello.", **body):
+    """(status, headers, SSE events or the JSON error) of one message in a new chat."""
+    with live.client(token, replica) as client:
+        chat = client.post("/v1/chats").json()["id"]
+        with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": content, **body}) as response:
+            if response.status_code != 200:
+                response.read()
+                return response.status_code, response.headers, response.json()
+            return 200, response.headers, sse_events(response)
+
+
+def budget(live, user: str, tier: str) -> dict:
+    with live.client(live.token("root", "pro", admin=True)) as admin:
+        return admin.get(f"/v1/admin/users/{user}/budget", params={"tier": tier}).json()
+
+
+def completions_of(live, runs: list[str]) -> dict[str, dict]:
+    from topics import codec
+
+    wanted = set(runs)
+    found = read_topic(live.topic(RUN_COMPLETED), lambda m: codec.decode("RunCompleted", m.value())["prompt"]["run_id"]
+                       in wanted)
+    return {r["prompt"]["run_id"]: r for r in (codec.decode("RunCompleted", m.value()) for m in found)}
+
+
+def spent(records: dict[str, dict]) -> int:
+    return sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in records.values())
+
+
+def run_id(events) -> str:
+    return events[0]["data"]["run_id"]
+
+
+def test_over_budget_is_a_429_with_retry_after_before_any_stream_and_usage_shows_what_remains(live):
+    user = f"budget-{uuid.uuid4().hex[:6]}"
+    token = live.token(user, "free")
+    set_limits(live, user, budget_tokens=300, refill_tokens_per_hour=0)
+
+    status, headers, events = post(live, token, max_tokens=40)
+    assert status == 200
+    assert [e["event"] for e in events][:2] == ["run.queued", "run.started"]  # admitted, then served
+    assert events[0]["data"]["pool"] == "small" and events[-1]["event"] == "run.completed"
+    used = events[-1]["data"]["usage"]["prompt_tokens"] + events[-1]["data"]["usage"]["completion_tokens"]
+    with live.client(token) as client:
+        usage = wait_for(lambda: (u := client.get("/v1/usage").json())["budget"]["in_flight"] == 0 and u)
+    assert usage["remaining_budget"] == 300 - used  # the estimate was charged, then settled to the actual
+
+    status, headers, error = post(live, token, max_tokens=250)  # more than what remains
+    assert status == 429 and headers["content-type"].startswith("application/json")
+    assert error["error"]["code"] == "token_budget_exceeded" and error["error"]["type"] == "rate_limit_error"
+    assert int(headers["retry-after"]) >= 1
+
+    status, _, error = post(live, token, max_tokens=400)  # more than the whole budget: retrying cannot help
+    assert status == 400 and error["error"]["code"] == "budget_too_small"
+
+    set_limits(live, user, budget_tokens=100_000, refill_tokens_per_hour=100_000)  # at run time, no restart
+    status, _, events = post(live, token, max_tokens=250)
+    assert status == 200 and events[-1]["event"] == "run.completed"
+
+
+def test_a_burst_from_one_user_over_both_replicas_keeps_the_concurrency_limit_and_the_budget_exactly(live):
+    user = f"burst-{uuid.uuid4().hex[:6]}"
+    token = live.token(user, "pro")
+    set_limits(live, user, budget_tokens=3000, refill_tokens_per_hour=0, max_concurrent=3)
+
+    with ThreadPoolExecutor(12) as pool:  # new chats: their prompts spread over both scheduler replicas
+        results = list(pool.map(lambda i: post(live, token, i % 2, "Count from one to twenty.", max_tokens=48),
+                                range(12)))
+    admitted = [run_id(r[2]) for r in results if r[0] == 200]
+    refused = [r[2]["error"]["code"] for r in results if r[0] != 200]
+    assert admitted and refused, results
+    assert set(refused) == {"concurrency_limit_exceeded"}
+    assert all(r[0] in (200, 429) for r in results)
+
+    # Admitted runs overlapped at most 3 at a time (scheduled .. completed is inside admitted .. settled).
+    from topics import codec
+
+    done = completions_of(live, admitted)
+    starts = {}
+    for pool_topic in RUN_SCHEDULED.values():
+        for msg in read_topic(live.topic(pool_topic), lambda m: True):
+            record = codec.decode("RunScheduled", msg.value())
+            if record["prompt"]["run_id"] in done:
+                starts[record["prompt"]["run_id"]] = record["scheduled_at"].timestamp()
+    intervals = [(starts[r], done[r]["completed_at"].timestamp()) for r in admitted]
+    most = max(sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals)
+    assert most <= 3
+
+    state = wait_for(lambda: (b := budget(live, user, "pro"))["in_flight"] == [] and b)
+    assert state["remaining_budget"] == 3000 - spent(done)  # every admitted run charged once, settled once
+
+
+def test_a_killed_scheduler_replica_loses_no_budget_state_and_redelivered_events_count_nothing_twice(live):
+    user = f"restart-{uuid.uuid4().hex[:6]}"
+    token = live.token(user, "pro")
+    set_limits(live, user, budget_tokens=20_000, refill_tokens_per_hour=0, max_concurrent=32)
+    scheduler = live.stack.pids()["scheduling"]
+
+    with ThreadPoolExecutor(10) as pool:
+        futures = [pool.submit(post, live, token, i % 2, "Name three colours.", max_tokens=24) for i in range(10)]
+        time.sleep(0.3)
+        os.kill(scheduler, signal.SIGKILL)  # mid-burst: some of its prompts are decided, some not yet
+        results = [f.result() for f in futures]
+    assert all(status in (200, 503) for status, _, _ in results), results  # 503: not decided in time (cancelled)
+
+    live.stack.start()  # the killed replica comes back
+    live.stack.wait_ready()
+    status, _, events = post(live, token, max_tokens=24)
+    assert status == 200 and events[-1]["event"] == "run.completed"
+
+    # Whatever each prompt's fate, the ledger holds exactly the usage of the runs it admitted.
+    from topics import codec
+
+    runs = {codec.decode("PromptModerated", m.value())["prompt"]["run_id"]: m
+            for m in read_topic(live.topic(PROMPT_MODERATED),
+                                lambda m: codec.decode("PromptModerated", m.value())["prompt"]["user_id"] == user)}
+    done = wait_for(lambda: len(d := completions_of(live, list(runs))) == len(runs)
+                    and budget(live, user, "pro")["in_flight"] == [] and d, timeout_s=90)
+    assert len(done) == len(runs) == 11
+    assert budget(live, user, "pro")["remaining_budget"] == 20_000 - spent(done)
+
+    # Forced redelivery: a prompt and a completion published again change nothing and run nothing again.
+    again = run_id(events)
+    producer = Producer({"bootstrap.servers": BOOTSTRAP})
+    for topic, schema in ((PROMPT_MODERATED, "PromptModerated"), (RUN_COMPLETED, "RunCompleted")):
+        for msg in read_topic(live.topic(topic), for_run(schema, again)):
+            producer.produce(msg.topic(), value=msg.value(), key=msg.key())
+    producer.flush(10)
+    time.sleep(3)
+    scheduled = [m for t in RUN_SCHEDULED.values() for m in read_topic(live.topic(t), for_run("RunScheduled", again))]
+    assert len(scheduled) == 1
+    assert budget(live, user, "pro")["remaining_budget"] == 20_000 - spent(done)
+
+
+def test_under_pressure_free_runs_are_degraded_to_the_small_pool_or_refused_fast_with_retry_after(live):
+    pro = live.token(f"busy-{uuid.uuid4().hex[:6]}", "pro")
+    free_user, long_user = f"free-{uuid.uuid4().hex[:6]}", f"long-{uuid.uuid4().hex[:6]}"
+    for user in (free_user, long_user):
+        set_limits(live, user, max_queue_wait_s=0.0)  # any wait at all is too long for these two
+    large = "smollm2-135m-instruct-8k"
+
+    def first_event(response) -> dict:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                return json.loads(line[5:])
+        raise AssertionError("no event")
+
+    with live.client(pro) as client:  # fill the large pool (one consumer, two slots) and queue one more
+        opened, long_runs = [], []
+        try:
+            for _ in range(3):
+                chat = client.post("/v1/chats").json()["id"]
+                stream = client.stream("POST", f"/v1/chats/{chat}/messages",
+                                       json={"content": "Tell a very long story about a dragon.",
+                                             "max_tokens": 400, "model": large})
+                response = stream.__enter__()
+                opened.append(stream)
+                assert response.status_code == 200
+                long_runs.append((chat, first_event(response)["run_id"]))
+            time.sleep(1.5)  # the large consumer's status now shows its slots taken
+
+            status, _, events = post(live, live.token(free_user, "free"), model=large, max_tokens=16)
+            assert status == 200
+            queued = events[0]["data"]
+            assert (queued["pool"], queued["degraded_from"]) == ("small", "large")
+            started = next(e for e in events if e["event"] == "run.started")
+            assert started["data"]["model"] == "smollm2-135m-instruct"  # the answer says which model served it
+
+            too_long = "Please summarise this. " + "The quick brown fox jumps over the lazy dog. " * 150
+            status, headers, error = post(live, live.token(long_user, "free"), content=too_long, max_tokens=16)
+            assert status == 429 and error["error"]["code"] == "over_capacity", error  # no smaller pool holds it
+            assert int(headers["retry-after"]) >= 1
+        finally:
+            for chat, run in long_runs:  # a closed stream does not cancel: stop the long runs
+                client.post(f"/v1/chats/{chat}/runs/{run}/cancel")
+            for stream in opened:
+                stream.__exit__(None, None, None)
