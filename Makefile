@@ -39,11 +39,12 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check api processors inference topics storage infra
 	$(VENV)/bin/mypy
 
-bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools (JSON in bench/results/)
+bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
 	$(PY) bench/inference_pools.py
+	$(PY) bench/admission.py
 
 clean: down          ## wipe all service state (Kafka log, Cassandra data, ClickHouse tables)
 	rm -rf .local-infra

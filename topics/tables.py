@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -53,10 +54,12 @@ class TopicTable:
         since_ms = int((time.time() - self.since_s) * 1000) if self.since_s is not None else None
         assignment = []
         for p in partitions:
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.name, p), timeout=10)
+            ends = partial(self._consumer.get_watermark_offsets, TopicPartition(self.name, p), timeout=10)
+            low, high = until_ready(f"table {self.name}", ends)
             start = low
             if since_ms is not None:
-                found = self._consumer.offsets_for_times([TopicPartition(self.name, p, since_ms)], timeout=10)[0]
+                at = partial(self._consumer.offsets_for_times, [TopicPartition(self.name, p, since_ms)], timeout=10)
+                found = until_ready(f"table {self.name}", at)[0]
                 start = found.offset if found.offset >= 0 else high
             if start < high:
                 self._pending[p] = high  # caught up once the record before `high` has been read

@@ -38,7 +38,8 @@ def test_long_chats_go_to_the_large_pool_and_their_next_turn_reuses_the_cached_p
     notes = " ".join(f"Note {i}: the harbour light number {i} is painted {['red', 'green', 'white'][i % 3]}."
                      for i in range(110))  # ~6,600 characters: more than the small pool's 2,048 tokens
     first = chat_turn(client, chat, f"Here are my notes. {notes} Which colour is light 7?", max_tokens=24)
-    assert first[0]["event"] == "run.started" and first[0]["data"]["model"] == "smollm2-135m-instruct-8k"
+    assert first[0]["event"] == "run.queued" and first[0]["data"]["pool"] == "large"
+    assert first[1]["event"] == "run.started" and first[1]["data"]["model"] == "smollm2-135m-instruct-8k"
     assert first[-1]["event"] == "run.completed", first[-1]
     run1 = first[0]["data"]["run_id"]
     assert read_topic(live.topic(RUN_SCHEDULED["large"]), for_run("RunScheduled", run1))

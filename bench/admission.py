@@ -1,0 +1,253 @@
+"""Admission control under overload, and fairness, on the real local stack with two replicas of every stage.
+
+- Capacity: completed runs per second with the small pool saturated (closed loop of pro clients).
+- Unloaded: pro TTFT with one request at a time (the baseline of the same run).
+- Overload: open-loop arrivals at 1x, 2x, 5x and 10x capacity, half free and half pro users, for a fixed
+  time each: admitted throughput, TTFT p50/p99 per tier, how fast rejections come (p50/p99), degraded runs,
+  and budget overspend (free users get a small budget with no refill, so budgets bind).
+- Fairness: 10 pro users, nine with two requests in flight each and one flooding with many; each user's
+  share of the tokens served, and Jain's index over the nine.
+
+The stack: two edge replicas, two of moderation, scheduling and persistence (metering: one, chdb is
+single-process), two inference consumers (engines) per pool. Prints JSON, writes bench/results/admission.json.
+Usage: python bench/admission.py [--phase-s 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from api.auth import issue  # noqa: E402
+from api.settings import ApiSettings  # noqa: E402
+from infra.stack import Stack  # noqa: E402
+
+PORT_BASE = 19200
+MAX_TOKENS = 32
+FREE_BUDGET = 2_000  # tokens, no refill: binds during the bench
+
+
+def pct(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else None
+
+
+def token(user: str, tier: str, admin: bool = False) -> str:
+    s = ApiSettings()
+    return issue(s.jwt_secret.get_secret_value(), user, tier, s.jwt_issuer, s.jwt_audience, 3600, admin=admin)
+
+
+async def one(client: httpx.AsyncClient, url: str, user: str, tier: str, content: str) -> dict[str, Any]:
+    """One chat message: decision latency, TTFT, tokens, outcome."""
+    headers = {"Authorization": f"Bearer {token(user, tier)}"}
+    out: dict[str, Any] = {"user": user, "tier": tier}
+    chat = (await client.post(f"{url}/v1/chats", headers=headers)).json()["id"]
+    started = time.perf_counter()
+    body = {"content": content, "max_tokens": MAX_TOKENS}
+    async with client.stream("POST", f"{url}/v1/chats/{chat}/messages", headers=headers, json=body) as response:
+        out["decided_ms"] = (time.perf_counter() - started) * 1000
+        out["status"] = response.status_code
+        if response.status_code != 200:
+            out["code"] = json.loads(await response.aread())["error"]["code"]
+            return out
+        event = None
+        async for line in response.aiter_lines():
+            if line.startswith("event:"):
+                event = line[7:]
+            elif line.startswith("data:") and event:
+                data = json.loads(line[6:])
+                if event == "run.queued":
+                    out["degraded"] = data.get("degraded_from") is not None
+                elif event == "token" and "ttft_ms" not in out:
+                    out["ttft_ms"] = (time.perf_counter() - started) * 1000
+                elif event == "run.completed":
+                    usage = data["usage"]
+                    out["tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                    out["completion_tokens"] = usage["completion_tokens"]
+                elif event == "error":
+                    out["code"] = data["code"]
+    return out
+
+
+def content(i: int) -> str:
+    return f"Request {i}: name {random.randint(2, 5)} animals that live in the sea."
+
+
+async def closed_loop(client, urls, users, seconds: float, per_user: int) -> list[dict]:
+    """Each user keeps `per_user` requests in flight until time is up."""
+    results: list[dict] = []
+    deadline = time.monotonic() + seconds
+
+    async def loop(user: str, tier: str, k: int) -> None:
+        i = 0
+        while time.monotonic() < deadline:
+            results.append(await one(client, urls[k % len(urls)], user, tier, content(i)))
+            i += 1
+            if results[-1]["status"] != 200:
+                await asyncio.sleep(0.2)
+
+    await asyncio.gather(*(loop(u, t, k) for u, t, n in users for k in range(n)))
+    return results
+
+
+async def open_loop(client, urls, rate: float, seconds: float, users: list[tuple[str, str]]) -> list[dict]:
+    """Poisson arrivals at `rate` per second, each from the next user in turn."""
+    tasks = []
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        user, tier = users[i % len(users)]
+        tasks.append(asyncio.create_task(one(client, urls[i % len(urls)], user, tier, content(i))))
+        i += 1
+        await asyncio.sleep(random.expovariate(rate))
+    return list(await asyncio.gather(*tasks))
+
+
+def summarise(results: list[dict], seconds: float) -> dict[str, Any]:
+    ok = [r for r in results if r["status"] == 200 and "tokens" in r]
+    refused = [r for r in results if r["status"] != 200]
+    out: dict[str, Any] = {
+        "offered": len(results),
+        "offered_per_s": round(len(results) / seconds, 2),
+        "admitted_completed": len(ok),
+        "admitted_per_s": round(len(ok) / seconds, 2),
+        "rejected": len(refused),
+        "rejected_by_code": {c: sum(r.get("code") == c for r in refused) for c in {r.get("code") for r in refused}},
+        "rejection_ms_p50": pct([r["decided_ms"] for r in refused], 0.5),
+        "rejection_ms_p99": pct([r["decided_ms"] for r in refused], 0.99),
+        "degraded": sum(bool(r.get("degraded")) for r in ok),
+        "failed_after_admission": sum(1 for r in results if r["status"] == 200 and "tokens" not in r),
+    }
+    for tier in ("free", "pro"):
+        mine = [r["ttft_ms"] for r in ok if r["tier"] == tier and "ttft_ms" in r]
+        out[f"{tier}_admitted"] = len(mine)
+        out[f"{tier}_rejected"] = sum(r["tier"] == tier for r in refused)
+        out[f"{tier}_ttft_ms_p50"] = pct(mine, 0.5)
+        out[f"{tier}_ttft_ms_p99"] = pct(mine, 0.99)
+    return out
+
+
+async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    urls = [stack.api_url, f"http://127.0.0.1:{stack.port_base + 100}"]
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        admin = {"Authorization": f"Bearer {token('bench-admin', 'pro', admin=True)}"}
+        response = await client.put(
+            f"{urls[0]}/v1/admin/limits/tiers/free",
+            headers=admin,
+            json={"budget_tokens": FREE_BUDGET, "refill_tokens_per_hour": 0},
+        )
+        response.raise_for_status()
+        tag = uuid.uuid4().hex[:6]
+        for i in tqdm(range(6), desc="warm-up", file=sys.stderr):
+            await one(client, urls[i % 2], f"warm-{tag}", "pro", content(i))
+
+        print("capacity ...", file=sys.stderr)
+        pros = [(f"cap-{tag}-{i}", "pro", 4) for i in range(6)]  # 24 in flight > 16 slots
+        saturated = await closed_loop(client, urls, pros, args.phase_s, 1)
+        capacity = sum(1 for r in saturated if "tokens" in r) / args.phase_s
+        print(f"capacity {capacity:.2f} runs/s", file=sys.stderr)
+
+        unloaded = [await one(client, urls[i % 2], f"solo-{tag}", "pro", content(i)) for i in range(args.solo)]
+        solo = [r["ttft_ms"] for r in unloaded if "ttft_ms" in r]
+        baseline = {"pro_ttft_ms_p50": pct(solo, 0.5), "pro_ttft_ms_p99": pct(solo, 0.99), "samples": len(solo)}
+        print(f"unloaded pro TTFT {baseline}", file=sys.stderr)
+
+        users = [(f"free-{tag}-{i}", "free") for i in range(20)] + [(f"pro-{tag}-{i}", "pro") for i in range(20)]
+        random.shuffle(users)
+        overload: dict[str, Any] = {}
+        every: list[dict] = []
+        for factor in tqdm(args.factors, desc="overload", file=sys.stderr):
+            results = await open_loop(client, urls, capacity * factor, args.phase_s, users)
+            every += results
+            overload[f"{factor}x"] = summarise(results, args.phase_s)
+            p99 = overload[f"{factor}x"]["pro_ttft_ms_p99"]
+            if p99 is not None and baseline["pro_ttft_ms_p99"]:
+                overload[f"{factor}x"]["pro_p99_ttft_vs_unloaded_p99"] = round(p99 / baseline["pro_ttft_ms_p99"], 2)
+            await asyncio.sleep(3)
+
+        spent: dict[str, int] = {}
+        for r in every:
+            spent[r["user"]] = spent.get(r["user"], 0) + r.get("tokens", 0)
+        free_users = [u for u, t in users if t == "free"]
+        overspend = {u: max(0, spent.get(u, 0) - FREE_BUDGET) for u in free_users}
+
+        print("fairness ...", file=sys.stderr)
+        fair_users = [(f"fair-{tag}-{i}", "pro", 2) for i in range(9)] + [(f"flood-{tag}", "pro", 16)]
+        fair = await closed_loop(client, urls, fair_users, args.fair_s, 1)
+        served = {u: sum(r.get("completion_tokens", 0) for r in fair if r["user"] == u) for u, _, _ in fair_users}
+        total = sum(served.values()) or 1
+        shares = {u: round(v / total, 3) for u, v in served.items()}
+        normal = [served[u] for u, _, n in fair_users if n == 2]
+        jain = sum(normal) ** 2 / (len(normal) * sum(x * x for x in normal)) if any(normal) else None
+        flood_requests = [r for r in fair if r["user"] == f"flood-{tag}"]
+
+    return {
+        "stack": {"edge_replicas": 2, "processor_replicas": 2, "metering_replicas": 1, "consumers_per_pool": 2},
+        "max_tokens": MAX_TOKENS,
+        "phase_s": args.phase_s,
+        "capacity_runs_per_s": round(capacity, 2),
+        "unloaded": baseline,
+        "overload": overload,
+        "budget": {
+            "free_budget_tokens": FREE_BUDGET,
+            "free_users": len(free_users),
+            "max_tokens_spent_by_a_free_user": max(spent.get(u, 0) for u in free_users),
+            "overspend_tokens_max": max(overspend.values()),
+            "users_over_budget": sum(1 for v in overspend.values() if v > 0),
+        },
+        "fairness": {
+            "users": 10,
+            "flooder_in_flight_attempted": 16,
+            "others_in_flight_each": 2,
+            "share_of_completion_tokens": shares,
+            "flooder_share": shares[f"flood-{tag}"],
+            "mean_other_share": round(statistics.mean(shares[u] for u, _, n in fair_users if n == 2), 3),
+            "jain_index_others": round(jain, 3) if jain else None,
+            "flooder_requests": len(flood_requests),
+            "flooder_rejected": sum(r["status"] != 200 for r in flood_requests),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--phase-s", type=float, default=20.0)
+    parser.add_argument("--fair-s", type=float, default=30.0)
+    parser.add_argument("--solo", type=int, default=20)
+    parser.add_argument("--factors", type=float, nargs="+", default=[1, 2, 5, 10])
+    args = parser.parse_args()
+    random.seed(5)
+    stack = Stack(
+        namespace=f"bench{uuid.uuid4().hex[:6]}",
+        port_base=PORT_BASE,
+        replicas=2,
+        stages=2,
+        workers={"small": 2, "large": 2},
+    )
+    stack.up()
+    try:
+        result = asyncio.run(run(stack, args))
+    finally:
+        stack.stop()
+    text = json.dumps(result, indent=2)
+    print(text)
+    (ROOT / "bench" / "results" / "admission.json").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
