@@ -52,6 +52,14 @@ def token(user: str, tier: str, admin: bool = False) -> str:
 
 
 async def one(client: httpx.AsyncClient, url: str, user: str, tier: str, content: str) -> dict[str, Any]:
+    """One chat message; a dropped connection is recorded (status 0), not raised."""
+    try:
+        return await _one(client, url, user, tier, content)
+    except httpx.HTTPError as exc:
+        return {"user": user, "tier": tier, "status": 0, "code": type(exc).__name__, "decided_ms": 0.0}
+
+
+async def _one(client: httpx.AsyncClient, url: str, user: str, tier: str, content: str) -> dict[str, Any]:
     """One chat message: decision latency, TTFT, tokens, outcome."""
     headers = {"Authorization": f"Bearer {token(user, tier)}"}
     out: dict[str, Any] = {"user": user, "tier": tier}
@@ -119,7 +127,7 @@ async def open_loop(client, urls, rate: float, seconds: float, users: list[tuple
 
 def summarise(results: list[dict], seconds: float) -> dict[str, Any]:
     ok = [r for r in results if r["status"] == 200 and "tokens" in r]
-    refused = [r for r in results if r["status"] != 200]
+    refused = [r for r in results if r["status"] not in (0, 200)]
     out: dict[str, Any] = {
         "offered": len(results),
         "offered_per_s": round(len(results) / seconds, 2),
@@ -131,6 +139,7 @@ def summarise(results: list[dict], seconds: float) -> dict[str, Any]:
         "rejection_ms_p99": pct([r["decided_ms"] for r in refused], 0.99),
         "degraded": sum(bool(r.get("degraded")) for r in ok),
         "failed_after_admission": sum(1 for r in results if r["status"] == 200 and "tokens" not in r),
+        "transport_errors": sum(1 for r in results if r["status"] == 0),
     }
     for tier in ("free", "pro"):
         mine = [r["ttft_ms"] for r in ok if r["tier"] == tier and "ttft_ms" in r]
