@@ -39,6 +39,7 @@ from inference.settings import InferenceSettings
 from inference.takeover import Prior, prior_of, published
 from topics import codec, tracing
 from topics.codec import Event
+from topics.codec import token_delta as delta
 from topics.errors import PoisonEvent
 from topics.kafka import AsyncProducer, consumer_config, dead_letter
 from topics.limits import LimitsView
@@ -96,25 +97,6 @@ def now_ms() -> int:
 def epoch_ms(value: Any) -> int:
     """A timestamp-millis field as decoded (datetime) or as built here (int)."""
     return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
-
-
-def delta(run: Event, seq: int, kind: str, **fields: Any) -> Event:
-    prompt = run["prompt"]
-    return {
-        "run_id": prompt["run_id"],
-        "chat_id": prompt["chat_id"],
-        "seq": seq,
-        "kind": kind,
-        "text": "",
-        "model": None,
-        "finish_reason": None,
-        "usage": None,
-        "error_code": None,
-        "error_message": None,
-        "tokens": None,
-        "emitted_at": now_ms(),
-        **fields,
-    }
 
 
 def completed(

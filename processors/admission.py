@@ -26,12 +26,15 @@ DEFAULT_RUN_S = 5.0
 
 @dataclass
 class PoolLoad:
-    slots: int = 0
+    worker_slots: list[int] = field(default_factory=list)  # each live consumer's slots
     running: dict[str, int] = field(default_factory=dict)
     queued: dict[str, int] = field(default_factory=dict)
     mean_run_s: float = DEFAULT_RUN_S
     oldest_at: int = 0  # the least recent status counted (ms)
-    worker_slots: list[int] = field(default_factory=list)
+
+    @property
+    def slots(self) -> int:
+        return sum(self.worker_slots)
 
     def capacity(self, share: float) -> int:
         return sum(max(1, math.floor(s * share)) for s in self.worker_slots)
@@ -40,23 +43,20 @@ class PoolLoad:
 def pool_loads(statuses: Iterable[Event], now_ms: int) -> dict[str, PoolLoad]:
     """The live load of each pool from its healthy consumers' latest statuses (pure)."""
     loads: dict[str, PoolLoad] = {}
-    weights: dict[str, float] = {}
     for status in statuses:
         at = _ms(status["at"])
         if now_ms - at > STALE_MS or not status["healthy"]:
             continue
         load = loads.setdefault(status["pool"], PoolLoad(mean_run_s=0.0, oldest_at=at))
-        load.slots += status["slots"]
         load.worker_slots.append(status["slots"])
         for tier, n in status["running"].items():
             load.running[tier] = load.running.get(tier, 0) + n
         for tier, n in status["queued"].items():
             load.queued[tier] = load.queued.get(tier, 0) + n
-        load.mean_run_s += status["mean_run_s"] * status["slots"]
-        weights[status["pool"]] = weights.get(status["pool"], 0) + status["slots"]
+        load.mean_run_s += status["mean_run_s"] * status["slots"]  # weighted by slots
         load.oldest_at = min(load.oldest_at, at)
-    for pool, load in loads.items():
-        load.mean_run_s = load.mean_run_s / weights[pool] if weights[pool] else DEFAULT_RUN_S
+    for load in loads.values():
+        load.mean_run_s = load.mean_run_s / load.slots if load.slots else DEFAULT_RUN_S
     return loads
 
 

@@ -26,8 +26,8 @@ from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from storage.cassandra import Conversations, Message
 from storage.ledger import Ledger
-from topics.codec import Event
-from topics.limits import LimitsView
+from topics.codec import Event, token_delta
+from topics.limits import DEFAULT_TIERS, LimitsView
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA
 
 log = logging.getLogger(__name__)
@@ -55,24 +55,15 @@ def reject(
 
 def queued(run: Event, wait_s: float) -> Event:
     """The reply record that tells the edge the run was admitted (seq -1: before the consumer's `started`)."""
-    prompt = run["prompt"]
-    return {
-        "run_id": prompt["run_id"],
-        "chat_id": prompt["chat_id"],
-        "seq": -1,
-        "kind": "queued",
-        "text": "",
-        "model": run["model"],
-        "finish_reason": None,
-        "usage": None,
-        "error_code": None,
-        "error_message": None,
-        "tokens": None,
-        "pool": run["pool"],
-        "estimated_wait_ms": int(wait_s * 1000),
-        "degraded_from": run.get("degraded_from"),
-        "emitted_at": int(time.time() * 1000),
-    }
+    return token_delta(
+        run,
+        -1,
+        "queued",
+        model=run["model"],
+        pool=run["pool"],
+        estimated_wait_ms=int(wait_s * 1000),
+        degraded_from=run.get("degraded_from"),
+    )
 
 
 def estimate_tokens(messages: list[dict[str, str]]) -> int:
@@ -193,7 +184,7 @@ def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits:
             log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
             return
         mine = limits.for_user(user, tier)
-        tiers = {name: limits.tier(name) for name in ("free", "pro", "enterprise")} | {tier: mine}
+        tiers = {name: limits.tier(name) for name in DEFAULT_TIERS} | {tier: mine}
         placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), tier, tiers)
         if before is not None:  # admitted (and charged) before a crash: schedule it whatever the load now
             placement = Placement(run["pool"], placement.wait_s)

@@ -131,6 +131,12 @@ class Ledger:
             return Account()
         return Account(row.used or 0.0, row.refilled_at or 0, row.version, dict(row.in_flight or {}))
 
+    async def standing(self, user_id: str, limits: Limits) -> tuple[int, list[str]]:
+        """(tokens the user can spend now, their runs in flight)."""
+        account = await self.account(user_id)
+        now = int(time.time() * 1000)
+        return int(available(account, limits, now)), sorted(live_runs(account, now, self.deadline_ms))
+
     async def _run_row(self, user_id: str, run_id: str) -> Any:
         return (await wait(self.session.execute_async(self._run, (user_id, run_id)))).one()
 

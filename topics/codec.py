@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,29 @@ def schemas(directory: Path = SCHEMA_DIR) -> dict[str, Schema]:
         if path.stem not in parsed:
             parsed[path.stem] = _load(directory, path.stem, named)
     return parsed
+
+
+def token_delta(run: Event, seq: int, kind: str, **fields: Any) -> Event:
+    """A TokenDelta record of a scheduled run: every optional field empty unless given."""
+    prompt = run["prompt"]
+    return {
+        "run_id": prompt["run_id"],
+        "chat_id": prompt["chat_id"],
+        "seq": seq,
+        "kind": kind,
+        "text": "",
+        "model": None,
+        "finish_reason": None,
+        "usage": None,
+        "error_code": None,
+        "error_message": None,
+        "tokens": None,
+        "pool": None,
+        "estimated_wait_ms": None,
+        "degraded_from": None,
+        "emitted_at": int(time.time() * 1000),
+        **fields,
+    }
 
 
 def encode(schema_name: str, record: Event) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from functools import partial
 
 from confluent_kafka import Consumer, TopicPartition
@@ -31,13 +30,11 @@ class TopicTable:
         namespace: str,
         *,
         since_s: float | None = None,
-        on_change: Callable[[str, Event | None], None] | None = None,
     ) -> None:
         """since_s: read only the last seconds of the topic (status that goes stale); None: the whole topic."""
         self.topic = topic
         self.name = named(topic, namespace)
         self.since_s = since_s
-        self.on_change = on_change
         self._consumer = Consumer(
             consumer_config(bootstrap, f"{namespace or 'parley'}.table-reader", **{"enable.partition.eof": False})
         )
@@ -91,8 +88,6 @@ class TopicTable:
                 self._rows.pop(key, None)  # a tombstone
             else:
                 self._rows[key] = record
-            if self.on_change is not None:
-                self.on_change(key, record)
             partition, offset = msg.partition(), msg.offset() or 0
             if partition in self._pending and offset + 1 >= self._pending[partition]:
                 del self._pending[partition]

@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.app import Deps, Services
 from api.auth import TIERS, Admin
 from api.errors import ApiError
-from storage.ledger import available, live_runs
 from topics import codec
 from topics.limits import FIELDS, change, effective, row_key
 from topics.pipeline import LIMITS, named
@@ -93,11 +92,10 @@ async def user_budget(deps: Deps, admin: Admin, user_id: str, tier: str = "free"
     if tier not in TIERS:
         raise ApiError(400, f"tier must be one of {', '.join(TIERS)}.", "invalid_value", "tier")
     limits = deps.limits.for_user(user_id, tier)
-    account = await deps.ledger.account(user_id)
-    now = int(time.time() * 1000)
+    remaining, in_flight = await deps.ledger.standing(user_id, limits)
     return {
         "user_id": user_id,
-        "remaining_budget": int(available(account, limits, now)),
-        "in_flight": sorted(live_runs(account, now, deps.ledger.deadline_ms)),
+        "remaining_budget": remaining,
+        "in_flight": in_flight,
         "limits": limits.model_dump(),
     }

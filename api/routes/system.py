@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -11,7 +9,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from api.app import Deps
 from api.auth import CurrentUser
 from api.errors import ApiError
-from storage.ledger import available, live_runs
 
 router = APIRouter()
 
@@ -32,8 +29,7 @@ async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
         raise ApiError(503, "Usage data is unavailable right now; try again shortly.", "usage_unavailable") from exc
     totals = response.json()
     limits = deps.limits.for_user(user.user_id, user.tier)
-    account = await deps.ledger.account(user.user_id)
-    now = int(time.time() * 1000)
+    remaining, in_flight = await deps.ledger.standing(user.user_id, limits)
     return {
         "user_id": user.user_id,
         "tier": user.tier,
@@ -42,11 +38,11 @@ async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
         "completion_tokens": totals["completion_tokens"],
         "cached_tokens": totals["cached_tokens"],
         "total_tokens": totals["prompt_tokens"] + totals["completion_tokens"],
-        "remaining_budget": int(available(account, limits, now)),
+        "remaining_budget": remaining,
         "budget": {
             "budget_tokens": limits.budget_tokens,
             "refill_tokens_per_hour": limits.refill_tokens_per_hour,
-            "in_flight": len(live_runs(account, now, deps.ledger.deadline_ms)),
+            "in_flight": len(in_flight),
             "max_concurrent": limits.max_concurrent,
         },
     }

@@ -70,15 +70,15 @@ def test_pool_load_counts_only_fresh_healthy_consumers():
 
 
 def test_free_runs_wait_once_they_hold_their_share_while_pro_runs_still_start_at_once():
-    load = PoolLoad(slots=8, running={"free": 4}, queued={"free": 2}, mean_run_s=2.0, worker_slots=[8])
+    load = PoolLoad(worker_slots=[8], running={"free": 4}, queued={"free": 2}, mean_run_s=2.0)
     assert estimated_wait(load, "pro", TIERS) == 0.0  # 4 slots free, and the waiting free runs are behind it
     # free may hold half of the 8 slots: it holds them all, so it waits behind the 2 queued free runs
     assert estimated_wait(load, "free", TIERS) == 3 * 2.0 / 4
 
 
 def test_over_its_bound_a_free_run_is_degraded_to_a_smaller_pool_and_a_pro_run_is_refused_with_retry_after():
-    busy = PoolLoad(slots=2, running={"pro": 2}, queued={"pro": 6}, mean_run_s=4.0, worker_slots=[2])
-    idle = PoolLoad(slots=8, running={}, queued={}, mean_run_s=1.0, worker_slots=[8])
+    busy = PoolLoad(worker_slots=[2], running={"pro": 2}, queued={"pro": 6}, mean_run_s=4.0)
+    idle = PoolLoad(worker_slots=[8], running={}, queued={}, mean_run_s=1.0)
     loads = {"large": busy, "small": idle}
     free_run = place("large", ["small"], loads, "free", TIERS)
     assert (free_run.pool, free_run.degraded_from) == ("small", "large")
