@@ -18,6 +18,7 @@ from api.settings import ApiSettings
 from storage.cassandra import Conversations
 from storage.ledger import Ledger
 from topics import tracing
+from topics.admission import PoolView
 from topics.kafka import AsyncProducer
 from topics.limits import LimitsView
 
@@ -33,6 +34,7 @@ class Services:
     http: httpx.AsyncClient
     ledger: Ledger
     limits: LimitsView
+    pools: PoolView  # the inference consumers' load: the edge sheds at the door what could not be placed
 
 
 def services(request: Request) -> Services:
@@ -60,12 +62,15 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         ledger = await loop.run_in_executor(None, Ledger, conversations.session, settings.keyspace_name)
         limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, limits.start)
-        app.state.services = Services(settings, producer, replies, conversations, http, ledger, limits)
+        pools = PoolView(settings.kafka_bootstrap, settings.namespace)
+        await loop.run_in_executor(None, pools.start)
+        app.state.services = Services(settings, producer, replies, conversations, http, ledger, limits, pools)
         log.info("edge ready on %s:%d, reply partition %d", settings.host, settings.port, settings.reply_partition)
         try:
             yield
         finally:
             await http.aclose()
+            pools.stop()
             limits.stop()
             replies.stop()
             await producer.close()

@@ -12,12 +12,15 @@ import uuid
 from collections.abc import AsyncIterator
 
 from opentelemetry import trace
+from prometheus_client import Counter
 
 from api import convert
 from api.app import Services
+from api.auth import Principal
 from api.errors import ApiError
 from api.replies import TERMINAL, LiveRun, Replay, Reply, parse_cursor
 from topics import codec
+from topics.admission import at_the_door, capacity_message, estimate_tokens
 from topics.codec import Event
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL, named
 
@@ -25,6 +28,9 @@ log = logging.getLogger(__name__)
 
 UUID_EPOCH_100NS = 0x01B21DD213814000  # 1582-10-15 -> 1970-01-01 in the 100 ns units of a version-1 uuid
 REPLAY_MARGIN_MS = 5_000  # clock skew between the edge that minted the run id and the producers' timestamps
+
+
+SHED = Counter("parley_edge_shed_total", "Requests refused at the door: no pool had room for their tier", ["tier"])
 
 
 class StreamTimeout(Exception):
@@ -107,6 +113,34 @@ def rejection_error(record: Event) -> ApiError:
     if record["retry_after_s"]:
         return ApiError(429, message, code, headers={"Retry-After": str(record["retry_after_s"])})
     return ApiError(503, message, code)
+
+
+def shed_when_full(
+    deps: Services, user: Principal, model: str | None, messages: list[dict[str, str]], max_tokens: int, may_grow: bool
+) -> None:
+    """429 over_capacity now, before the request enters the pipeline, when no pool it could be placed in has
+    room for the user's tier (topics.admission.at_the_door); otherwise the scheduler decides."""
+    settings = deps.settings
+    placement = at_the_door(
+        model,
+        estimate_tokens(messages) + max_tokens,
+        may_grow,
+        settings.pools,
+        settings.default_pool,
+        deps.pools.loads(),
+        user.tier,
+        deps.limits.tiers_for(user.user_id, user.tier),
+    )
+    if placement is None:
+        return
+    SHED.labels(user.tier).inc()
+    log.info("shed a request of %s (%s) at the door: about %.1fs of queue", user.user_id, user.tier, placement.wait_s)
+    raise ApiError(
+        429,
+        capacity_message(model or settings.models[0], placement.wait_s),
+        "over_capacity",
+        headers={"Retry-After": str(placement.retry_after_s)},
+    )
 
 
 async def admitted(deps: Services, event: Event, replies: AsyncIterator[Reply], stream_refusals: bool) -> Reply:

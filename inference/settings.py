@@ -19,7 +19,7 @@ class InferenceSettings(StackSettings):
     slots: int = 8  # sequences in flight in the engine
     prefetch: int = 32  # runs read ahead and waiting for a slot here (so the best one can start first)
     aging_s: float = 10.0  # a waiting run gains one priority level per this many seconds (no starvation)
-    status_interval_s: float = 0.5
+    status_interval_s: float = 0.25
     threads: int = 1  # 1 is fastest on a busy 2-core box: more threads spin-wait (see INFRA.md)
     temperature: float = 0.7
     coalesce_ms: float = 20.0

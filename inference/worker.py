@@ -4,7 +4,7 @@ A confluent-kafka consumer, one of its pool's group, that reads runs into a boun
 best waiting one whenever its engine has a free slot (tier priority with ageing, and tier slot shares:
 inference/queue.py), folds each into the engine's running batch, publishes coalesced deltas to the run's
 reply partition and, at the end, the run's completion. Offsets are committed only after a run's RunCompleted
-is acknowledged. Every half second it publishes its load (PoolStatus), which the scheduler's bounded queues
+is acknowledged. Every quarter second it publishes its load (PoolStatus), which the scheduler's bounded queues
 are measured by.
 
 Failure (docs/decisions/0005-inference-pools-and-takeover.md):
@@ -199,6 +199,7 @@ class Worker:
         self.healthy = True
         self.flights: dict[str, Flight] = {}
         self.fresh_from: dict[int, int] = {}  # partition -> its end when assigned: later records are new runs
+        self.owned: frozenset[int] = frozenset()  # partitions assigned now (published in the status)
         self._kafka = ThreadPoolExecutor(1, thread_name_prefix="consumer")  # every consumer call, one thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._subscribed = False
@@ -414,6 +415,7 @@ class Worker:
         for tp in partitions:
             _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
             self.fresh_from[tp.partition] = high
+        self.owned = self.owned | {tp.partition for tp in partitions}  # rebound, not mutated: status() reads it
         if partitions:
             numbers = sorted(tp.partition for tp in partitions)
             log.info("assigned partitions %s of %s", numbers, self.scheduled_topic)
@@ -422,6 +424,7 @@ class Worker:
         """Runs of partitions leaving this consumer stop and flush what they generated before the partitions
         go (this blocks the rebalance briefly), so their new owner continues each run where it stopped."""
         numbers = {tp.partition for tp in partitions}
+        self.owned = self.owned - numbers
         if not numbers:
             return
         assert self._loop is not None
@@ -590,6 +593,7 @@ class Worker:
             "running": {t: n for t, n in self.running.items() if n},
             "queued": self.queue.by_tier(),
             "mean_run_s": self.mean_run_s,
+            "partitions": sorted(self.owned),
             "at": now_ms(),
         }
 

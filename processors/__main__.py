@@ -19,9 +19,9 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         moderate_prompt.register(stage)
     elif name == "scheduling":
         from processors import schedule_run
-        from processors.admission import PoolView
         from storage.cassandra import Conversations
         from storage.ledger import Ledger
+        from topics.admission import PoolView
         from topics.limits import LimitsView
 
         conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)

@@ -21,13 +21,13 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from processors.admission import Placement, PoolView, place
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from storage.cassandra import Conversations, Message
 from storage.ledger import Ledger
+from topics.admission import Placement, PoolView, capacity_message, estimate_tokens, home_partition, place
 from topics.codec import Event, token_delta
-from topics.limits import DEFAULT_TIERS, LimitsView
+from topics.limits import LimitsView
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA
 
 log = logging.getLogger(__name__)
@@ -64,13 +64,6 @@ def queued(run: Event, wait_s: float) -> Event:
         estimated_wait_ms=int(wait_s * 1000),
         degraded_from=run.get("degraded_from"),
     )
-
-
-def estimate_tokens(messages: list[dict[str, str]]) -> int:
-    """A deliberately high estimate of a prompt's tokens (English runs about 4 characters per token with
-    SmolLM2's tokenizer; 3 leaves room), plus the chat template's few tokens per message. Issue 7 replaces
-    it with the serving model's own tokenizer."""
-    return sum(len(m["content"]) // 3 + 4 for m in messages)
 
 
 class TooLong(Exception):
@@ -183,14 +176,14 @@ def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits:
         if before is not None and before.scheduled:
             log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
             return
-        mine = limits.for_user(user, tier)
-        tiers = {name: limits.tier(name) for name in DEFAULT_TIERS} | {tier: mine}
-        placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), tier, tiers)
+        tiers = limits.tiers_for(user, tier)
+        mine = tiers[tier]
+        chat_id = prompt["chat_id"]
+        placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), chat_id, tier, tiers)
         if before is not None:  # admitted (and charged) before a crash: schedule it whatever the load now
-            placement = Placement(run["pool"], placement.wait_s)
+            placement = Placement(run["pool"], placement.wait_s, home_partition(run["pool"], chat_id))
         if placement.pool is None:
-            wait = int(placement.wait_s)
-            message = f"The {run['model']} model is at capacity (about {wait}s of queue). Please retry shortly."
+            message = capacity_message(run["model"], placement.wait_s)
             await refuse(prompt, "over_capacity", message, retry_after_s=placement.retry_after_s)
             return
         if placement.degraded_from:
@@ -201,10 +194,10 @@ def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits:
         if not decision.admitted:
             await refuse(prompt, decision.code, decision.message, retry_after_s=decision.retry_after_s)
             return
-        pools.admitted(run["pool"], tier)
+        pools.admitted(run["pool"], tier, placement.partition)
         ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
         await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
-        await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"])
+        await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=chat_id, partition=placement.partition)
         await ledger.mark_scheduled(user, prompt["run_id"])
 
     async def settle(done: Event) -> None:

@@ -38,7 +38,7 @@ DEFAULT_TIERS = {
         refill_tokens_per_hour=50_000,
         max_concurrent=2,
         priority=0,
-        max_queue_wait_s=2.0,
+        max_queue_wait_s=1.0,
         slot_share=0.5,
         degrade=True,
     ),
@@ -47,7 +47,7 @@ DEFAULT_TIERS = {
         refill_tokens_per_hour=500_000,
         max_concurrent=4,
         priority=1,
-        max_queue_wait_s=10.0,
+        max_queue_wait_s=0.25,
         slot_share=1.0,
         degrade=False,
     ),
@@ -56,7 +56,7 @@ DEFAULT_TIERS = {
         refill_tokens_per_hour=5_000_000,
         max_concurrent=16,
         priority=2,
-        max_queue_wait_s=20.0,
+        max_queue_wait_s=0.5,
         slot_share=1.0,
         degrade=False,
     ),
@@ -99,3 +99,7 @@ class LimitsView(TopicTable):
 
     def tier(self, tier: str) -> Limits:
         return effective(self._rows, None, tier)
+
+    def tiers_for(self, user_id: str, tier: str) -> dict[str, Limits]:
+        """Every tier's limits, with the user's own in place of its tier's (what admission compares)."""
+        return {name: self.tier(name) for name in DEFAULT_TIERS} | {tier: self.for_user(user_id, tier)}

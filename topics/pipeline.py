@@ -107,12 +107,13 @@ LIMITS = Topic(
     "tier:<name> | user:<id>",
     (("cleanup.policy", "compact"),),
 )
-# Each inference consumer's load, every half second: what the scheduler's bounded queues are measured by.
+# Each inference consumer's load, every quarter second: what the scheduler's bounded queues and the edge's
+# shedding at the door are measured by.
 POOL_STATUS = Topic(
     "chat.pool-status.v1",
     "PoolStatus",
     "inference",
-    ("scheduling",),
+    ("scheduling", "api"),
     1,
     "worker_id",
     (("retention.ms", str(3600_000)),),

@@ -190,6 +190,8 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
     max_tokens = checked_max_tokens(deps, body.max_tokens)
     checked_model(deps, body.model)
     parsed, chat = await owned_chat(deps, user, chat_id)
+    message = [{"role": "user", "content": body.content}]
+    streams.shed_when_full(deps, user, body.model, message, max_tokens, may_grow=chat.last_run_id is not None)
 
     message_id = str(new_id())  # the user's message sorts before the answer, whose id is the run's
     run_id = str(new_id())

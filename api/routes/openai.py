@@ -114,6 +114,7 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
     messages = conversation(deps, body)
     max_tokens = checked_max_tokens(deps, body.max_completion_tokens or body.max_tokens)
     checked_model(deps, body.model)
+    streams.shed_when_full(deps, user, body.model, messages, max_tokens, may_grow=False)  # the prompt is all here
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
     event = convert.prompt_accepted(
         run_id=run_id,

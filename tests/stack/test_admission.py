@@ -158,7 +158,9 @@ def test_a_killed_scheduler_replica_loses_no_budget_state_and_redelivered_events
 
 
 def test_under_pressure_free_runs_are_degraded_to_the_small_pool_or_refused_fast_with_retry_after(live):
-    pro = live.token(f"busy-{uuid.uuid4().hex[:6]}", "pro")
+    busy = f"busy-{uuid.uuid4().hex[:6]}"
+    pro = live.token(busy, "pro")
+    set_limits(live, busy, max_queue_wait_s=60.0)  # this user fills the large pool: it may queue there
     free_user, long_user = f"free-{uuid.uuid4().hex[:6]}", f"long-{uuid.uuid4().hex[:6]}"
     for user in (free_user, long_user):
         set_limits(live, user, max_queue_wait_s=0.0)  # any wait at all is too long for these two

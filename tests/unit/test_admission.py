@@ -1,9 +1,10 @@
 """Admission control's pure parts: token buckets, concurrency, bounded-queue estimates, degradation, priority."""
 
 from inference.queue import RunQueue, tier_cap
-from processors.admission import PoolLoad, estimated_wait, place, pool_loads
 from storage.ledger import Account, available, decide, live_runs
+from topics.admission import EngineLoad, at_the_door, estimated_wait, home_partition, place, pool_loads
 from topics.limits import DEFAULT_TIERS, Limits, effective
+from topics.settings import DEFAULT_POOLS
 
 FREE, PRO = DEFAULT_TIERS["free"], DEFAULT_TIERS["pro"]
 TIERS = dict(DEFAULT_TIERS)
@@ -53,39 +54,80 @@ def test_limits_are_defaults_then_the_tier_row_then_the_user_row():
     assert (ann.budget_tokens, ann.max_concurrent, ann.priority) == (123, 9, PRO.priority)
 
 
-def status(pool, running, queued, slots=8, at=10_000, healthy=True, mean=2.0):
+def status(pool, running, queued, slots=8, at=10_000, healthy=True, mean=2.0, partitions=(0,)):
     return {"worker_id": f"w{at}{pool}", "pool": pool, "slots": slots, "healthy": healthy, "running": running,
-            "queued": queued, "mean_run_s": mean, "at": at}
+            "queued": queued, "mean_run_s": mean, "at": at, "partitions": list(partitions)}
 
 
-def test_pool_load_counts_only_fresh_healthy_consumers():
+def engine(running, queued, slots=8, mean=2.0, partitions=(0, 1, 2, 3)):
+    return EngineLoad(slots=slots, partitions=partitions, running=running, queued=queued, mean_run_s=mean)
+
+
+def chat_at_home(pool, partition):
+    """A chat id whose home partition in `pool` is `partition`."""
+    return next(c for c in (f"chat-{i}" for i in range(10_000)) if home_partition(pool, c) == partition)
+
+
+def test_pool_load_counts_only_fresh_healthy_consumers_engine_by_engine():
     loads = pool_loads(
-        [status("small", {"pro": 2}, {}), status("small", {"free": 1}, {"free": 3}, at=10_001),
+        [status("small", {"pro": 2}, {}), status("small", {"free": 1}, {"free": 3}, at=10_001, partitions=(1, 2)),
          status("small", {"pro": 8}, {}, at=1_000), status("large", {}, {}, healthy=False)],
         now_ms=11_000,
     )
-    assert set(loads) == {"small"}
-    assert loads["small"].slots == 16 and loads["small"].running == {"pro": 2, "free": 1}
-    assert loads["small"].queued == {"free": 3}
+    assert set(loads) == {"small"} and len(loads["small"]) == 2
+    assert [e.partitions for e in loads["small"]] == [(0,), (1, 2)]
+    assert loads["small"][1].running == {"free": 1} and loads["small"][1].queued == {"free": 3}
 
 
 def test_free_runs_wait_once_they_hold_their_share_while_pro_runs_still_start_at_once():
-    load = PoolLoad(worker_slots=[8], running={"free": 4}, queued={"free": 2}, mean_run_s=2.0)
+    load = engine({"free": 4}, {"free": 2})
     assert estimated_wait(load, "pro", TIERS) == 0.0  # 4 slots free, and the waiting free runs are behind it
     # free may hold half of the 8 slots: it holds them all, so it waits behind the 2 queued free runs
     assert estimated_wait(load, "free", TIERS) == 3 * 2.0 / 4
 
 
+def test_a_run_goes_home_while_its_engine_has_room_else_to_the_engine_that_can_start_it_soonest():
+    busy = engine({"pro": 8}, {"pro": 2}, partitions=(0, 2))  # 0.75 s of queue
+    idle = engine({"pro": 3}, {}, partitions=(1, 3))
+    even, odd = chat_at_home("small", 2), chat_at_home("small", 3)
+    assert place("small", [], {"small": [busy, idle]}, odd, "pro", TIERS).partition == 3
+    moved = place("small", [], {"small": [busy, idle]}, even, "pro", TIERS)
+    assert moved.pool == "small" and moved.partition in idle.partitions and moved.wait_s == 0.0
+    full = engine({"pro": 8}, {"pro": 2}, partitions=idle.partitions)
+    refused = place("small", [], {"small": [busy, full]}, even, "pro", TIERS)
+    assert refused.pool is None and refused.retry_after_s >= 1  # the pool's free slot total says nothing here
+    assert place("small", [], {}, even, "pro", TIERS).partition == 2  # no status yet: not judged, goes home
+
+
 def test_over_its_bound_a_free_run_is_degraded_to_a_smaller_pool_and_a_pro_run_is_refused_with_retry_after():
-    busy = PoolLoad(worker_slots=[2], running={"pro": 2}, queued={"pro": 6}, mean_run_s=4.0)
-    idle = PoolLoad(worker_slots=[8], running={}, queued={}, mean_run_s=1.0)
-    loads = {"large": busy, "small": idle}
-    free_run = place("large", ["small"], loads, "free", TIERS)
+    busy = engine({"pro": 2}, {"pro": 6}, slots=2, mean=4.0)
+    idle = engine({}, {}, mean=1.0)
+    loads = {"large": [busy], "small": [idle]}
+    free_run = place("large", ["small"], loads, "c1", "free", TIERS)
     assert (free_run.pool, free_run.degraded_from) == ("small", "large")
-    tight = {**TIERS, "pro": PRO.model_copy(update={"max_queue_wait_s": 1.0})}
-    pro_run = place("large", ["small"], loads, "pro", tight)
+    assert free_run.partition == home_partition("small", "c1")
+    pro_run = place("large", ["small"], loads, "c1", "pro", TIERS)
     assert pro_run.pool is None and pro_run.retry_after_s and pro_run.retry_after_s >= 1
-    assert place("large", [], {}, "pro", TIERS).pool == "large"  # no status yet: not judged
+
+
+def test_the_edge_sheds_only_what_no_pool_the_run_could_reach_has_room_for():
+    full = engine({"pro": 8}, {"pro": 4}, mean=4.0)  # 2.5 s of queue
+    idle = engine({}, {}, slots=2, mean=4.0)
+
+    def door(model, least, may_grow, loads, tier):
+        return at_the_door(model, least, may_grow, DEFAULT_POOLS, "small", loads, tier, TIERS)
+
+    shed = door(None, 100, False, {"small": [full], "large": [idle]}, "pro")
+    assert shed is not None and shed.pool is None and shed.retry_after_s >= 1
+    assert place("small", [], {"small": [full], "large": [idle]}, "c1", "pro", TIERS).pool is None  # agreed
+    assert door(None, 100, False, {"small": [full, idle]}, "pro") is None  # one engine of the pool has room
+    assert door(None, 100, True, {"small": [full], "large": [idle]}, "pro") is None  # history may need large
+    assert door(None, 3000, False, {"small": [full], "large": [idle]}, "pro") is None  # too long for small
+    assert door("smollm2-135m-instruct-8k", 100, False, {"small": [idle], "large": [full]}, "free") is None
+    assert door("smollm2-135m-instruct-8k", 100, False, {"small": [idle], "large": [full]}, "pro") is not None
+    assert door(None, 100, False, {"large": [idle]}, "pro") is None  # no status from small yet: not judged
+    assert door(None, 9000, False, {"small": [full], "large": [full]}, "pro") is None  # fits nowhere: the 400
+    # is the scheduler's
 
 
 def test_the_queue_serves_higher_priority_first_and_ages_so_a_free_run_is_not_starved():

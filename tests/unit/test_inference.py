@@ -8,8 +8,9 @@ from api.routes.openai import conversation_key
 from inference.engine import EngineDown, OpenAIStreamEngine, Outcome, Request, parse_sse_line
 from inference.takeover import prior_of
 from inference.worker import usage_after
-from processors.schedule_run import TooLong, choose_pool, estimate_tokens
+from processors.schedule_run import TooLong, choose_pool
 from processors.settings import ProcessorSettings
+from topics.admission import estimate_tokens
 
 from .test_stages import prompt
 

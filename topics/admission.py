@@ -1,0 +1,236 @@
+"""Bounded queues and graceful degradation: how long would a run wait, on which engine, and where it should go
+(pure, except PoolView, which follows the consumers' status topic). Shared by the scheduler, which decides,
+and the edge, which sheds at the door what the scheduler could only refuse (`at_the_door`).
+
+Each inference consumer publishes its engine's load every quarter second: slots, runs in the engine and runs
+waiting, by tier, its mean run time, and the partitions of the pool's topic it reads. A run's wait on an
+engine is estimated from the runs that hold, or are ahead of it for, the slots its tier may use there.
+
+A run goes to its chat's home partition (the engine holding the chat's prompt prefix warm) while that engine
+can start it within its tier's bound, else to a partition of the pool's engine with the shortest wait when
+that one can (a cold prefix costs less than the wait), else, for tiers that may degrade, to a smaller pool
+that holds it, else it is rejected at once with 429 and a Retry-After: an admitted run's wait is bounded.
+Judging engine by engine matters: a pool with a free slot on one engine does not help a run queued on another.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from topics.codec import Event
+from topics.limits import Limits
+from topics.pipeline import POOL_STATUS, RUN_SCHEDULED
+from topics.settings import Pool
+from topics.tables import TopicTable
+
+STALE_MS = 3_000  # a consumer silent this long is not counted (it died, or left its group)
+DEFAULT_RUN_S = 5.0
+
+
+@dataclass
+class EngineLoad:
+    """One inference consumer's engine, from its latest status."""
+
+    slots: int
+    partitions: tuple[int, ...] = ()  # of its pool's scheduled-runs topic
+    running: dict[str, int] = field(default_factory=dict)
+    queued: dict[str, int] = field(default_factory=dict)
+    mean_run_s: float = DEFAULT_RUN_S
+    at: int = 0  # when the status was taken (ms)
+
+    def capacity(self, share: float) -> int:
+        return self.slots if share >= 1.0 else max(1, math.floor(self.slots * share))
+
+
+def pool_loads(statuses: Iterable[Event], now_ms: int) -> dict[str, list[EngineLoad]]:
+    """Each pool's live engines from their healthy consumers' latest statuses (pure)."""
+    loads: dict[str, list[EngineLoad]] = {}
+    for status in statuses:
+        at = _ms(status["at"])
+        if now_ms - at > STALE_MS or not status["healthy"]:
+            continue
+        loads.setdefault(status["pool"], []).append(
+            EngineLoad(
+                slots=status["slots"],
+                partitions=tuple(status.get("partitions") or ()),
+                running=dict(status["running"]),
+                queued=dict(status["queued"]),
+                mean_run_s=status["mean_run_s"],
+                at=at,
+            )
+        )
+    return loads
+
+
+def estimated_wait(load: EngineLoad, tier: str, tiers: dict[str, Limits]) -> float:
+    """Seconds a new run of `tier` would wait for a slot on this engine (pure).
+
+    Ahead of it: waiting runs of its priority or higher. Free for it: the engine's free slots, but no more than
+    what its tier's slot share leaves (a tier held to half the slots waits once it holds half).
+    """
+    mine = tiers[tier]
+    capacity = load.capacity(mine.slot_share)
+    free = min(capacity - load.running.get(tier, 0), load.slots - sum(load.running.values()))
+    ahead = sum(n for t, n in load.queued.items() if tiers.get(t, mine).priority >= mine.priority)
+    behind_me = ahead + 1 - max(0, free)
+    if behind_me <= 0:
+        return 0.0
+    return behind_me * load.mean_run_s / max(1, capacity)
+
+
+def home_partition(pool: str, chat_id: str) -> int:
+    """The partition of a chat's runs in a pool while its engine has room (stable across processes)."""
+    return zlib.crc32(chat_id.encode()) % RUN_SCHEDULED[pool].partitions
+
+
+@dataclass(frozen=True)
+class Placement:
+    pool: str | None  # None: over capacity everywhere it may go
+    wait_s: float
+    partition: int | None = None  # of the pool's scheduled-runs topic
+    degraded_from: str | None = None
+    retry_after_s: int | None = None
+
+
+def route(pool: str, engines: list[EngineLoad], chat_id: str, tier: str, tiers: dict[str, Limits]) -> Placement:
+    """The partition a run goes to in a pool, and its wait there (pure): home while its engine is within the
+    tier's bound, else a partition of the engine with the shortest wait. No engine reporting: not judged."""
+    home = home_partition(pool, chat_id)
+    owner = next((e for e in engines if home in e.partitions), None)
+    home_wait = estimated_wait(owner, tier, tiers) if owner is not None else math.inf
+    if home_wait <= tiers[tier].max_queue_wait_s:
+        return Placement(pool, home_wait, home)
+    waits = [(estimated_wait(e, tier, tiers), e) for e in engines if e.partitions]
+    if not waits:
+        return Placement(pool, 0.0, home)
+    wait, best = min(waits, key=lambda w: w[0])
+    if wait >= home_wait:
+        return Placement(pool, home_wait, home)
+    return Placement(pool, wait, best.partitions[home % len(best.partitions)])
+
+
+def place(
+    wanted: str,
+    smaller: list[str],
+    loads: dict[str, list[EngineLoad]],
+    chat_id: str,
+    tier: str,
+    tiers: dict[str, Limits],
+) -> Placement:
+    """The pool and partition a run goes to (pure): the pool chosen for it while one of its engines can start
+    it within its tier's bound; under pressure, a smaller pool that holds it (tiers that may degrade);
+    otherwise none, with when to retry. A pool with no live status (consumers starting) is not judged: the run
+    goes to its home partition there and waits in Kafka."""
+    limits = tiers[tier]
+    first = route(wanted, loads.get(wanted, []), chat_id, tier, tiers)
+    if first.wait_s <= limits.max_queue_wait_s:
+        return first
+    best = first.wait_s
+    if limits.degrade:
+        for pool in smaller:
+            if pool not in loads:
+                continue
+            other = route(pool, loads[pool], chat_id, tier, tiers)
+            if other.wait_s <= limits.max_queue_wait_s:
+                return Placement(pool, other.wait_s, other.partition, degraded_from=wanted)
+            best = min(best, other.wait_s)
+    return over_capacity(best, limits)
+
+
+def capacity_message(model: str, wait_s: float) -> str:
+    return f"The {model} model is at capacity (about {int(wait_s)}s of queue). Please retry shortly."
+
+
+def over_capacity(wait_s: float, limits: Limits) -> Placement:
+    return Placement(None, wait_s, retry_after_s=max(1, math.ceil(wait_s - limits.max_queue_wait_s)))
+
+
+def shortest_wait(engines: list[EngineLoad], tier: str, tiers: dict[str, Limits]) -> float | None:
+    """The wait on the pool's engine that could start a run of `tier` soonest (None: no engine reports)."""
+    waits = [estimated_wait(e, tier, tiers) for e in engines if e.partitions]
+    return min(waits) if waits else None
+
+
+def estimate_tokens(messages: list[dict[str, str]]) -> int:
+    """A deliberately high estimate of a prompt's tokens (English runs about 4 characters per token with
+    SmolLM2's tokenizer; 3 leaves room), plus the chat template's few tokens per message. Issue 7 replaces
+    it with the serving model's own tokenizer."""
+    return sum(len(m["content"]) // 3 + 4 for m in messages)
+
+
+def at_the_door(
+    model: str | None,
+    least_tokens: int,
+    may_grow: bool,
+    pools: dict[str, Pool],
+    default_pool: str,
+    loads: dict[str, list[EngineLoad]],
+    tier: str,
+    tiers: dict[str, Limits],
+) -> Placement | None:
+    """The edge's early check, before a request enters the pipeline (pure): over capacity (a Placement with no
+    pool) when no pool the scheduler could place this run in has room for its tier now, else None (the
+    scheduler decides). Under a burst it answers the 429 in a millisecond, without the Kafka hops and ledger
+    read a refusal by the scheduler costs, so the engines keep the CPU (on a small box) and the brokers.
+
+    It never sheds what the scheduler would admit from the same statuses: the candidates are every pool the
+    run could end up in. `least_tokens` is a lower bound of the scheduler's estimate (the new message and
+    max_tokens; the scheduler adds the system prompt and history), and `may_grow` says the history may push
+    the run to a larger pool than the one asked for.
+    """
+    limits = tiers[tier]
+    wanted = next(
+        (n for n, p in sorted(pools.items(), key=lambda i: i[1].context) if p.model == model),
+        default_pool,
+    )
+    size = pools[wanted].context
+    candidates = [
+        name
+        for name, pool in pools.items()
+        if least_tokens <= pool.context
+        and (
+            name == wanted
+            or (pool.context > size and (may_grow or least_tokens > size))
+            or (pool.context < size and limits.degrade)
+        )
+    ]
+    waits = []
+    for name in candidates:
+        wait = shortest_wait(loads.get(name, []), tier, tiers)
+        if wait is None or wait <= limits.max_queue_wait_s:
+            return None  # room somewhere, or no live status (not judged)
+        waits.append(wait)
+    return over_capacity(min(waits), limits) if waits else None  # nothing holds it: the scheduler says why
+
+
+def _ms(value: object) -> int:
+    return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)  # type: ignore[call-overload]
+
+
+class PoolView(TopicTable):
+    """The consumers' latest statuses, plus the runs this replica placed since (not in any status yet)."""
+
+    def __init__(self, bootstrap: str, namespace: str) -> None:
+        super().__init__(bootstrap, POOL_STATUS, namespace, since_s=STALE_MS / 1000)
+        self._sent: dict[str, deque[tuple[int, str, int | None]]] = {}
+
+    def admitted(self, pool: str, tier: str, partition: int | None) -> None:
+        self._sent.setdefault(pool, deque()).append((int(time.time() * 1000), tier, partition))
+
+    def loads(self) -> dict[str, list[EngineLoad]]:
+        now = int(time.time() * 1000)
+        loads = pool_loads(self.rows().values(), now)
+        for pool, sent in self._sent.items():
+            engines = loads.get(pool, [])
+            while sent and (not engines or sent[0][0] < min(e.at for e in engines) - 250):
+                sent.popleft()  # every engine's status is newer: the run is counted there
+            for at, tier, partition in sent:
+                for engine in engines:
+                    if partition in engine.partitions and at >= engine.at - 250:  # not in its status yet
+                        engine.queued[tier] = engine.queued.get(tier, 0) + 1
+        return loads
