@@ -94,6 +94,9 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+SLOW_START_S = 1.0  # a run starting later than this after it was scheduled is logged
+
+
 def epoch_ms(value: Any) -> int:
     """A timestamp-millis field as decoded (datetime) or as built here (int)."""
     return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
@@ -580,7 +583,21 @@ class Worker:
                 break
             self.running[flight.tier] = self.running.get(flight.tier, 0) + 1
             IN_FLIGHT.labels(pool).inc()
-            QUEUE_WAIT.labels(pool, flight.tier).observe(time.monotonic() - flight.read_at)
+            waited = time.monotonic() - flight.read_at
+            QUEUE_WAIT.labels(pool, flight.tier).observe(waited)
+            since_scheduled = time.time() - epoch_ms(flight.run["scheduled_at"]) / 1000
+            if since_scheduled > SLOW_START_S:  # admission promised less: say where the time went
+                log.info(
+                    "run %s (%s) starts %.2fs after it was scheduled: %.2fs in Kafka, %.2fs waiting here; "
+                    "running %s, waiting %s",
+                    flight.run_id,
+                    flight.tier,
+                    since_scheduled,
+                    since_scheduled - waited,
+                    waited,
+                    dict(self.running),
+                    self.queue.by_tier(),
+                )
             flight.task = asyncio.create_task(self._run_task(flight))
         QUEUED.labels(pool).set(len(self.queue))
 

@@ -194,7 +194,7 @@ def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits:
         if not decision.admitted:
             await refuse(prompt, decision.code, decision.message, retry_after_s=decision.retry_after_s)
             return
-        pools.admitted(run["pool"], tier, placement.partition)
+        pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
         ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
         await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
         await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=chat_id, partition=placement.partition)

@@ -16,19 +16,26 @@ Judging engine by engine matters: a pool with a free slot on one engine does not
 from __future__ import annotations
 
 import math
+import threading
 import time
 import zlib
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
+from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+from topics import codec
 from topics.codec import Event
+from topics.errors import PoisonEvent
+from topics.kafka import consumer_config, until_ready
 from topics.limits import Limits
-from topics.pipeline import POOL_STATUS, RUN_SCHEDULED
+from topics.pipeline import POOL_STATUS, RUN_SCHEDULED, named
 from topics.settings import Pool
 from topics.tables import TopicTable
 
 STALE_MS = 3_000  # a consumer silent this long is not counted (it died, or left its group)
+TRANSIT_MS = 250  # a run placed this long before a consumer's status may not have reached it yet
 DEFAULT_RUN_S = 5.0
 
 
@@ -213,24 +220,67 @@ def _ms(value: object) -> int:
 
 
 class PoolView(TopicTable):
-    """The consumers' latest statuses, plus the runs this replica placed since (not in any status yet)."""
+    """The consumers' latest statuses, plus the runs placed since that no status shows yet: by this replica
+    (at once) and by every other scheduler replica (read from the scheduled-runs topics, tens of milliseconds
+    later). Without the others' placements, two schedulers that see the same free slot both fill it, and one
+    run waits a whole slot turnover: the overshoot that kept admitted runs waiting seconds under a burst."""
 
     def __init__(self, bootstrap: str, namespace: str) -> None:
         super().__init__(bootstrap, POOL_STATUS, namespace, since_s=STALE_MS / 1000)
-        self._sent: dict[str, deque[tuple[int, str, int | None]]] = {}
+        self._placed: dict[str, tuple[int, str, str, int | None]] = {}  # run id -> (at ms, pool, tier, partition)
+        self._topics = {named(RUN_SCHEDULED[pool], namespace): pool for pool in RUN_SCHEDULED}
+        self._runs = Consumer(
+            consumer_config(bootstrap, f"{namespace or 'parley'}.placements", **{"enable.partition.eof": False})
+        )
+        self._following = False
+        self._follower: threading.Thread | None = None
 
-    def admitted(self, pool: str, tier: str, partition: int | None) -> None:
-        self._sent.setdefault(pool, deque()).append((int(time.time() * 1000), tier, partition))
+    def start(self, timeout_s: float = 30.0) -> None:
+        super().start(timeout_s)
+        assignment = []
+        for topic in self._topics:
+            metadata = until_ready(f"placements {topic}", partial(self._runs.list_topics, topic, timeout=10))
+            assignment += [TopicPartition(topic, p, OFFSET_END) for p in metadata.topics[topic].partitions]
+        self._runs.assign(assignment)
+        self._following = True
+        self._follower = threading.Thread(target=self._follow, name="placements", daemon=True)
+        self._follower.start()
+
+    def _follow(self) -> None:
+        while self._following:
+            msg = self._runs.poll(0.1)
+            if msg is None or msg.error() is not None or not msg.value():
+                continue
+            try:
+                run = codec.decode(RUN_SCHEDULED["small"].schema, msg.value())
+            except PoisonEvent:
+                continue  # the inference consumer dead-letters it
+            pool, prompt = self._topics[msg.topic() or ""], run["prompt"]
+            self._placed.setdefault(prompt["run_id"], (msg.timestamp()[1], pool, prompt["tier"], msg.partition()))
+            if len(self._placed) > 1_000:  # a replica that places nothing and serves no chat still forgets
+                self._forget_before(int(time.time() * 1000) - STALE_MS)
+
+    def _forget_before(self, ms: int) -> None:
+        for run_id, placed in list(self._placed.items()):
+            if placed[0] < ms:
+                self._placed.pop(run_id, None)  # every live status is newer
+
+    def stop(self) -> None:
+        self._following = False
+        if self._follower:
+            self._follower.join(5)
+        self._runs.close()
+        super().stop()
+
+    def admitted(self, run_id: str, pool: str, tier: str, partition: int | None) -> None:
+        self._placed[run_id] = (int(time.time() * 1000), pool, tier, partition)
 
     def loads(self) -> dict[str, list[EngineLoad]]:
         now = int(time.time() * 1000)
         loads = pool_loads(self.rows().values(), now)
-        for pool, sent in self._sent.items():
-            engines = loads.get(pool, [])
-            while sent and (not engines or sent[0][0] < min(e.at for e in engines) - 250):
-                sent.popleft()  # every engine's status is newer: the run is counted there
-            for at, tier, partition in sent:
-                for engine in engines:
-                    if partition in engine.partitions and at >= engine.at - 250:  # not in its status yet
-                        engine.queued[tier] = engine.queued.get(tier, 0) + 1
+        self._forget_before(now - STALE_MS)
+        for at, pool, tier, partition in list(self._placed.values()):
+            for engine in loads.get(pool, []):
+                if partition in engine.partitions and at >= engine.at - TRANSIT_MS:  # not in its status yet
+                    engine.queued[tier] = engine.queued.get(tier, 0) + 1
         return loads
