@@ -82,7 +82,13 @@ class Stage:
 
         @self.app.page("/healthz")
         async def healthz(web: Any, request: Any) -> Any:
-            return web.json({"status": "ok", "stage": name})
+            """Ready once this replica holds partitions and its group is not rebalancing: a stack that waits
+            for every replica's health starts work only after its groups settled (a replica that joins
+            late would otherwise move partitions, and their in-flight events, mid-burst). A replica with
+            nothing to read (more replicas than partitions) stays 503: it is a standby."""
+            assigned = bool(self.app.consumer.assignment()) and not self.app.rebalancing
+            body = {"status": "ok" if assigned else "rebalancing", "stage": name}
+            return web.json(body, status=200 if assigned else 503)
 
     def topic(self, topic: Topic) -> TopicT:
         return self._raw(named(topic, self.settings.namespace), topic.partitions)
