@@ -62,7 +62,9 @@ class Clients:
 
     def __call__(self, user: str) -> httpx.AsyncClient:
         if user not in self._clients:
-            self._clients[user] = httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=200))
+            # idle connections are dropped before uvicorn's 5 s keep-alive ends, or a request can race its close
+            limits = httpx.Limits(max_connections=200, keepalive_expiry=3.0)
+            self._clients[user] = httpx.AsyncClient(timeout=300, limits=limits)
         return self._clients[user]
 
     async def __aenter__(self) -> Clients:
@@ -74,7 +76,14 @@ class Clients:
 
 async def new_chat(clients: Clients, url: str, user: str, tier: str) -> str:
     headers = {"Authorization": f"Bearer {token(user, tier)}"}
-    return str((await clients(user).post(f"{url}/v1/chats", headers=headers)).json()["id"])
+    for attempt in range(3):
+        try:
+            return str((await clients(user).post(f"{url}/v1/chats", headers=headers)).json()["id"])
+        except httpx.TransportError:
+            if attempt == 2:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 async def one(
