@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -18,7 +17,7 @@ from prometheus_client import Counter
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import consumer_config, until_ready
+from topics.kafka import ConsumerThread, consumer_config, until_ready
 from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
@@ -76,8 +75,7 @@ class ReplyHub:
         )
         self._streams: dict[str, LiveRun] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._running = False
-        self._thread: threading.Thread | None = None
+        self._reader = ConsumerThread(self._consumer, "reply-hub", self._poll)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Assign our partition at its current end (explicit offsets: a run opened after start() is never missed)."""
@@ -87,16 +85,10 @@ class ReplyHub:
             watermarks = partial(self._consumer.get_watermark_offsets, TopicPartition(name, self.partition), timeout=10)
             _low, high = until_ready("reply hub", watermarks)
             assignment.append(TopicPartition(name, self.partition, high if high >= 0 else OFFSET_END))
-        self._consumer.assign(assignment)
-        self._running = True
-        self._thread = threading.Thread(target=self._poll, name="reply-hub", daemon=True)
-        self._thread.start()
+        self._reader.start(assignment)
 
     def stop(self) -> None:
-        self._running = False
-        if self._thread:
-            self._thread.join(5)
-        self._consumer.close()
+        self._reader.stop()
 
     def open(self, run_id: str) -> LiveRun:
         """Register a run before its prompt is published, so none of its records can be missed."""
@@ -109,28 +101,25 @@ class ReplyHub:
 
     def _poll(self) -> None:
         """Read in batches and hand each batch to the event loop at once (one wake-up per batch, not per record)."""
-        while self._running:
-            first = self._consumer.poll(0.05)  # wakes on the first record; then take what is already here
-            if first is None:
+        first = self._consumer.poll(0.05)  # wakes on the first record; then take what is already here
+        if first is None:
+            return
+        batch = []
+        messages = [first, *self._consumer.consume(500, 0)]
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("reply consumer: %s", error)
                 continue
-            batch = []
-            messages = [first, *self._consumer.consume(500, 0)]
-            for msg in messages:
-                error = msg.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        log.warning("reply consumer: %s", error)
-                    continue
-                try:
-                    batch.append(to_reply(self._topics, msg))
-                except PoisonEvent as exc:
-                    log.warning(
-                        "skipping undecodable reply %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc
-                    )
-            RECORDS_READ.inc(len(messages))  # once per batch: a metric update costs a lock
-            if batch:
-                assert self._loop is not None
-                self._loop.call_soon_threadsafe(self._dispatch, batch)
+            try:
+                batch.append(to_reply(self._topics, msg))
+            except PoisonEvent as exc:
+                log.warning("skipping undecodable reply %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
+        RECORDS_READ.inc(len(messages))  # once per batch: a metric update costs a lock
+        if batch:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._dispatch, batch)
 
     def _dispatch(self, batch: list[tuple[str, Reply]]) -> None:
         handed = 0

@@ -133,7 +133,7 @@ def content(i: int) -> str:
     return f"Request {i}: name {random.randint(2, 5)} animals that live in the sea."
 
 
-async def closed_loop(client: Clients, urls, users, seconds: float, per_user: int) -> list[dict]:
+async def closed_loop(clients: Clients, urls, users, seconds: float, per_user: int) -> list[dict]:
     """Each user keeps `per_user` requests in flight until time is up."""
     results: list[dict] = []
     deadline = time.monotonic() + seconds
@@ -141,7 +141,7 @@ async def closed_loop(client: Clients, urls, users, seconds: float, per_user: in
     async def loop(user: str, tier: str, k: int) -> None:
         i = 0
         while time.monotonic() < deadline:
-            results.append(await one(client, urls[k % len(urls)], user, tier, content(i)))
+            results.append(await one(clients, urls[k % len(urls)], user, tier, content(i)))
             i += 1
             if results[-1]["status"] != 200:
                 await asyncio.sleep(0.2)
@@ -150,7 +150,7 @@ async def closed_loop(client: Clients, urls, users, seconds: float, per_user: in
     return results
 
 
-async def open_loop(client: Clients, urls, rate: float, seconds: float, users: list[tuple[str, str]]) -> list[dict]:
+async def open_loop(clients: Clients, urls, rate: float, seconds: float, users: list[tuple[str, str]]) -> list[dict]:
     """Poisson arrivals at `rate` per second, each from the next user in turn, in a chat made beforehand (so
     an arrival is one request). Arrival times are fixed in advance: a late wake-up sends at once, so the
     offered rate holds as long as the generator keeps up on average (it reports what it really offered)."""
@@ -163,7 +163,7 @@ async def open_loop(client: Clients, urls, rate: float, seconds: float, users: l
     async def chat_for(i: int) -> str:
         async with sem:
             user, tier = users[i % len(users)]
-            return await new_chat(client, urls[i % len(urls)], user, tier)
+            return await new_chat(clients, urls[i % len(urls)], user, tier)
 
     chats = await asyncio.gather(*(chat_for(i) for i in range(len(arrivals))))
     tasks = []
@@ -174,7 +174,7 @@ async def open_loop(client: Clients, urls, rate: float, seconds: float, users: l
         if delay > 0:
             await asyncio.sleep(delay)
         user, tier = users[i % len(users)]
-        tasks.append(asyncio.create_task(one(client, urls[i % len(urls)], user, tier, content(i), chats[i])))
+        tasks.append(asyncio.create_task(one(clients, urls[i % len(urls)], user, tier, content(i), chats[i])))
     offered_s = time.monotonic() - start
     results = list(await asyncio.gather(*tasks))
     for r in results:
@@ -220,9 +220,9 @@ def summarise(results: list[dict]) -> dict[str, Any]:
 
 async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     urls = [stack.api_url, f"http://127.0.0.1:{stack.port_base + 100}"]
-    async with Clients() as client:
+    async with Clients() as clients:
         admin = {"Authorization": f"Bearer {token('bench-admin', 'pro', admin=True)}"}
-        response = await client("bench-admin").put(
+        response = await clients("bench-admin").put(
             f"{urls[0]}/v1/admin/limits/tiers/free",
             headers=admin,
             json={"budget_tokens": FREE_BUDGET, "refill_tokens_per_hour": 0},
@@ -230,21 +230,21 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         response.raise_for_status()
         tag = uuid.uuid4().hex[:6]
         for i in tqdm(range(6), desc="warm-up", file=sys.stderr):
-            await one(client, urls[i % 2], f"warm-{tag}", "pro", content(i))
+            await one(clients, urls[i % 2], f"warm-{tag}", "pro", content(i))
 
         print("capacity ...", file=sys.stderr)
         pros = [(f"cap-{tag}-{i}", "pro", 4) for i in range(6)]  # 24 in flight > 16 slots
         for user, _, _ in pros:  # what the engines complete with every slot busy: these users may queue
             lift = {"max_queue_wait_s": 60, "max_concurrent": 8}
             url = f"{urls[0]}/v1/admin/limits/users/{user}"
-            lifted = await client("bench-admin").put(url, headers=admin, json=lift)
+            lifted = await clients("bench-admin").put(url, headers=admin, json=lift)
             lifted.raise_for_status()
         await asyncio.sleep(1)
-        saturated = await closed_loop(client, urls, pros, args.phase_s, 1)
+        saturated = await closed_loop(clients, urls, pros, args.phase_s, 1)
         capacity = sum(1 for r in saturated if "tokens" in r) / args.phase_s
         print(f"capacity {capacity:.2f} runs/s", file=sys.stderr)
 
-        unloaded = [await one(client, urls[i % 2], f"solo-{tag}", "pro", content(i)) for i in range(args.solo)]
+        unloaded = [await one(clients, urls[i % 2], f"solo-{tag}", "pro", content(i)) for i in range(args.solo)]
         solo = [r["ttft_ms"] for r in unloaded if "ttft_ms" in r]
         baseline = {"pro_ttft_ms_p50": pct(solo, 0.5), "pro_ttft_ms_p99": pct(solo, 0.99), "samples": len(solo)}
         print(f"unloaded pro TTFT {baseline}", file=sys.stderr)
@@ -254,7 +254,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         overload: dict[str, Any] = {}
         every: list[dict] = []
         for factor in tqdm(args.factors, desc="overload", file=sys.stderr):
-            results = await open_loop(client, urls, capacity * factor, args.phase_s, users)
+            results = await open_loop(clients, urls, capacity * factor, args.phase_s, users)
             every += results
             overload[f"{factor}x"] = summarise(results) | {"target_per_s": round(capacity * factor, 2)}
             p99 = overload[f"{factor}x"]["pro_ttft_ms_p99"]
@@ -270,7 +270,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
 
         print("fairness ...", file=sys.stderr)
         fair_users = [(f"fair-{tag}-{i}", "pro", 2) for i in range(9)] + [(f"flood-{tag}", "pro", 16)]
-        fair = await closed_loop(client, urls, fair_users, args.fair_s, 1)
+        fair = await closed_loop(clients, urls, fair_users, args.fair_s, 1)
         served = {u: sum(r.get("completion_tokens", 0) for r in fair if r["user"] == u) for u, _, _ in fair_users}
         total = sum(served.values()) or 1
         shares = {u: round(v / total, 3) for u, v in served.items()}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import OrderedDict
 
@@ -17,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from topics import codec
 from topics.errors import PoisonEvent
-from topics.kafka import consumer_config, until_ready
+from topics.kafka import ConsumerThread, consumer_config, until_ready
 from topics.pipeline import RUN_CONTROL
 
 log = logging.getLogger(__name__)
@@ -31,8 +30,7 @@ class RunControls:
         self._cancelled: OrderedDict[str, float] = OrderedDict()  # run id -> cancel requested at (epoch s)
         self._active: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._running = False
-        self._thread: threading.Thread | None = None
+        self._reader = ConsumerThread(self._consumer, "run-control", self._poll)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -40,16 +38,10 @@ class RunControls:
         since_ms = int((time.time() - self.window_s) * 1000)
         wanted = [TopicPartition(self.topic, p, since_ms) for p in metadata.partitions]
         starts = until_ready("run control", lambda: self._consumer.offsets_for_times(wanted, timeout=10))
-        self._consumer.assign(starts)
-        self._running = True
-        self._thread = threading.Thread(target=self._poll, name="run-control", daemon=True)
-        self._thread.start()
+        self._reader.start(starts)
 
     def stop(self) -> None:
-        self._running = False
-        if self._thread:
-            self._thread.join(5)
-        self._consumer.close()
+        self._reader.stop()
 
     def watch(self, run_id: str) -> asyncio.Event:
         """The event that is set when `run_id` is cancelled (already set if it was cancelled before)."""
@@ -66,19 +58,18 @@ class RunControls:
         return self._cancelled.get(run_id)
 
     def _poll(self) -> None:
-        while self._running:
-            msg = self._consumer.poll(0.1)
-            if msg is None or msg.error() is not None:
-                continue
-            try:
-                control = codec.decode(RUN_CONTROL.schema, msg.value())
-            except PoisonEvent as exc:
-                log.warning("skipping undecodable control record @%s: %s", msg.offset(), exc)
-                continue
-            assert self._loop is not None
-            requested = control["requested_at"]
-            at = requested.timestamp() if hasattr(requested, "timestamp") else requested / 1000
-            self._loop.call_soon_threadsafe(self._cancel, control["run_id"], at)
+        msg = self._consumer.poll(0.1)
+        if msg is None or msg.error() is not None:
+            return
+        try:
+            control = codec.decode(RUN_CONTROL.schema, msg.value())
+        except PoisonEvent as exc:
+            log.warning("skipping undecodable control record @%s: %s", msg.offset(), exc)
+            return
+        assert self._loop is not None
+        requested = control["requested_at"]
+        at = requested.timestamp() if hasattr(requested, "timestamp") else requested / 1000
+        self._loop.call_soon_threadsafe(self._cancel, control["run_id"], at)
 
     def _cancel(self, run_id: str, at: float) -> None:
         self._cancelled[run_id] = at

@@ -8,7 +8,6 @@ the rest stay free for the tiers above it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -23,10 +22,6 @@ class Waiting(Generic[T]):
     priority: int
     since: float
     order: int
-
-
-def tier_cap(slots: int, share: float) -> int:
-    return slots if share >= 1.0 else max(1, math.floor(slots * share))
 
 
 class RunQueue(Generic[T]):

@@ -34,7 +34,7 @@ from inference.coalesce import Coalescer
 from inference.control import RunControls
 from inference.engine import Engine, EngineDown, Outcome, Request, generate
 from inference.offsets import OffsetTracker
-from inference.queue import RunQueue, tier_cap
+from inference.queue import RunQueue
 from inference.settings import InferenceSettings
 from inference.takeover import Prior, prior_of, published
 from topics import codec, tracing
@@ -42,7 +42,7 @@ from topics.codec import Event
 from topics.codec import token_delta as delta
 from topics.errors import PoisonEvent
 from topics.kafka import AsyncProducer, consumer_config, dead_letter
-from topics.limits import LimitsView
+from topics.limits import LimitsView, tier_cap
 from topics.pipeline import POOL_STATUS, RUN_COMPLETED, RUN_CONTROL, RUN_SCHEDULED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ Judging engine by engine matters: a pool with a free slot on one engine does not
 from __future__ import annotations
 
 import math
-import threading
 import time
 import zlib
 from collections.abc import Iterable
@@ -28,8 +27,8 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import consumer_config, until_ready
-from topics.limits import Limits
+from topics.kafka import ConsumerThread, consumer_config, until_ready
+from topics.limits import Limits, tier_cap
 from topics.pipeline import POOL_STATUS, RUN_SCHEDULED, named
 from topics.settings import Pool
 from topics.tables import TopicTable
@@ -51,7 +50,7 @@ class EngineLoad:
     at: int = 0  # when the status was taken (ms)
 
     def capacity(self, share: float) -> int:
-        return self.slots if share >= 1.0 else max(1, math.floor(self.slots * share))
+        return tier_cap(self.slots, share)
 
 
 def pool_loads(statuses: Iterable[Event], now_ms: int) -> dict[str, list[EngineLoad]]:
@@ -104,6 +103,12 @@ class Placement:
     retry_after_s: int | None = None
 
 
+def soonest(engines: list[EngineLoad], tier: str, tiers: dict[str, Limits]) -> tuple[float, EngineLoad] | None:
+    """The pool's engine that could start a run of `tier` soonest, and its wait (None: no engine reports)."""
+    waits = [(estimated_wait(e, tier, tiers), e) for e in engines if e.partitions]
+    return min(waits, key=lambda w: w[0]) if waits else None
+
+
 def route(pool: str, engines: list[EngineLoad], chat_id: str, tier: str, tiers: dict[str, Limits]) -> Placement:
     """The partition a run goes to in a pool, and its wait there (pure): home while its engine is within the
     tier's bound, else a partition of the engine with the shortest wait. No engine reporting: not judged."""
@@ -112,10 +117,10 @@ def route(pool: str, engines: list[EngineLoad], chat_id: str, tier: str, tiers: 
     home_wait = estimated_wait(owner, tier, tiers) if owner is not None else math.inf
     if home_wait <= tiers[tier].max_queue_wait_s:
         return Placement(pool, home_wait, home)
-    waits = [(estimated_wait(e, tier, tiers), e) for e in engines if e.partitions]
-    if not waits:
+    best_engine = soonest(engines, tier, tiers)
+    if best_engine is None:
         return Placement(pool, 0.0, home)
-    wait, best = min(waits, key=lambda w: w[0])
+    wait, best = best_engine
     if wait >= home_wait:
         return Placement(pool, home_wait, home)
     return Placement(pool, wait, best.partitions[home % len(best.partitions)])
@@ -155,12 +160,6 @@ def capacity_message(model: str, wait_s: float) -> str:
 
 def over_capacity(wait_s: float, limits: Limits) -> Placement:
     return Placement(None, wait_s, retry_after_s=max(1, math.ceil(wait_s - limits.max_queue_wait_s)))
-
-
-def shortest_wait(engines: list[EngineLoad], tier: str, tiers: dict[str, Limits]) -> float | None:
-    """The wait on the pool's engine that could start a run of `tier` soonest (None: no engine reports)."""
-    waits = [estimated_wait(e, tier, tiers) for e in engines if e.partitions]
-    return min(waits) if waits else None
 
 
 def estimate_tokens(messages: list[dict[str, str]]) -> int:
@@ -208,10 +207,10 @@ def at_the_door(
     ]
     waits = []
     for name in candidates:
-        wait = shortest_wait(loads.get(name, []), tier, tiers)
-        if wait is None or wait <= limits.max_queue_wait_s:
+        best = soonest(loads.get(name, []), tier, tiers)
+        if best is None or best[0] <= limits.max_queue_wait_s:
             return None  # room somewhere, or no live status (not judged)
-        waits.append(wait)
+        waits.append(best[0])
     return over_capacity(min(waits), limits) if waits else None  # nothing holds it: the scheduler says why
 
 
@@ -232,8 +231,7 @@ class PoolView(TopicTable):
         self._runs = Consumer(
             consumer_config(bootstrap, f"{namespace or 'parley'}.placements", **{"enable.partition.eof": False})
         )
-        self._following = False
-        self._follower: threading.Thread | None = None
+        self._follower = ConsumerThread(self._runs, "placements", self._follow)
 
     def start(self, timeout_s: float = 30.0) -> None:
         super().start(timeout_s)
@@ -241,24 +239,21 @@ class PoolView(TopicTable):
         for topic in self._topics:
             metadata = until_ready(f"placements {topic}", partial(self._runs.list_topics, topic, timeout=10))
             assignment += [TopicPartition(topic, p, OFFSET_END) for p in metadata.topics[topic].partitions]
-        self._runs.assign(assignment)
-        self._following = True
-        self._follower = threading.Thread(target=self._follow, name="placements", daemon=True)
-        self._follower.start()
+        self._follower.start(assignment)
 
     def _follow(self) -> None:
-        while self._following:
-            msg = self._runs.poll(0.1)
-            if msg is None or msg.error() is not None or not msg.value():
-                continue
-            try:
-                run = codec.decode(RUN_SCHEDULED["small"].schema, msg.value())
-            except PoisonEvent:
-                continue  # the inference consumer dead-letters it
-            pool, prompt = self._topics[msg.topic() or ""], run["prompt"]
-            self._placed.setdefault(prompt["run_id"], (msg.timestamp()[1], pool, prompt["tier"], msg.partition()))
-            if len(self._placed) > 1_000:  # a replica that places nothing and serves no chat still forgets
-                self._forget_before(int(time.time() * 1000) - STALE_MS)
+        msg = self._runs.poll(0.1)
+        if msg is None or msg.error() is not None or not msg.value():
+            return
+        pool = self._topics[msg.topic() or ""]
+        try:
+            run = codec.decode(RUN_SCHEDULED[pool].schema, msg.value())
+        except PoisonEvent:
+            return  # the inference consumer dead-letters it
+        prompt = run["prompt"]
+        self._placed.setdefault(prompt["run_id"], (msg.timestamp()[1], pool, prompt["tier"], msg.partition()))
+        if len(self._placed) > 1_000:  # a replica that places nothing and serves no chat still forgets
+            self._forget_before(int(time.time() * 1000) - STALE_MS)
 
     def _forget_before(self, ms: int) -> None:
         for run_id, placed in list(self._placed.items()):
@@ -266,10 +261,7 @@ class PoolView(TopicTable):
                 self._placed.pop(run_id, None)  # every live status is newer
 
     def stop(self) -> None:
-        self._following = False
-        if self._follower:
-            self._follower.join(5)
-        self._runs.close()
+        self._follower.stop()
         super().stop()
 
     def admitted(self, run_id: str, pool: str, tier: str, partition: int | None) -> None:

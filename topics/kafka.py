@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from topics import tracing
@@ -16,6 +17,35 @@ from topics.pipeline import TOPICS, Topic, dead_letter_name, named
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class ConsumerThread:
+    """A consumer read on a daemon thread (confluent-kafka's poll blocks, so it stays off any event loop):
+    `step` runs over and over from start() until stop(), which joins the thread and closes the consumer.
+    The reply hub, the run-control reader, the table readers and the placements follower each run one."""
+
+    def __init__(self, consumer: Consumer, name: str, step: Callable[[], None]) -> None:
+        self.consumer = consumer
+        self._name = name
+        self._step = step
+        self._running = False
+        self._thread: threading.Thread | None = None
+
+    def start(self, assignment: list[TopicPartition]) -> None:
+        self.consumer.assign(assignment)
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self._running:
+            self._step()
+
+    def stop(self) -> None:
+        self._running = False
+        if self._thread:
+            self._thread.join(5)
+        self.consumer.close()
 
 
 def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the topic, so a change applies to the next message everywhere without a restart.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any
@@ -61,6 +62,12 @@ DEFAULT_TIERS = {
         degrade=False,
     ),
 }
+
+
+def tier_cap(slots: int, share: float) -> int:
+    """The slots of an engine a tier may hold: its share, at least one (the consumer enforces it, the
+    scheduler and the edge estimate waits with it)."""
+    return slots if share >= 1.0 else max(1, math.floor(slots * share))
 
 
 def row_key(scope: str, name: str) -> str:

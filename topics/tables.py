@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import consumer_config, until_ready
+from topics.kafka import ConsumerThread, consumer_config, until_ready
 from topics.pipeline import Topic, named
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,7 @@ class TopicTable:
             consumer_config(bootstrap, f"{namespace or 'parley'}.table-reader", **{"enable.partition.eof": False})
         )
         self._rows: dict[str, Event] = {}
-        self._running = False
-        self._thread: threading.Thread | None = None
+        self._reader = ConsumerThread(self._consumer, f"table-{topic.schema}", self._poll)
         self._caught_up = threading.Event()
         self._pending: dict[int, int] = {}  # partition -> its end at start, until read that far
 
@@ -61,38 +60,34 @@ class TopicTable:
             if start < high:
                 self._pending[p] = high  # caught up once the record before `high` has been read
             assignment.append(TopicPartition(self.name, p, start))
-        self._consumer.assign(assignment)
         if not self._pending:
             self._caught_up.set()
-        self._running = True
-        self._thread = threading.Thread(target=self._poll, name=f"table-{self.topic.schema}", daemon=True)
-        self._thread.start()
+        self._reader.start(assignment)
         if not self._caught_up.wait(timeout_s):
             log.warning("table %s: not caught up after %.0fs; going on with what was read", self.name, timeout_s)
 
     def _poll(self) -> None:
-        while self._running:
-            msg = self._consumer.poll(0.1)
-            if msg is None or msg.error() is not None:
-                continue
-            key = (msg.key() or b"").decode(errors="replace")
-            value = msg.value()
-            record: Event | None = None
-            if value:
-                try:
-                    record = codec.decode(self.topic.schema, value)
-                except PoisonEvent as exc:
-                    log.warning("table %s: skipping undecodable row %r: %s", self.name, key, exc)
-                    record = self._rows.get(key)  # keep what we had
-            if record is None:
-                self._rows.pop(key, None)  # a tombstone
-            else:
-                self._rows[key] = record
-            partition, offset = msg.partition(), msg.offset() or 0
-            if partition in self._pending and offset + 1 >= self._pending[partition]:
-                del self._pending[partition]
-                if not self._pending:
-                    self._caught_up.set()
+        msg = self._consumer.poll(0.1)
+        if msg is None or msg.error() is not None:
+            return
+        key = (msg.key() or b"").decode(errors="replace")
+        value = msg.value()
+        record: Event | None = None
+        if value:
+            try:
+                record = codec.decode(self.topic.schema, value)
+            except PoisonEvent as exc:
+                log.warning("table %s: skipping undecodable row %r: %s", self.name, key, exc)
+                record = self._rows.get(key)  # keep what we had
+        if record is None:
+            self._rows.pop(key, None)  # a tombstone
+        else:
+            self._rows[key] = record
+        partition, offset = msg.partition(), msg.offset() or 0
+        if partition in self._pending and offset + 1 >= self._pending[partition]:
+            del self._pending[partition]
+            if not self._pending:
+                self._caught_up.set()
 
     def rows(self) -> dict[str, Event]:
         return dict(self._rows)
@@ -101,7 +96,4 @@ class TopicTable:
         return self._rows.get(key)
 
     def stop(self) -> None:
-        self._running = False
-        if self._thread:
-            self._thread.join(5)
-        self._consumer.close()
+        self._reader.stop()
