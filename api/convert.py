@@ -83,6 +83,17 @@ def sse(reply: Reply) -> dict[str, Any]:
             "run.completed",
             {"run_id": r["run_id"], "finish_reason": r["finish_reason"], "model": r["model"], "usage": usage},
         )
+    elif reply.kind == "moderation":  # output moderation cut the answer: the client drops text from retract_from
+        event, data = (
+            "moderation",
+            {
+                "run_id": r["run_id"],
+                "action": "retract",
+                "category": r["category"],
+                "retract_from": r["retract_from"],
+                "message": r["error_message"],
+            },
+        )
     elif reply.kind == "error":
         event, data = "error", {"run_id": r["run_id"], "code": r["error_code"], "message": r["error_message"]}
     else:  # rejected

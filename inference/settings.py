@@ -27,6 +27,8 @@ class InferenceSettings(StackSettings):
     health_interval_s: float = 2.0
     # A consumer that dies stops heartbeating; after this its partitions, and runs, move to the pool's others.
     session_timeout_ms: int = 6000
+    output_moderation: bool = True  # check the answer in windows while it streams (safety/output.py)
+    moderation_window_tokens: int = 32
     run_deadline_s: float = 300.0  # a run still unserved this long after scheduling fails with an error
 
     @property

@@ -37,13 +37,24 @@ from inference.offsets import OffsetTracker
 from inference.queue import RunQueue
 from inference.settings import InferenceSettings
 from inference.takeover import Prior, prior_of, published
+from safety.moderator import Moderator
+from safety.output import OutputGuard
+from safety.policy import PolicyView
 from topics import codec, tracing
 from topics.codec import Event
 from topics.codec import token_delta as delta
 from topics.errors import PoisonEvent
 from topics.kafka import AsyncProducer, consumer_config, dead_letter
 from topics.limits import LimitsView, tier_cap
-from topics.pipeline import POOL_STATUS, RUN_COMPLETED, RUN_CONTROL, RUN_SCHEDULED, TOKEN_DELTA, named
+from topics.pipeline import (
+    OUTPUT_MODERATED,
+    POOL_STATUS,
+    RUN_COMPLETED,
+    RUN_CONTROL,
+    RUN_SCHEDULED,
+    TOKEN_DELTA,
+    named,
+)
 
 log = logging.getLogger(__name__)
 
@@ -192,9 +203,13 @@ class Worker:
         self.scheduled_topic = named(RUN_SCHEDULED[settings.pool], settings.namespace)
         self.delta_topic = named(TOKEN_DELTA, settings.namespace)
         self.completed_topic = named(RUN_COMPLETED, settings.namespace)
+        self.moderated_topic = named(OUTPUT_MODERATED, settings.namespace)
         self.controls = RunControls(settings.kafka_bootstrap, named(RUN_CONTROL, settings.namespace))
         self.offsets = OffsetTracker()
         self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
+        self.policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
+        # Output moderation runs beside generation, in this process (docs/decisions/0007-safety.md).
+        self.moderator = Moderator() if settings.output_moderation else None
         self.queue: RunQueue[Flight] = RunQueue(settings.aging_s)
         self.running: dict[str, int] = {}  # runs in the engine, by tier
         self.mean_run_s = 5.0
@@ -286,12 +301,19 @@ class Worker:
             continuation=prior.text,
         )
         coalescer = Coalescer(self.settings.coalesce_ms / 1000)
+        guard = None
+        if self.moderator is not None:
+            policy = self.policies.for_tier(prompt["tier"])
+            window = self.settings.moderation_window_tokens
+            guard = OutputGuard(self.moderator, policy, flight.stop.set, window, prior.text)
         last_emit: float | None = None
         outcome: Outcome | None = None
         failure: tuple[str, str] | None = None
         try:
             async for piece, progress in generate(self.engine, request, flight.stop):
                 outcome = progress
+                if guard is not None:
+                    guard.feed(piece, prior.tokens + progress.pieces)
                 ready = coalescer.add(piece)
                 if ready:
                     seq += 1
@@ -317,6 +339,11 @@ class Worker:
             HANDED_OFF.labels(pool).inc()
             log.info("run %s handed off after %d records", prompt["run_id"], seq + 1)
             return None
+        if guard is not None:
+            await guard.finish()  # the last window is checked before the stream ends
+            if guard.blocked is not None:
+                seq += 1
+                await self._publish_delta(run, self._retraction(run, seq, guard))
         if outcome is None and flight.stop.is_set():
             outcome = Outcome(finish_reason="cancelled")  # cancelled before the engine produced anything
         if outcome is not None and outcome.finish_reason == "cancelled":
@@ -324,7 +351,19 @@ class Worker:
             if requested is not None:
                 CANCEL_LATENCY.labels(pool).observe(max(0.0, time.time() - requested))
             log.info("run %s cancelled after %d completion tokens", prompt["run_id"], outcome.completion_tokens)
-        return await self._finish(run, prior, seq + 1, outcome=outcome, started=started, error=failure)
+        return await self._finish(run, prior, seq + 1, outcome=outcome, started=started, error=failure, guard=guard)
+
+    @staticmethod
+    def _retraction(run: Event, seq: int, guard: OutputGuard) -> Event:
+        assert guard.blocked is not None
+        return delta(
+            run,
+            seq,
+            "moderation",
+            category=guard.blocked.decision.category,
+            retract_from=guard.retract_from,
+            error_message="Part of this answer was withdrawn by the content policy.",
+        )
 
     async def _finish(
         self,
@@ -335,14 +374,17 @@ class Worker:
         outcome: Outcome | None,
         started: float,
         error: tuple[str, str] | None,
+        guard: OutputGuard | None = None,
     ) -> Event:
-        """Publish the terminal delta and RunCompleted."""
+        """Publish the terminal delta and RunCompleted (and the run's output moderation)."""
         pool = self.settings.pool
         usage = usage_after(prior, outcome)
         text = prior.text + ("".join(outcome.text) if outcome else "")
         first = outcome.first_token_at if outcome else None
         ttft_ms = (first - started) * 1000 if first else 0.0
         finish = "error" if error else (outcome.finish_reason if outcome else "stop")
+        if guard is not None and guard.blocked is not None:
+            text, finish = guard.kept(), "content_filter"  # what was retracted is never stored
         tokens = usage["completion_tokens"]
         if error:
             terminal = delta(run, seq, "error", error_code=error[0], error_message=error[1], tokens=tokens)
@@ -357,6 +399,12 @@ class Worker:
         await self.producer.send(
             self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=run["prompt"]["chat_id"]
         )
+        if guard is not None:
+            await self.producer.send(
+                self.moderated_topic,
+                codec.encode(OUTPUT_MODERATED.schema, guard.event(run)),
+                key=run["prompt"]["chat_id"],
+            )
         if first:
             TTFT.labels(pool).observe(first - started)
         TOKENS.labels(pool, "prompt").inc(usage["prompt_tokens"])
@@ -497,6 +545,7 @@ class Worker:
             metric.labels(pool)
         HEALTHY.labels(pool).set(1)
         await self._loop.run_in_executor(None, self.limits.start)
+        await self._loop.run_in_executor(None, self.policies.start)
         background = [asyncio.create_task(self._watch_health()), asyncio.create_task(self._publish_status())]
         log.info(
             "inference pool=%s model=%s engine=%s worker=%s consuming %s with %d slots",
@@ -538,6 +587,7 @@ class Worker:
             for task in background:
                 task.cancel()
             self.limits.stop()
+            self.policies.stop()
             await self.producer.close()
             self.controls.stop()
             await self._consumer_call(self.consumer.close)

@@ -15,8 +15,12 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
     stage = Stage(name, settings)
     if name == "moderation":
         from processors import moderate_prompt
+        from safety.moderator import Moderator
+        from safety.policy import PolicyView
 
-        moderate_prompt.register(stage)
+        policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
+        policies.start()
+        moderate_prompt.register(stage, Moderator(), policies)
     elif name == "scheduling":
         from processors import schedule_run
         from storage.cassandra import Conversations
@@ -28,9 +32,15 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         ledger = Ledger(conversations.session, settings.keyspace_name, settings.run_deadline_s)
         limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
         pools = PoolView(settings.kafka_bootstrap, settings.namespace)
+        from safety.moderator import Moderator
+        from safety.policy import PolicyView
+
+        policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
         limits.start()
         pools.start()
-        schedule_run.register(stage, conversations, ledger, limits, pools)
+        policies.start()
+        context = schedule_run.ContextGuard(Moderator(), policies)
+        schedule_run.register(stage, conversations, ledger, limits, pools, context)
     elif name == "persistence":
         from processors import persist_turn
         from storage.cassandra import Conversations

@@ -1,57 +1,73 @@
-"""PromptAccepted -> PromptModerated.
+"""PromptAccepted -> PromptModerated: input moderation before any inference.
 
-A minimal rule policy (builtin-0) so the stage is real on a real topic; trained classifiers and live policies
-replace it under the safety issue. Every verdict is an event, so a new policy can be replayed over old traffic.
+The classifiers (safety/: one MiniLM encoder, a head per category, rules beside them) score every turn the
+client wrote: the new message, or on the OpenAI route the whole conversation it sent. The tier's policy
+(followed live from the policy topic) turns scores into a decision. A blocked prompt is refused by the
+scheduler and never reaches an engine. Every verdict is an event with its scores and policy version, so a
+new policy can be replayed over old traffic (python -m safety.replay).
 """
 
 from __future__ import annotations
 
-import re
+import logging
 import time
 import uuid
 
 from processors.stage import Stage
+from safety.moderator import Moderator, Verdict
+from safety.policy import PolicyView
 from topics.codec import Event
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED
 
-POLICY_VERSION = "builtin-0"
-RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    (
-        "prompt_injection",
-        re.compile(
-            r"\b(ignore|disregard|forget)\b.{0,30}\b(previous|prior|above|all)\b.{0,30}\b(instructions|rules|prompts?)\b",
-            re.I | re.S,
-        ),
-    ),
-    (
-        "harmful_request",
-        re.compile(
-            r"\b(how (do i|to|can i)|steps to|instructions for)\b.{0,40}\b(make|build|synthesi[sz]e)\b.{0,30}"
-            r"\b(bomb|explosive|nerve agent|bioweapon|meth(amphetamine)?)\b",
-            re.I | re.S,
-        ),
-    ),
-)
+log = logging.getLogger(__name__)
 
 
-def moderate(prompt: Event) -> Event:
-    """The verdict on one prompt (pure)."""
-    # The OpenAI route sends the whole conversation, and the client wrote every turn of it: check them all.
-    texts = [m["content"] for m in prompt.get("messages") or ()] or [prompt["content"]]
-    category = next((name for name, rule in RULES for text in texts if rule.search(text)), None)
+def texts_of(prompt: Event) -> list[str]:
+    """What the user wrote: the OpenAI route sends the whole conversation, and the client wrote every turn
+    of it, so its user and assistant turns are checked. Its system turn is the API caller's own instruction
+    to the model (setting a role is what a system prompt is for), not an injection into it."""
+    turns = [m["content"] for m in prompt.get("messages") or () if m["role"] not in ("system", "developer")]
+    return turns or [prompt["content"]]
+
+
+def moderated(prompt: Event, verdict: Verdict) -> Event:
+    """The PromptModerated event for a verdict (pure)."""
+    decision = verdict.decision
+    blocked = decision.blocked
+    reason = None
+    if decision.action:
+        reason = f"{decision.category} scored {decision.score:.2f} (policy {verdict.policy_version}: {decision.action})"
+    if verdict.error:
+        reason = f"classifier error: {verdict.error}"
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,
-        "decision": "blocked" if category else "allowed",
-        "category": category,
-        "reason": f"matched the {category} rule" if category else None,
-        "policy_version": POLICY_VERSION,
+        "decision": "blocked" if blocked else "allowed",
+        "category": decision.category,
+        "reason": reason,
+        "policy_version": verdict.policy_version,
+        "scores": {k: round(v, 4) for k, v in verdict.scores.items()},
+        "action": decision.action,
+        "error": verdict.error,
+        "check_ms": round(verdict.check_ms, 2),
         "moderated_at": int(time.time() * 1000),
     }
 
 
-def register(stage: Stage) -> None:
+def register(stage: Stage, moderator: Moderator, policies: PolicyView) -> None:
     async def handle(prompt: Event) -> None:
-        await stage.publish(PROMPT_MODERATED, moderate(prompt), key=prompt["chat_id"])
+        policy = policies.for_tier(prompt["tier"])
+        verdict = await moderator.check_async(policy, "input", texts_of(prompt))
+        if verdict.decision.action:
+            log.info(
+                "run %s of %s: %s %s (score %.2f, policy %s)",
+                prompt["run_id"],
+                prompt["user_id"],
+                verdict.decision.action,
+                verdict.decision.category,
+                verdict.decision.score or 0.0,
+                verdict.policy_version,
+            )
+        await stage.publish(PROMPT_MODERATED, moderated(prompt, verdict), key=prompt["chat_id"])
 
     stage.consume(PROMPT_ACCEPTED, handle)

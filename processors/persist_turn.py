@@ -1,4 +1,5 @@
 """PromptAccepted | RunCompleted | RunRejected -> Cassandra messages (idempotent: keyed by the event's ids).
+PromptModerated | OutputModerated that matched a rule -> the safety decisions admins review.
 
 Runs of the stateless OpenAI route (store = false) are not written as messages; they are metered and stay
 in the log. A deleted chat gets no new rows from runs that were still in flight when it was deleted.
@@ -11,9 +12,11 @@ import uuid
 from datetime import UTC, datetime
 
 from processors.stage import Stage
-from storage.cassandra import Conversations, Message
+from storage.cassandra import Conversations, Message, SafetyDecision
 from topics.codec import Event
-from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED, RUN_REJECTED
+from topics.pipeline import OUTPUT_MODERATED, PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED
+
+EXCERPT_CHARS = 300
 
 
 def _at(value: datetime | int) -> datetime:
@@ -48,6 +51,51 @@ def refusal_turn(rejected: Event) -> Message:
     )
 
 
+def input_decision(moderated: Event) -> SafetyDecision | None:
+    """The review row of a prompt's moderation, when a rule matched (pure)."""
+    if not moderated.get("action"):
+        return None
+    prompt = moderated["prompt"]
+    category = moderated["category"] or "unknown"
+    return SafetyDecision(
+        uuid.UUID(moderated["event_id"]),
+        _at(moderated["moderated_at"]),
+        "input",
+        moderated["action"],
+        category,
+        (moderated.get("scores") or {}).get(category),
+        moderated["policy_version"],
+        prompt["run_id"],
+        prompt["chat_id"],
+        prompt["user_id"],
+        prompt["tier"],
+        prompt["content"][:EXCERPT_CHARS],
+    )
+
+
+def output_decision(moderated: Event) -> SafetyDecision | None:
+    """The review row of an answer's moderation, when a rule matched (pure): the excerpt is not kept (the
+    retracted text stays only in the reply log), the score is the window's that decided."""
+    if not moderated.get("action"):
+        return None
+    category = moderated["category"] or "unknown"
+    scores = [w["scores"].get(category) for w in moderated["windows"] if w["scores"].get(category) is not None]
+    return SafetyDecision(
+        uuid.UUID(moderated["event_id"]),
+        _at(moderated["moderated_at"]),
+        "output",
+        moderated["action"],
+        category,
+        max(scores) if scores else None,
+        moderated["policy_version"],
+        moderated["run_id"],
+        moderated["chat_id"],
+        moderated["user_id"],
+        moderated["tier"],
+        f"retracted from character {moderated['retracted_from']}" if moderated["retracted_from"] is not None else "",
+    )
+
+
 log = logging.getLogger(__name__)
 
 
@@ -76,6 +124,16 @@ def register(stage: Stage, conversations: Conversations) -> None:
             await conversations.put_message(chat_id, refusal_turn(rejected))
             await conversations.finish_run(chat_id, uuid.UUID(rejected["prompt"]["run_id"]), rejected["code"])
 
+    async def on_moderated(moderated: Event) -> None:
+        if decision := input_decision(moderated):
+            await conversations.put_decision(decision)
+
+    async def on_output_moderated(moderated: Event) -> None:
+        if decision := output_decision(moderated):
+            await conversations.put_decision(decision)
+
+    stage.consume(PROMPT_MODERATED, on_moderated)
+    stage.consume(OUTPUT_MODERATED, on_output_moderated)
     stage.consume(PROMPT_ACCEPTED, on_prompt)
     stage.consume(RUN_COMPLETED, on_completed)
     stage.consume(RUN_REJECTED, on_rejected)

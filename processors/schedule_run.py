@@ -8,6 +8,8 @@ prompt and its answer. Then admission (docs/decisions/0006-admission-control.md)
 - budgets: its cost (prompt estimate + max_tokens) is charged to the user's token bucket in the ledger, which
   also holds the user's runs in flight; RunCompleted settles the charge with the actual usage.
 The edge answers 429 (or 400) before its stream starts on a rejection, and starts streaming on `queued`.
+Text the system itself puts into the prompt (earlier answers now; summaries and retrieved memory later) is
+screened for prompt injection under the tier's policy: a flagged turn is replaced by a notice (ContextGuard).
 Summaries and retrieval are issue 7.
 """
 
@@ -17,12 +19,16 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import Counter
 
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
+from safety.moderator import Moderator
+from safety.policy import PolicyView
 from storage.cassandra import Conversations, Message
 from storage.ledger import Ledger
 from topics.admission import Placement, PoolView, capacity_message, estimate_tokens, home_partition, place
@@ -147,7 +153,53 @@ async def history_for(prompt: Event, conversations: Conversations, settings: Pro
     return [m for m in recent if uuid.UUID(m.id).time < before]
 
 
-def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits: LimitsView, pools: PoolView) -> None:
+WITHHELD = (
+    "[An earlier answer was withheld from this context: it contained text that reads as instructions to the assistant.]"
+)
+
+
+class ContextGuard:
+    """Screens earlier answers before they go back into a prompt. A verdict is cached by message id (an
+    answer is screened once, when it completes, off the path to the next first token)."""
+
+    def __init__(self, moderator: Moderator, policies: PolicyView, size: int = 10_000) -> None:
+        self.moderator = moderator
+        self.policies = policies
+        self.size = size
+        self._flagged: OrderedDict[str, bool] = OrderedDict()
+
+    async def screen(self, message_id: str, text: str, tier: str) -> bool:
+        """True when the text must not go into a prompt."""
+        if message_id in self._flagged:
+            self._flagged.move_to_end(message_id)
+            return self._flagged[message_id]
+        verdict = await self.moderator.check_async(self.policies.for_tier(tier), "context", [text])
+        if verdict.blocked:
+            log.info("context: message %s withheld (%s %.2f)", message_id, verdict.decision.category,
+                     verdict.decision.score or 0.0)  # fmt: skip
+        self._flagged[message_id] = verdict.blocked
+        while len(self._flagged) > self.size:
+            self._flagged.popitem(last=False)
+        return verdict.blocked
+
+    async def history(self, history: list[Message], tier: str) -> list[Message]:
+        """The history with every flagged assistant turn replaced by a notice (user turns were moderated as input)."""
+        out = []
+        for m in history:
+            if m.role == "assistant" and m.content and await self.screen(m.id, m.content, tier):
+                m = replace(m, content=WITHHELD)
+            out.append(m)
+        return out
+
+
+def register(
+    stage: Stage,
+    conversations: Conversations,
+    ledger: Ledger,
+    limits: LimitsView,
+    pools: PoolView,
+    context: ContextGuard,
+) -> None:
     settings = stage.settings
 
     async def refuse(prompt: Event, code: str, message: str, **extra: Any) -> None:
@@ -166,6 +218,7 @@ def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits:
             )
             return
         history = [] if prompt.get("messages") else await history_for(prompt, conversations, settings)
+        history = await context.history(history, prompt["tier"])
         try:
             run = assemble(prompt, history, settings)
         except TooLong as exc:
@@ -207,6 +260,8 @@ def register(stage: Stage, conversations: Conversations, ledger: Ledger, limits:
         mine = limits.for_user(prompt["user_id"], prompt["tier"])
         changed = await ledger.settle(prompt["user_id"], prompt["run_id"], actual, mine)
         SETTLED.labels("settled" if changed else "unchanged").inc()
+        if prompt.get("store", True) and done["content"]:  # screened now, so the next turn finds the verdict cached
+            await context.screen(prompt["run_id"], done["content"], prompt["tier"])
 
     stage.consume(PROMPT_MODERATED, handle)
     stage.consume(RUN_COMPLETED, settle)

@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture, Session
@@ -40,6 +40,12 @@ SCHEMA = (
          chat_id timeuuid, message_id timeuuid, role text, content text, created_at timestamp,
          run_id text, model text, finish_reason text,
          PRIMARY KEY ((chat_id), message_id)) WITH CLUSTERING ORDER BY (message_id ASC)""",
+    # Moderation decisions that matched a rule (blocks, warnings, retractions), newest first per UTC day: the
+    # admins' review list for false positives. decision_id is the event's id: a redelivery rewrites the row.
+    """CREATE TABLE IF NOT EXISTS {ks}.safety_decisions (
+         day text, at timestamp, decision_id uuid, stage text, action text, category text, score double,
+         policy_version text, run_id text, chat_id text, user_id text, tier text, excerpt text,
+         PRIMARY KEY ((day), at, decision_id)) WITH CLUSTERING ORDER BY (at DESC, decision_id DESC)""",
     # API keys: only a SHA-256 of the key is stored (keys are 256-bit random, so a fast hash is enough).
     """CREATE TABLE IF NOT EXISTS {ks}.api_keys (
          key_hash text PRIMARY KEY, key_id timeuuid, user_id text, tier text, revoked boolean)""",
@@ -122,6 +128,22 @@ class ApiKey:
     revoked_at: datetime | None
 
 
+@dataclass(frozen=True)
+class SafetyDecision:
+    decision_id: uuid.UUID
+    at: datetime
+    stage: str  # input | output
+    action: str  # block | warn | log
+    category: str
+    score: float | None
+    policy_version: str
+    run_id: str
+    chat_id: str
+    user_id: str
+    tier: str
+    excerpt: str  # the start of the text decided on, for review
+
+
 class Conversations:
     """Reads and writes of chats, runs, messages and API keys; one per process, built at start-up."""
 
@@ -175,6 +197,14 @@ class Conversations:
         self._insert_key_by_user = p(
             f"INSERT INTO {ks}.api_keys_by_user (user_id, key_id, key_hash, name, prefix, tier, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._insert_decision = p(
+            f"INSERT INTO {ks}.safety_decisions (day, at, decision_id, stage, action, category, score, "
+            "policy_version, run_id, chat_id, user_id, tier, excerpt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._list_decisions = p(
+            f"SELECT at, decision_id, stage, action, category, score, policy_version, run_id, chat_id, user_id, "
+            f"tier, excerpt FROM {ks}.safety_decisions WHERE day = ? LIMIT ?"
         )
         self._get_key = p(f"SELECT user_id, tier, revoked FROM {ks}.api_keys WHERE key_hash = ?")
         self._user_keys = p(
@@ -279,6 +309,41 @@ class Conversations:
     async def finish_run(self, chat_id: uuid.UUID, run_id: uuid.UUID, finish_reason: str) -> None:
         await self._run(self._finish_run, (finish_reason, chat_id, run_id))
 
+    # -- safety decisions ------------------------------------------------------------------------
+    async def put_decision(self, d: SafetyDecision) -> None:
+        params = (
+            _day(d.at), d.at, d.decision_id, d.stage, d.action, d.category, d.score, d.policy_version, d.run_id,
+            d.chat_id, d.user_id, d.tier, d.excerpt,
+        )  # fmt: skip
+        await self._run(self._insert_decision, params)
+
+    async def recent_decisions(self, limit: int, days: int = 7) -> list[SafetyDecision]:
+        """The newest decisions, today first, looking back at most `days` UTC days."""
+        found: list[SafetyDecision] = []
+        now = datetime.now(UTC)
+        for back in range(days):
+            if len(found) >= limit:
+                break
+            day = (now - timedelta(days=back)).strftime("%Y-%m-%d")
+            for row in await self._run(self._list_decisions, (day, limit - len(found))):
+                found.append(
+                    SafetyDecision(
+                        row.decision_id,
+                        utc(row.at),
+                        row.stage,
+                        row.action,
+                        row.category,
+                        row.score,
+                        row.policy_version,
+                        row.run_id,
+                        row.chat_id,
+                        row.user_id,
+                        row.tier,
+                        row.excerpt,
+                    )  # fmt: skip
+                )
+        return found
+
     # -- messages ----------------------------------------------------------------------------------
     async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
         floor = after or uuid.UUID(int=0x00000000_0000_1000_8000_000000000000)  # the smallest timeuuid
@@ -380,3 +445,7 @@ def _message(row: Any) -> Message:
     return Message(
         str(row.message_id), row.role, row.content, utc(row.created_at), row.run_id, row.model, row.finish_reason
     )
+
+
+def _day(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d")

@@ -59,6 +59,8 @@ def token_delta(run: Event, seq: int, kind: str, **fields: Any) -> Event:
         "pool": None,
         "estimated_wait_ms": None,
         "degraded_from": None,
+        "category": None,
+        "retract_from": None,
         "emitted_at": int(time.time() * 1000),
         **fields,
     }

@@ -42,7 +42,7 @@ PROMPT_MODERATED = Topic(
     "chat.prompt-moderated.v1",
     "PromptModerated",
     "moderation",
-    ("scheduling",),
+    ("scheduling", "persistence"),
     CHAT_PARTITIONS,
     "chat_id",
 )
@@ -107,6 +107,25 @@ LIMITS = Topic(
     "tier:<name> | user:<id>",
     (("cleanup.policy", "compact"),),
 )
+# Safety policies per tier ('*': the default), set by admins at run time (docs/decisions/0007-safety.md).
+SAFETY_POLICIES = Topic(
+    "admin.safety-policies.v1",
+    "SafetyPolicy",
+    "api",
+    ("moderation", "scheduling", "inference"),
+    1,
+    "<tier> | *",
+    (("cleanup.policy", "compact"),),
+)
+# Each run's output moderation: every window checked, its scores, and the decision (a retraction or none).
+OUTPUT_MODERATED = Topic(
+    "chat.output-moderated.v1",
+    "OutputModerated",
+    "inference",
+    ("persistence",),
+    CHAT_PARTITIONS,
+    "chat_id",
+)
 # Each inference consumer's load, every quarter second: what the scheduler's bounded queues and the edge's
 # shedding at the door are measured by.
 POOL_STATUS = Topic(
@@ -127,7 +146,9 @@ TOPICS: tuple[Topic, ...] = (
     TOKEN_DELTA,
     RUN_COMPLETED,
     RUN_CONTROL,
+    OUTPUT_MODERATED,
     LIMITS,
+    SAFETY_POLICIES,
     POOL_STATUS,
 )
 

@@ -18,7 +18,8 @@ from api.auth import TIERS, Admin
 from api.errors import ApiError
 from topics import codec
 from topics.limits import FIELDS, change, effective, row_key
-from topics.pipeline import LIMITS, named
+from topics.pipeline import LIMITS, Topic, named
+from topics.tables import TopicTable
 
 router = APIRouter(prefix="/v1/admin")
 
@@ -36,13 +37,16 @@ class LimitsPatch(BaseModel):
     degrade: bool | None = None
 
 
-async def publish(deps: Services, key: str, record: dict[str, Any] | None) -> None:
-    """Write the row and wait (bounded) until this replica's view has it, so a read right after sees it."""
-    value = codec.encode(LIMITS.schema, record) if record is not None else None
-    await deps.producer.send(named(LIMITS, deps.settings.namespace), value, key=key)
+async def publish(
+    deps: Services, key: str, record: dict[str, Any] | None, topic: Topic = LIMITS, view: TopicTable | None = None
+) -> None:
+    """Write a table row and wait (bounded) until this replica's view has it, so a read right after sees it."""
+    view = view or deps.limits
+    value = codec.encode(topic.schema, record) if record is not None else None
+    await deps.producer.send(named(topic, deps.settings.namespace), value, key=key)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        row = deps.limits.get(key)
+        row = view.get(key)
         if (record is None and row is None) or (record is not None and row and row["event_id"] == record["event_id"]):
             return
         await asyncio.sleep(0.02)

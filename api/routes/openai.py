@@ -146,6 +146,8 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
         while reply.kind not in TERMINAL:
             if reply.kind == "delta":
                 text.append(reply.record["text"])
+            elif reply.kind == "moderation":  # the answer was cut: what follows retract_from is withdrawn
+                text = ["".join(text)[: reply.record["retract_from"] or 0]]
             reply = await anext(replies)
         ended = True
         check_end(reply, run_id)

@@ -8,10 +8,13 @@ import pytest
 from inference.coalesce import Coalescer
 from inference.engine import EngineError, parse_sse_line
 from inference.offsets import OffsetTracker
-from processors.moderate_prompt import moderate
+from processors.moderate_prompt import moderated, texts_of
 from processors.schedule_run import assemble
 from processors.settings import ProcessorSettings
+from safety.moderator import Moderator
+from safety.policy import BUILTIN
 from storage.cassandra import Message, new_id
+from topics import codec
 
 
 def prompt(content="Hello there", **extra):
@@ -28,10 +31,19 @@ def prompt(content="Hello there", **extra):
     ("\x00\x01 binary-ish \ufffd", None),
     ("x" * 100_000, None),
 ])
-def test_moderation_verdicts(text, category):
-    verdict = moderate(prompt(text))
-    assert verdict["category"] == category
-    assert verdict["decision"] == ("blocked" if category else "allowed")
+def test_moderation_verdicts(text, category, moderator):
+    p = prompt(text)
+    event = moderated(p, moderator.check(BUILTIN, "input", texts_of(p)))
+    assert event["category"] == category
+    assert event["decision"] == ("blocked" if category else "allowed")
+    assert event["policy_version"] == BUILTIN.version and event["error"] is None
+    assert set(event["scores"]) == {"prompt_injection", "harmful_request", "toxic"}
+    assert codec.decode("PromptModerated", codec.encode("PromptModerated", event))["scores"] == event["scores"]
+
+
+@pytest.fixture(scope="module")
+def moderator():
+    return Moderator()
 
 
 def test_assemble_carries_earlier_turns_in_order_and_excludes_the_new_message():

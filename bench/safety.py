@@ -1,0 +1,205 @@
+"""Safety latency: what moderation costs a prompt, an output window, and the time to first token.
+
+1. Per-prompt check (the moderation stage's work: encoder + three heads + rules + policy), p50/p99, on a mix
+   of prompt lengths, in this process.
+2. Per output window (what an inference consumer checks every 32 tokens: the new text plus 400 characters
+   before it), p50/p99.
+3. On a real stack, pairs of the same request with and without moderation, in random order per pair: "with"
+   runs under the built-in policy, "without" under a policy with no rules (the stages still run and hand
+   off, but no classifier is called). Reported: TTFT and inter-token gap of each, the median of the per-pair
+   differences, and the stage's own check time from the PromptModerated events.
+
+Prints JSON and writes bench/results/safety_latency.json.
+Usage: python bench/safety.py [--pairs 40] [--max-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from pipeline_ttft import pct, summary
+from tqdm import tqdm
+
+from api.auth import issue
+from api.settings import ApiSettings
+from infra.stack import Stack
+from safety.moderator import Moderator
+from safety.output import CONTEXT_CHARS, WINDOWS_PER_CHECK
+from safety.policy import BUILTIN
+
+SENTENCES = [
+    "Can you explain how photosynthesis works in simple terms?",
+    "I am planning a trip to Lisbon in May and would like a three-day itinerary.",
+    "Write a short poem about the sea at night.",
+    "What are the main differences between Python lists and tuples?",
+    "My manager asked me to summarise the quarterly report; here are the key numbers.",
+    "Translate the following paragraph into French, keeping the tone informal.",
+]
+ANSWER = (
+    "Photosynthesis is the process plants use to turn light into chemical energy. In the leaves, chlorophyll "
+    "absorbs sunlight, which splits water into oxygen and hydrogen; the hydrogen and carbon dioxide from the "
+    "air are then built into sugars in the Calvin cycle. The oxygen is released through the stomata. "
+)
+
+
+def prompts(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    """(bucket, text): short turns, a paragraph, and long pasted documents."""
+    out = []
+    for _ in range(n):
+        bucket = rng.choices(["short", "paragraph", "document"], weights=[6, 3, 1])[0]
+        count = {"short": 1, "paragraph": 4, "document": 40}[bucket]
+        out.append((bucket, " ".join(rng.choice(SENTENCES) for _ in range(count))))
+    return out
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000
+
+
+def checks(n: int) -> dict[str, object]:
+    moderator = Moderator()
+    rng = random.Random(3)
+    moderator.check(BUILTIN, "input", ["warm up"])
+    by_bucket: dict[str, list[float]] = {}
+    for bucket, text in tqdm(prompts(rng, n), desc="prompt checks", mininterval=5):
+        by_bucket.setdefault(bucket, []).append(timed(lambda t=text: moderator.check(BUILTIN, "input", [t])))
+    every = [v for values in by_bucket.values() for v in values]
+    answer = ANSWER * 6
+    windows = []
+    for _ in tqdm(range(n), desc="output windows", mininterval=5):
+        end = rng.randrange(CONTEXT_CHARS + 200, len(answer))
+        window = answer[end - CONTEXT_CHARS - 130 : end]  # ~32 new tokens (~130 characters) and the context
+        windows.append(timed(lambda w=window: moderator.check(BUILTIN, "output", [w], WINDOWS_PER_CHECK)))
+    return {
+        "prompt_check_ms": summary(every),
+        "prompt_check_ms_by_length": {b: summary(v) for b, v in sorted(by_bucket.items())},
+        "output_window_check_ms": summary(windows),
+    }
+
+
+def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> tuple[float, float, str]:
+    """(TTFT ms, median gap between token events ms, run id) of one chat turn."""
+    started = time.perf_counter()
+    stamps: list[float] = []
+    run_id = ""
+    event = ""
+    with client.stream(
+        "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                event = line[6:].strip()
+                if event == "token":
+                    stamps.append(time.perf_counter())
+            elif line.startswith("data:") and not run_id:
+                run_id = json.loads(line[5:]).get("run_id", "")
+    if not stamps:
+        raise RuntimeError(f"no token (last event {event})")
+    gaps = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
+    return (stamps[0] - started) * 1000, statistics.median(gaps) if gaps else 0.0, run_id
+
+
+def check_ms_of(stack: Stack, run_ids: set[str]) -> list[float]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from topics import codec
+    from topics.pipeline import PROMPT_MODERATED, named
+
+    name = named(PROMPT_MODERATED, stack.namespace)
+    consumer = Consumer({"bootstrap.servers": ApiSettings().kafka_bootstrap, "group.id": uuid.uuid4().hex})
+    parts = consumer.list_topics(name, timeout=10).topics[name].partitions
+    tps = [TopicPartition(name, p, 0) for p in parts]
+    ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+    consumer.assign(tps)
+    found, seen = [], {p: 0 for p in ends}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(seen[p] < ends[p] for p in ends):
+        msg = consumer.poll(0.5)
+        if msg is None or msg.error():
+            continue
+        seen[msg.partition()] = msg.offset() + 1
+        record = codec.decode("PromptModerated", msg.value())
+        if record["prompt"]["run_id"] in run_ids:
+            found.append(record["check_ms"])
+    consumer.close()
+    return found
+
+
+def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
+    stack = Stack(namespace=f"bench{uuid.uuid4().hex[:6]}", port_base=port_base)
+    stack.up()
+    try:
+        settings = ApiSettings()
+        secret = settings.jwt_secret.get_secret_value()
+        user = issue(secret, "bench-safety", "enterprise", settings.jwt_issuer, settings.jwt_audience)
+        root = issue(secret, "root", "pro", settings.jwt_issuer, settings.jwt_audience, admin=True)
+        api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {user}"}, timeout=120)
+        admin = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {root}"}, timeout=30)
+        off = {"version": "bench-off", "rules": []}
+        on = {"version": "bench-on", "rules": [r.model_dump() for r in BUILTIN.rules]}
+
+        def run(mode: str, content: str) -> tuple[float, float, str]:
+            response = admin.put("/v1/admin/safety/policies/enterprise", json=on if mode == "with" else off)
+            response.raise_for_status()
+            chat = api.post("/v1/chats").json()["id"]
+            return stream(api, chat, content, max_tokens)
+
+        rng = random.Random(5)
+        for i in range(3):
+            run("with", f"Warm up {i}.")
+            run("without", f"Warm up {i}.")
+        results: dict[str, list[tuple[float, float, str]]] = {"with": [], "without": []}
+        diffs_ttft, diffs_gap = [], []
+        for i in tqdm(range(pairs), desc="pairs", mininterval=5):
+            content = f"{rng.choice(SENTENCES)} ({i})"
+            order = ["with", "without"] if rng.random() < 0.5 else ["without", "with"]
+            got = {mode: run(mode, content) for mode in order}
+            for mode, value in got.items():
+                results[mode].append(value)
+            diffs_ttft.append(got["with"][0] - got["without"][0])
+            diffs_gap.append(got["with"][1] - got["without"][1])
+        admin.delete("/v1/admin/safety/policies/enterprise")
+        stage_ms = check_ms_of(stack, {r[2] for r in results["with"]})
+    finally:
+        stack.stop()
+    ttft = {m: [r[0] for r in v] for m, v in results.items()}
+    gap = {m: [r[1] for r in v] for m, v in results.items()}
+    return {
+        "pairs": pairs,
+        "max_tokens": max_tokens,
+        "ttft_ms_with_moderation": summary(ttft["with"]),
+        "ttft_ms_without_moderation": summary(ttft["without"]),
+        "added_ttft_ms_median_of_pair_differences": round(statistics.median(diffs_ttft), 2),
+        "ttft_ratio_p50": round(pct(ttft["with"], 50) / pct(ttft["without"], 50), 3),
+        "inter_token_gap_ms_with_moderation": summary(gap["with"]),
+        "inter_token_gap_ms_without_moderation": summary(gap["without"]),
+        "added_inter_token_gap_ms_median_of_pair_differences": round(statistics.median(diffs_gap), 2),
+        "stage_check_ms_from_events": summary(stage_ms) if stage_ms else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checks", type=int, default=300)
+    parser.add_argument("--pairs", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--port-base", type=int, default=28400)
+    args = parser.parse_args()
+    measured = checks(args.checks)
+    result = {"benchmark": "safety_latency", **measured, **on_stack(args.pairs, args.max_tokens, args.port_base)}
+    out = Path(__file__).parent / "results" / "safety_latency.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

