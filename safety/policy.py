@@ -54,7 +54,7 @@ BUILTIN = Policy(
     rules=(
         Rule(stage="input", category="prompt_injection", threshold=0.95, action="block"),
         Rule(stage="input", category="prompt_injection", threshold=0.6, action="warn"),
-        Rule(stage="input", category="harmful_request", threshold=0.9, action="block"),
+        Rule(stage="input", category="harmful_request", threshold=0.97, action="block"),
         Rule(stage="input", category="harmful_request", threshold=0.7, action="warn"),
         Rule(stage="input", category="toxic", threshold=0.98, action="block"),
         Rule(stage="input", category="toxic", threshold=0.8, action="warn"),

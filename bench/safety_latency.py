@@ -10,7 +10,7 @@
    differences, and the stage's own check time from the PromptModerated events.
 
 Prints JSON and writes bench/results/safety_latency.json.
-Usage: python bench/safety.py [--pairs 40] [--max-tokens 48]
+Usage: python bench/safety_latency.py [--pairs 40] [--max-tokens 48]
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def checks(n: int) -> dict[str, object]:
     }
 
 
-def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> tuple[float, float, str]:
-    """(TTFT ms, median gap between token events ms, run id) of one chat turn."""
+def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> tuple[float, float, str] | None:
+    """(TTFT ms, median gap between token events ms, run id) of one chat turn; None when it was refused."""
     started = time.perf_counter()
     stamps: list[float] = []
     run_id = ""
@@ -103,6 +103,8 @@ def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) ->
             elif line.startswith("data:") and not run_id:
                 run_id = json.loads(line[5:]).get("run_id", "")
     if not stamps:
+        if event == "moderation":
+            return None
         raise RuntimeError(f"no token (last event {event})")
     gaps = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
     return (stamps[0] - started) * 1000, statistics.median(gaps) if gaps else 0.0, run_id
@@ -147,7 +149,7 @@ def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
         off = {"version": "bench-off", "rules": []}
         on = {"version": "bench-on", "rules": [r.model_dump() for r in BUILTIN.rules]}
 
-        def run(mode: str, content: str) -> tuple[float, float, str]:
+        def run(mode: str, content: str) -> tuple[float, float, str] | None:
             response = admin.put("/v1/admin/safety/policies/enterprise", json=on if mode == "with" else off)
             response.raise_for_status()
             chat = api.post("/v1/chats").json()["id"]
@@ -159,10 +161,15 @@ def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
             run("without", f"Warm up {i}.")
         results: dict[str, list[tuple[float, float, str]]] = {"with": [], "without": []}
         diffs_ttft, diffs_gap = [], []
+        refused = 0
         for i in tqdm(range(pairs), desc="pairs", mininterval=5):
             content = f"{rng.choice(SENTENCES)} ({i})"
             order = ["with", "without"] if rng.random() < 0.5 else ["without", "with"]
-            got = {mode: run(mode, content) for mode in order}
+            maybe = {mode: run(mode, content) for mode in order}
+            got = {mode: value for mode, value in maybe.items() if value is not None}
+            if len(got) < 2:  # refused under the built-in policy: a false positive, counted, no pair
+                refused += 1
+                continue
             for mode, value in got.items():
                 results[mode].append(value)
             diffs_ttft.append(got["with"][0] - got["without"][0])
@@ -174,7 +181,8 @@ def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
     ttft = {m: [r[0] for r in v] for m, v in results.items()}
     gap = {m: [r[1] for r in v] for m, v in results.items()}
     return {
-        "pairs": pairs,
+        "pairs": len(diffs_ttft),
+        "pairs_refused_with_moderation": refused,
         "max_tokens": max_tokens,
         "ttft_ms_with_moderation": summary(ttft["with"]),
         "ttft_ms_without_moderation": summary(ttft["without"]),
