@@ -111,29 +111,12 @@ def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) ->
 
 
 def check_ms_of(stack: Stack, run_ids: set[str]) -> list[float]:
-    from confluent_kafka import Consumer, TopicPartition
+    """The moderation stage's own check time, from the PromptModerated events of these runs."""
+    from safety.replay import events
+    from topics.pipeline import PROMPT_MODERATED
 
-    from topics import codec
-    from topics.pipeline import PROMPT_MODERATED, named
-
-    name = named(PROMPT_MODERATED, stack.namespace)
-    consumer = Consumer({"bootstrap.servers": ApiSettings().kafka_bootstrap, "group.id": uuid.uuid4().hex})
-    parts = consumer.list_topics(name, timeout=10).topics[name].partitions
-    tps = [TopicPartition(name, p, 0) for p in parts]
-    ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
-    consumer.assign(tps)
-    found, seen = [], {p: 0 for p in ends}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(seen[p] < ends[p] for p in ends):
-        msg = consumer.poll(0.5)
-        if msg is None or msg.error():
-            continue
-        seen[msg.partition()] = msg.offset() + 1
-        record = codec.decode("PromptModerated", msg.value())
-        if record["prompt"]["run_id"] in run_ids:
-            found.append(record["check_ms"])
-    consumer.close()
-    return found
+    records = events(ApiSettings().kafka_bootstrap, PROMPT_MODERATED, stack.namespace)
+    return [r["check_ms"] for r in records if r["prompt"]["run_id"] in run_ids]
 
 
 def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:

@@ -23,6 +23,8 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         moderate_prompt.register(stage, Moderator(), policies)
     elif name == "scheduling":
         from processors import schedule_run
+        from safety.moderator import Moderator
+        from safety.policy import PolicyView
         from storage.cassandra import Conversations
         from storage.ledger import Ledger
         from topics.admission import PoolView
@@ -32,9 +34,6 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         ledger = Ledger(conversations.session, settings.keyspace_name, settings.run_deadline_s)
         limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
         pools = PoolView(settings.kafka_bootstrap, settings.namespace)
-        from safety.moderator import Moderator
-        from safety.policy import PolicyView
-
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
         limits.start()
         pools.start()

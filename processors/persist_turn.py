@@ -51,49 +51,44 @@ def refusal_turn(rejected: Event) -> Message:
     )
 
 
+def review_row(moderated: Event, stage: str, run: Event, score: float | None, excerpt: str) -> SafetyDecision:
+    """The review row of a moderation event; run: what names the run (a PromptAccepted, or the
+    OutputModerated event itself, both with run_id, chat_id, user_id and tier)."""
+    return SafetyDecision(
+        uuid.UUID(moderated["event_id"]),
+        _at(moderated["moderated_at"]),
+        stage,
+        moderated["action"],
+        moderated["category"] or "unknown",
+        score,
+        moderated["policy_version"],
+        run["run_id"],
+        run["chat_id"],
+        run["user_id"],
+        run["tier"],
+        excerpt,
+    )
+
+
 def input_decision(moderated: Event) -> SafetyDecision | None:
     """The review row of a prompt's moderation, when a rule matched (pure)."""
     if not moderated.get("action"):
         return None
     prompt = moderated["prompt"]
-    category = moderated["category"] or "unknown"
-    return SafetyDecision(
-        uuid.UUID(moderated["event_id"]),
-        _at(moderated["moderated_at"]),
-        "input",
-        moderated["action"],
-        category,
-        (moderated.get("scores") or {}).get(category),
-        moderated["policy_version"],
-        prompt["run_id"],
-        prompt["chat_id"],
-        prompt["user_id"],
-        prompt["tier"],
-        prompt["content"][:EXCERPT_CHARS],
-    )
+    score = (moderated.get("scores") or {}).get(moderated["category"])
+    return review_row(moderated, "input", prompt, score, prompt["content"][:EXCERPT_CHARS])
 
 
 def output_decision(moderated: Event) -> SafetyDecision | None:
     """The review row of an answer's moderation, when a rule matched (pure): the excerpt is not kept (the
-    retracted text stays only in the reply log), the score is the window's that decided."""
+    retracted text stays only in the reply log), the score is the highest any window got in the category."""
     if not moderated.get("action"):
         return None
-    category = moderated["category"] or "unknown"
-    scores = [w["scores"].get(category) for w in moderated["windows"] if w["scores"].get(category) is not None]
-    return SafetyDecision(
-        uuid.UUID(moderated["event_id"]),
-        _at(moderated["moderated_at"]),
-        "output",
-        moderated["action"],
-        category,
-        max(scores) if scores else None,
-        moderated["policy_version"],
-        moderated["run_id"],
-        moderated["chat_id"],
-        moderated["user_id"],
-        moderated["tier"],
-        f"retracted from character {moderated['retracted_from']}" if moderated["retracted_from"] is not None else "",
-    )
+    category = moderated["category"]
+    scores = [w["scores"][category] for w in moderated["windows"] if category in w["scores"]]
+    at = moderated["retracted_from"]
+    excerpt = f"retracted from character {at}" if at is not None else ""
+    return review_row(moderated, "output", moderated, max(scores) if scores else None, excerpt)
 
 
 log = logging.getLogger(__name__)

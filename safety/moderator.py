@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from prometheus_client import Counter, Histogram
@@ -43,7 +43,6 @@ class Verdict:
     policy_version: str
     check_ms: float
     error: str | None = None
-    texts: int = field(default=1)
 
     @property
     def blocked(self) -> bool:
@@ -89,7 +88,7 @@ class Moderator:
         CHECK.labels(stage).observe(elapsed)
         if decision.action:
             INTERVENTIONS.labels(stage, decision.category, decision.action).inc()
-        return Verdict(decision, scores, policy.version, elapsed * 1000, error, len(texts))
+        return Verdict(decision, scores, policy.version, elapsed * 1000, error)
 
     async def check_async(
         self, policy: Policy, stage: Stage, texts: Sequence[str], windows: int = INPUT_WINDOWS

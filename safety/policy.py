@@ -21,7 +21,6 @@ from topics.tables import TopicTable
 
 Stage = Literal["input", "output", "context"]
 Action = Literal["block", "warn", "log"]
-CATEGORIES = ("prompt_injection", "harmful_request", "toxic", "harmful_output")
 STRICTNESS = {"log": 0, "warn": 1, "block": 2}
 ANY_TIER = "*"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -40,7 +41,9 @@ def replayed(policy: Policy, schema: str, record: Event) -> tuple[str, str | Non
     return record["run_id"], record.get("action"), strictest
 
 
-def events(bootstrap: str, topic: Topic, namespace: str) -> list[Event]:
+def events(bootstrap: str, topic: Topic, namespace: str, timeout_s: float = 120.0) -> list[Event]:
+    """Every decodable record of the topic, from its start to its end when called (or what was read by
+    timeout_s)."""
     name = named(topic, namespace)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"replay-{uuid.uuid4().hex}"})
     try:
@@ -50,7 +53,8 @@ def events(bootstrap: str, topic: Topic, namespace: str) -> list[Event]:
         consumer.assign(parts)
         seen = dict.fromkeys(ends, 0)
         found = []
-        while any(seen[p] < ends[p] for p in ends):
+        deadline = time.monotonic() + timeout_s
+        while any(seen[p] < ends[p] for p in ends) and time.monotonic() < deadline:
             msg = consumer.poll(1.0)
             if msg is None or msg.error():
                 continue

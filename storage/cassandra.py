@@ -8,7 +8,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -199,11 +199,11 @@ class Conversations:
             "VALUES (?, ?, ?, ?, ?, ?, ?)"
         )
         self._insert_decision = p(
-            f"INSERT INTO {ks}.safety_decisions (day, at, decision_id, stage, action, category, score, "
+            f"INSERT INTO {ks}.safety_decisions (day, decision_id, at, stage, action, category, score, "
             "policy_version, run_id, chat_id, user_id, tier, excerpt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self._list_decisions = p(
-            f"SELECT at, decision_id, stage, action, category, score, policy_version, run_id, chat_id, user_id, "
+            f"SELECT decision_id, at, stage, action, category, score, policy_version, run_id, chat_id, user_id, "
             f"tier, excerpt FROM {ks}.safety_decisions WHERE day = ? LIMIT ?"
         )
         self._get_key = p(f"SELECT user_id, tier, revoked FROM {ks}.api_keys WHERE key_hash = ?")
@@ -311,11 +311,7 @@ class Conversations:
 
     # -- safety decisions ------------------------------------------------------------------------
     async def put_decision(self, d: SafetyDecision) -> None:
-        params = (
-            _day(d.at), d.at, d.decision_id, d.stage, d.action, d.category, d.score, d.policy_version, d.run_id,
-            d.chat_id, d.user_id, d.tier, d.excerpt,
-        )  # fmt: skip
-        await self._run(self._insert_decision, params)
+        await self._run(self._insert_decision, (_day(d.at), *astuple(d)))  # columns in the dataclass's order
 
     async def recent_decisions(self, limit: int, days: int = 7) -> list[SafetyDecision]:
         """The newest decisions, today first, looking back at most `days` UTC days."""
@@ -324,24 +320,8 @@ class Conversations:
         for back in range(days):
             if len(found) >= limit:
                 break
-            day = (now - timedelta(days=back)).strftime("%Y-%m-%d")
-            for row in await self._run(self._list_decisions, (day, limit - len(found))):
-                found.append(
-                    SafetyDecision(
-                        row.decision_id,
-                        utc(row.at),
-                        row.stage,
-                        row.action,
-                        row.category,
-                        row.score,
-                        row.policy_version,
-                        row.run_id,
-                        row.chat_id,
-                        row.user_id,
-                        row.tier,
-                        row.excerpt,
-                    )  # fmt: skip
-                )
+            rows = await self._run(self._list_decisions, (_day(now - timedelta(days=back)), limit - len(found)))
+            found += [SafetyDecision(row.decision_id, utc(row.at), *row[2:]) for row in rows]
         return found
 
     # -- messages ----------------------------------------------------------------------------------
