@@ -27,7 +27,7 @@ from safety.heads import HEADS_DIR
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "safety_eval.json"
 THRESHOLD = 0.5
 # Held-out figures are also reported at these thresholds (the policy's warn and block bars are among them).
-REPORTED = (0.5, 0.7, 0.9, 0.95)
+REPORTED = (0.5, 0.7, 0.8, 0.9, 0.95)
 HARM_FILES = (
     "exploits",
     "hate_speech",
