@@ -48,8 +48,9 @@ class Policy(BaseModel):
 # Thresholds from the held-out evaluation (bench/results/safety_eval.json): a high bar where a false block
 # costs the user an answer, a warning (recorded, shown to admins) below it. Short turns ("Hello again.") are
 # where the heads are least sure, which is why injection blocks only from 0.95 (rules block at 1.0). Harmful
-# output blocks from 0.8: at 0.7, windows of ordinary model stories were retracted (scores 0.74-0.76), while
-# windows of explicit bomb-making steps score 0.76-0.93, so no bar separates them cleanly.
+# output only warns by default: windows of ordinary model stories scored up to 0.83 (cut in CI at 0.7 and
+# 0.8), windows of explicit bomb-making steps 0.76-0.93, so no bar separates them; an admin who prefers
+# cutting can add a block rule (the mechanism is tested with one in tests/unit/test_safety.py).
 BUILTIN = Policy(
     version="builtin-1",
     rules=(
@@ -59,7 +60,6 @@ BUILTIN = Policy(
         Rule(stage="input", category="harmful_request", threshold=0.7, action="warn"),
         Rule(stage="input", category="toxic", threshold=0.98, action="block"),
         Rule(stage="input", category="toxic", threshold=0.8, action="warn"),
-        Rule(stage="output", category="harmful_output", threshold=0.8, action="block"),
         Rule(stage="output", category="harmful_output", threshold=0.6, action="warn"),
         Rule(stage="output", category="toxic", threshold=0.9, action="block"),
         Rule(stage="context", category="prompt_injection", threshold=0.9, action="block"),
