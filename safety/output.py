@@ -3,8 +3,9 @@
 Tokens are published as they come (no added inter-token delay); every `window_tokens` new tokens the text
 new since the last clean check (with some preceding context) is scored in a worker thread, one check at a
 time. A window the policy blocks stops the run at the engine (`on_block`) and retracts the answer from the
-start of that window: everything before it had passed a check. The last window is checked before the run
-completes, so a retraction always precedes the end of the stream and the stored answer never holds it.
+start of that window, or of the windows right before it that the policy warned on: everything before had
+passed a check clean. The last window is checked before the run completes, so a retraction always precedes
+the end of the stream and the stored answer never holds it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class OutputGuard:
         self.retract_from: int | None = None
         self.warned: Verdict | None = None
         self.error: str | None = None
+        self._suspect_from: int | None = None  # where the windows the policy warned on in a row began
         self._tokens_at_check = 0
         self._pending: asyncio.Task[None] | None = None
 
@@ -72,7 +74,9 @@ class OutputGuard:
         if verdict.error:
             self.error = verdict.error
         if verdict.blocked:
-            self.blocked, self.retract_from = verdict, start
+            # Harm builds up: the windows just before this one that the policy warned on are retracted too.
+            self.blocked = verdict
+            self.retract_from = start if self._suspect_from is None else self._suspect_from
             log.info(
                 "output window [%d, %d) blocked: %s %.2f (policy %s)",
                 start,
@@ -85,12 +89,20 @@ class OutputGuard:
             return
         if verdict.decision.action and self.warned is None:
             self.warned = verdict
+        if verdict.decision.action != "warn":
+            self._suspect_from = None
+        elif self._suspect_from is None:
+            self._suspect_from = start
         self.checked = end
+
+    async def idle(self) -> None:
+        """Wait for the check in flight, if any."""
+        if self._pending is not None:
+            await self._pending
 
     async def finish(self) -> None:
         """Wait for the check in flight, then check what is left unchecked."""
-        if self._pending is not None:
-            await self._pending
+        await self.idle()
         if self.blocked is None and self.checked < len(self.text) and len(self.text) >= MIN_CHARS:
             await self._check(len(self.text))
 
