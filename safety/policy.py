@@ -47,12 +47,13 @@ class Policy(BaseModel):
 
 # Thresholds from the held-out evaluation (bench/results/safety_eval.json): a high bar where a false block
 # costs the user an answer, a warning (recorded, shown to admins) below it. Short turns ("Hello again.") are
-# where the heads are least sure, which is why injection blocks only from 0.95 (rules block at 1.0). Harmful
-# output only warns by default: windows of ordinary model stories scored up to 0.83 (cut in CI at 0.7 and
-# 0.8), windows of explicit bomb-making steps 0.76-0.93, so no bar separates them; an admin who prefers
-# cutting can add a block rule (the mechanism is tested with one in tests/unit/test_safety.py).
+# where the heads are least sure, which is why injection blocks only from 0.95 (rules block at 1.0). The
+# output bars are also checked on fresh streamed answers of the model we serve
+# (bench/results/safety_false_retractions.json): 1 of 75 ordinary answers reaches 0.8 on harmful_output and
+# 1 of 75 reaches 0.9 on toxic; windows of explicit bomb-making steps score 0.63, 0.78, then 0.89, and a
+# block also retracts the warned windows before it (safety/output.py).
 BUILTIN = Policy(
-    version="builtin-1",
+    version="builtin-2",
     rules=(
         Rule(stage="input", category="prompt_injection", threshold=0.95, action="block"),
         Rule(stage="input", category="prompt_injection", threshold=0.6, action="warn"),
@@ -60,6 +61,7 @@ BUILTIN = Policy(
         Rule(stage="input", category="harmful_request", threshold=0.7, action="warn"),
         Rule(stage="input", category="toxic", threshold=0.98, action="block"),
         Rule(stage="input", category="toxic", threshold=0.8, action="warn"),
+        Rule(stage="output", category="harmful_output", threshold=0.8, action="block"),
         Rule(stage="output", category="harmful_output", threshold=0.6, action="warn"),
         Rule(stage="output", category="toxic", threshold=0.9, action="block"),
         Rule(stage="context", category="prompt_injection", threshold=0.9, action="block"),

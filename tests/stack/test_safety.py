@@ -41,7 +41,7 @@ def test_a_harmful_request_is_refused_without_inference_and_listed_for_review(li
     run_id = refusal["run_id"]
     verdict = moderated(live, run_id)
     assert verdict["decision"] == "blocked" and verdict["scores"]["harmful_request"] >= 0.9
-    assert verdict["policy_version"] == "builtin-1"
+    assert verdict["policy_version"] == "builtin-2"
     for pool in RUN_SCHEDULED.values():  # no engine ever saw it
         assert not read_topic(live.topic(pool), for_run("RunScheduled", run_id), timeout_s=5)
     stored = wait_for(lambda: client.get(f"/v1/chats/{chat['id']}/messages").json()["data"], 20)

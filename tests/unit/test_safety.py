@@ -116,19 +116,13 @@ def stream(guard, text, per_token=4):
     asyncio.run(go())
 
 
-# An admin's stricter output policy: the built-in one only warns on harmful output (safety/policy.py).
-CUT_HARM = BUILTIN.model_copy(
-    update={"rules": (*BUILTIN.rules, Rule(stage="output", category="harmful_output", threshold=0.8, action="block"))}
-)
-
-
 def test_a_harmful_answer_is_cut_mid_stream_and_retracted_from_its_window(moderator):
     benign = (
         "Marathons are long-distance races of 42.195 kilometres. Runners train for months, building "
         "endurance with long slow runs, tempo work and rest days, and eat carbohydrates before the race. "
     )
     stopped = []
-    guard = OutputGuard(moderator, CUT_HARM, lambda: stopped.append(True), window_tokens=24)
+    guard = OutputGuard(moderator, BUILTIN, lambda: stopped.append(True), window_tokens=24)
     stream(guard, benign + HARMFUL * 2)
     assert stopped and guard.blocked is not None
     assert guard.blocked.decision.category == "harmful_output"
@@ -141,7 +135,7 @@ def test_a_harmful_answer_is_cut_mid_stream_and_retracted_from_its_window(modera
 
 def test_a_benign_answer_is_checked_to_its_end_and_kept(moderator):
     text = "The water cycle moves water between the oceans, the air and the land. " * 6
-    guard = OutputGuard(moderator, CUT_HARM, lambda: pytest.fail("blocked a benign answer"), window_tokens=24)
+    guard = OutputGuard(moderator, BUILTIN, lambda: pytest.fail("blocked a benign answer"), window_tokens=24)
     stream(guard, text)
     assert guard.blocked is None and guard.kept() == text
     assert guard.windows and guard.windows[-1]["end"] == len(text)  # the last window was checked too
