@@ -42,13 +42,14 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check api processors inference topics storage infra safety
 	$(VENV)/bin/mypy
 
-bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency (JSON in bench/results/)
+bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
 	$(PY) bench/inference_pools.py
 	$(PY) bench/admission.py
 	$(PY) bench/safety_latency.py
+	$(PY) bench/safety_false_retractions.py
 
 safety-heads: $(STAMP)  ## retrain the safety heads from the bundled datasets; held-out figures in bench/results/safety_eval.json
 	$(VENV)/bin/pip install -q -e '.[train]'

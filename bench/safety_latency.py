@@ -7,7 +7,10 @@
 3. On a real stack, pairs of the same request with and without moderation, in random order per pair: "with"
    runs under the built-in policy, "without" under a policy with no rules (the stages still run and hand
    off, but no classifier is called). Reported: TTFT and inter-token gap of each, the median of the per-pair
-   differences, and the stage's own check time from the PromptModerated events.
+   differences, and the stage's own check time from the PromptModerated events. Requests are sent one at a
+   time with a pause between them (--think-ms, as a user reads an answer before writing the next): without
+   it, the work that follows an answer under the policy (its last output window, its screening for the
+   next prompt's context) overlaps the next request and is counted against whichever mode comes next.
 
 Prints JSON and writes bench/results/safety_latency.json.
 Usage: python bench/safety_latency.py [--pairs 40] [--max-tokens 48]
@@ -22,6 +25,7 @@ import statistics
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pipeline_ttft import pct, summary
@@ -110,16 +114,21 @@ def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) ->
     return (stamps[0] - started) * 1000, statistics.median(gaps) if gaps else 0.0, run_id
 
 
-def check_ms_of(stack: Stack, run_ids: set[str]) -> list[float]:
-    """The moderation stage's own check time, from the PromptModerated events of these runs."""
+def moderated_of(stack: Stack, run_ids: set[str]) -> list[dict[str, Any]]:
+    """The PromptModerated events of these runs (the stage's own check time and the policy it applied)."""
     from safety.replay import events
     from topics.pipeline import PROMPT_MODERATED
 
     records = events(ApiSettings().kafka_bootstrap, PROMPT_MODERATED, stack.namespace)
-    return [r["check_ms"] for r in records if r["prompt"]["run_id"] in run_ids]
+    return [r for r in records if r["prompt"]["run_id"] in run_ids]
 
 
-def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
+def hop_ms(moderated: dict[str, Any]) -> float:
+    # Avro's timestamp-millis decodes to datetimes
+    return float((moderated["moderated_at"] - moderated["prompt"]["created_at"]).total_seconds() * 1000)
+
+
+def on_stack(pairs: int, max_tokens: int, port_base: int, think_ms: int) -> dict[str, object]:
     stack = Stack(namespace=f"bench{uuid.uuid4().hex[:6]}", port_base=port_base)
     stack.up()
     try:
@@ -136,6 +145,7 @@ def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
             response = admin.put("/v1/admin/safety/policies/enterprise", json=on if mode == "with" else off)
             response.raise_for_status()
             chat = api.post("/v1/chats").json()["id"]
+            time.sleep(think_ms / 1000)
             return stream(api, chat, content, max_tokens)
 
         rng = random.Random(5)
@@ -158,7 +168,8 @@ def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
             diffs_ttft.append(got["with"][0] - got["without"][0])
             diffs_gap.append(got["with"][1] - got["without"][1])
         admin.delete("/v1/admin/safety/policies/enterprise")
-        stage_ms = check_ms_of(stack, {r[2] for r in results["with"]})
+        checked = moderated_of(stack, {r[2] for r in results["with"]})
+        unchecked = moderated_of(stack, {r[2] for r in results["without"]})
     finally:
         stack.stop()
     ttft = {m: [r[0] for r in v] for m, v in results.items()}
@@ -167,6 +178,7 @@ def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
         "pairs": len(diffs_ttft),
         "pairs_refused_with_moderation": refused,
         "max_tokens": max_tokens,
+        "think_ms": think_ms,
         "ttft_ms_with_moderation": summary(ttft["with"]),
         "ttft_ms_without_moderation": summary(ttft["without"]),
         "added_ttft_ms_median_of_pair_differences": round(statistics.median(diffs_ttft), 2),
@@ -174,7 +186,16 @@ def on_stack(pairs: int, max_tokens: int, port_base: int) -> dict[str, object]:
         "inter_token_gap_ms_with_moderation": summary(gap["with"]),
         "inter_token_gap_ms_without_moderation": summary(gap["without"]),
         "added_inter_token_gap_ms_median_of_pair_differences": round(statistics.median(diffs_gap), 2),
-        "stage_check_ms_from_events": summary(stage_ms) if stage_ms else None,
+        "stage_check_ms_from_events": summary([r["check_ms"] for r in checked]) if checked else None,
+        # From the edge's acceptance of a prompt to the moderation stage's verdict (both clocks on this
+        # machine): the stage's own share of TTFT, without the engine's and the other hops' noise.
+        "moderation_hop_ms_with": summary([hop_ms(r) for r in checked]),
+        "moderation_hop_ms_without": summary([hop_ms(r) for r in unchecked]),
+        "added_at_moderation_hop_ms_p50": round(
+            pct([hop_ms(r) for r in checked], 50) - pct([hop_ms(r) for r in unchecked], 50), 2
+        ),
+        # "with" runs the stage moderated under another policy (the PUT had not reached it yet): should be 0
+        "with_runs_under_another_policy": sum(r["policy_version"] != "bench-on" for r in checked),
     }
 
 
@@ -184,9 +205,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--port-base", type=int, default=28400)
+    parser.add_argument("--think-ms", type=int, default=500)
     args = parser.parse_args()
     measured = checks(args.checks)
-    result = {"benchmark": "safety_latency", **measured, **on_stack(args.pairs, args.max_tokens, args.port_base)}
+    result = {
+        "benchmark": "safety_latency",
+        **measured,
+        **on_stack(args.pairs, args.max_tokens, args.port_base, args.think_ms),
+    }
     out = Path(__file__).parent / "results" / "safety_latency.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
