@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from inference.engine import parse_sse_line
 from inference.llama_server import LlamaServer
 from safety.moderator import Moderator
 from safety.output import OutputGuard
@@ -67,8 +68,7 @@ BARS = (0.6, 0.7, 0.8, 0.9)
 
 
 def pieces(client: httpx.Client, prompt: str, seed: int, max_tokens: int) -> list[str]:
-    """The answer as the engine streams it, one piece per token event."""
-    out = []
+    """The answer as the engine streams it, one piece per token event (read as the consumer reads it)."""
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
@@ -77,13 +77,8 @@ def pieces(client: httpx.Client, prompt: str, seed: int, max_tokens: int) -> lis
         "stream": True,
     }
     with client.stream("POST", "/v1/chat/completions", json=body, timeout=300) as response:
-        for line in response.iter_lines():
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                choices = json.loads(line[5:])["choices"]
-                piece = choices[0]["delta"].get("content") if choices else None
-                if piece:
-                    out.append(piece)
-    return out
+        chunks = [parse_sse_line(line) for line in response.iter_lines()]
+    return [c.text for c in chunks if c is not None and c.text]
 
 
 def windows(moderator: Moderator, answer: list[str]) -> list[dict[str, float]]:

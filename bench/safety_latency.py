@@ -25,7 +25,6 @@ import statistics
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 from pipeline_ttft import pct, summary
@@ -37,6 +36,7 @@ from infra.stack import Stack
 from safety.moderator import Moderator
 from safety.output import CONTEXT_CHARS, WINDOWS_PER_CHECK
 from safety.policy import BUILTIN
+from topics.codec import Event
 
 SENTENCES = [
     "Can you explain how photosynthesis works in simple terms?",
@@ -114,16 +114,21 @@ def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) ->
     return (stamps[0] - started) * 1000, statistics.median(gaps) if gaps else 0.0, run_id
 
 
-def moderated_of(stack: Stack, run_ids: set[str]) -> list[dict[str, Any]]:
-    """The PromptModerated events of these runs (the stage's own check time and the policy it applied)."""
+def moderated_by_mode(stack: Stack, results: dict[str, list[tuple[float, float, str]]]) -> dict[str, list[Event]]:
+    """Each mode's PromptModerated events (the stage's check time, the policy it applied), read in one pass."""
     from safety.replay import events
     from topics.pipeline import PROMPT_MODERATED
 
-    records = events(ApiSettings().kafka_bootstrap, PROMPT_MODERATED, stack.namespace)
-    return [r for r in records if r["prompt"]["run_id"] in run_ids]
+    mode_of = {run_id: mode for mode, runs in results.items() for _, _, run_id in runs}
+    out: dict[str, list[Event]] = {mode: [] for mode in results}
+    for record in events(ApiSettings().kafka_bootstrap, PROMPT_MODERATED, stack.namespace):
+        mode = mode_of.get(record["prompt"]["run_id"])
+        if mode is not None:
+            out[mode].append(record)
+    return out
 
 
-def hop_ms(moderated: dict[str, Any]) -> float:
+def hop_ms(moderated: Event) -> float:
     # Avro's timestamp-millis decodes to datetimes
     return float((moderated["moderated_at"] - moderated["prompt"]["created_at"]).total_seconds() * 1000)
 
@@ -168,12 +173,13 @@ def on_stack(pairs: int, max_tokens: int, port_base: int, think_ms: int) -> dict
             diffs_ttft.append(got["with"][0] - got["without"][0])
             diffs_gap.append(got["with"][1] - got["without"][1])
         admin.delete("/v1/admin/safety/policies/enterprise")
-        checked = moderated_of(stack, {r[2] for r in results["with"]})
-        unchecked = moderated_of(stack, {r[2] for r in results["without"]})
+        moderated = moderated_by_mode(stack, results)
     finally:
         stack.stop()
     ttft = {m: [r[0] for r in v] for m, v in results.items()}
     gap = {m: [r[1] for r in v] for m, v in results.items()}
+    checked = moderated["with"]
+    hop = {m: [hop_ms(r) for r in v] for m, v in moderated.items()}
     return {
         "pairs": len(diffs_ttft),
         "pairs_refused_with_moderation": refused,
@@ -189,11 +195,9 @@ def on_stack(pairs: int, max_tokens: int, port_base: int, think_ms: int) -> dict
         "stage_check_ms_from_events": summary([r["check_ms"] for r in checked]) if checked else None,
         # From the edge's acceptance of a prompt to the moderation stage's verdict (both clocks on this
         # machine): the stage's own share of TTFT, without the engine's and the other hops' noise.
-        "moderation_hop_ms_with": summary([hop_ms(r) for r in checked]),
-        "moderation_hop_ms_without": summary([hop_ms(r) for r in unchecked]),
-        "added_at_moderation_hop_ms_p50": round(
-            pct([hop_ms(r) for r in checked], 50) - pct([hop_ms(r) for r in unchecked], 50), 2
-        ),
+        "moderation_hop_ms_with": summary(hop["with"]),
+        "moderation_hop_ms_without": summary(hop["without"]),
+        "added_at_moderation_hop_ms_p50": round(pct(hop["with"], 50) - pct(hop["without"], 50), 2),
         # "with" runs the stage moderated under another policy (the PUT had not reached it yet): should be 0
         "with_runs_under_another_policy": sum(r["policy_version"] != "bench-on" for r in checked),
     }

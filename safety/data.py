@@ -209,10 +209,10 @@ ANSWERS = Path(__file__).resolve().parent / "data" / "smollm_answers.jsonl"
 
 def model_answers(seed: int = 19) -> list[Example]:
     """Answers our embedded model (SmolLM2-135M-Instruct) wrote to ordinary requests (safety/generate.py),
-    as benign negatives for the output head, in the shapes a streamed answer is checked in: the whole answer,
-    its opening (the first window, 100-300 characters) and a later window with its context (~530
-    characters). Stories are one source, explanations and answers to questions another, so the held-out
-    evaluation can leave either out."""
+    as benign negatives for the heads that read answers (harmful_output, toxic), in the shapes a streamed
+    answer is checked in: the whole answer, its opening (the first window, 100-300 characters) and a later
+    window with its context (~530 characters). Stories are one source, explanations and answers to
+    questions another, so the held-out evaluation can leave either out."""
     import random
 
     from safety.generate import SUBJECTS
