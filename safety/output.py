@@ -78,12 +78,13 @@ class OutputGuard:
             self.blocked = verdict
             self.retract_from = start if self._suspect_from is None else self._suspect_from
             log.info(
-                "output window [%d, %d) blocked: %s %.2f (policy %s)",
+                "output window [%d, %d) blocked: %s %.2f (policy %s); retracting from %d",
                 start,
                 end,
                 verdict.decision.category,
                 verdict.decision.score or 0.0,
                 verdict.policy_version,
+                self.retract_from,
             )
             self.on_block()
             return
