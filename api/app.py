@@ -18,6 +18,7 @@ from api.settings import ApiSettings
 from safety.policy import PolicyView
 from storage.cassandra import Conversations
 from storage.ledger import Ledger
+from storage.memory import Memory
 from topics import tracing
 from topics.admission import PoolView
 from topics.kafka import AsyncProducer
@@ -37,6 +38,7 @@ class Services:
     limits: LimitsView
     pools: PoolView  # the inference consumers' load: the edge sheds at the door what could not be placed
     policies: PolicyView  # the safety policies, for the admin routes
+    memory: Memory  # a chat's embeddings and summaries: an edit or a delete forgets at once
 
 
 def services(request: Request) -> Services:
@@ -68,7 +70,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         await loop.run_in_executor(None, pools.start)
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, policies.start)
-        app.state.services = Services(settings, producer, replies, conversations, http, ledger, limits, pools, policies)
+        memory = await loop.run_in_executor(None, Memory, conversations.session, settings.keyspace_name)
+        app.state.services = Services(
+            settings, producer, replies, conversations, http, ledger, limits, pools, policies, memory
+        )
         log.info("edge ready on %s:%d, reply partition %d", settings.host, settings.port, settings.reply_partition)
         try:
             yield

@@ -73,10 +73,10 @@ class Stack:
         py = sys.executable
         out = []
         for replica in range(self.stages):
-            for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering")):
+            for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering", "memory")):
                 if replica and stage == "metering":
                     continue  # the embedded ClickHouse engine (chdb) is opened by one process only
-                port = self.port_base + 10 + offset + (30 + 4 * (replica - 1) if replica else 0)
+                port = self.port_base + 10 + offset + (30 + 5 * (replica - 1) if replica else 0)
                 out.append(
                     Service(
                         stage if not replica else f"{stage}-{replica}",
@@ -139,6 +139,17 @@ class Stack:
         self._step("kafka", lambda: _sh(LOCAL / "kafka.sh", "start"))
         self._step("cassandra", lambda: _sh(LOCAL / "cassandra.sh", "start"))
         self._step("llama-server build", lambda: _sh(LOCAL / "build-llama-server.sh"))
+        self._step("tokenizers", self._tokenizers)
+
+    def _tokenizers(self) -> None:
+        """Rebuild each pool's tokenizer from its model file once, before the stages that count with it start
+        (topics/tokens.py caches it in the state folder; every stage building its own took ~30 s of CPU each)."""
+        code = (
+            "from topics import tokens; from topics.settings import StackSettings as S; "
+            "[tokens.load(p.tokenizer) for p in S().pools.values()]"
+        )
+        env = {**os.environ, "LOCAL_INFRA_STATE": str(self.state)}
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO_ROOT)
 
     def topics(self) -> None:
         from topics.kafka import ensure_topics

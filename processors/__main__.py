@@ -1,4 +1,4 @@
-"""Run one stage: `python -m processors moderation|scheduling|persistence|metering`."""
+"""Run one stage: `python -m processors moderation|scheduling|persistence|metering|memory`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 
-STAGES = ("moderation", "scheduling", "persistence", "metering")
+STAGES = ("moderation", "scheduling", "persistence", "metering", "memory")
 
 
 def build(name: str, settings: ProcessorSettings) -> Stage:
@@ -27,6 +27,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from safety.policy import PolicyView
         from storage.cassandra import Conversations
         from storage.ledger import Ledger
+        from storage.memory import Memory
         from topics.admission import PoolView
         from topics.limits import LimitsView
 
@@ -39,7 +40,8 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         pools.start()
         policies.start()
         context = schedule_run.ContextGuard(Moderator(), policies)
-        schedule_run.register(stage, conversations, ledger, limits, pools, context)
+        memory = Memory(conversations.session, settings.keyspace_name)
+        schedule_run.register(stage, conversations, ledger, limits, pools, context, memory)
     elif name == "persistence":
         from processors import persist_turn
         from storage.cassandra import Conversations
@@ -51,6 +53,15 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from storage.clickhouse import UsageStore
 
         meter_usage.register(stage, UsageStore.open(settings.usage_target, settings.usage_db))
+    elif name == "memory":
+        from processors import remember
+        from safety.encoder import Encoder
+        from storage.cassandra import Conversations
+        from storage.memory import Memory
+
+        conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)
+        memory = Memory(conversations.session, settings.keyspace_name)
+        remember.register(stage, conversations, memory, Encoder(), settings)
     else:
         raise SystemExit(f"unknown stage {name!r}; one of {', '.join(STAGES)}")
     return stage

@@ -1,16 +1,18 @@
 """PromptModerated -> RunScheduled (+ a `queued` record on the run's reply partition) | RunRejected.
 
-Blocked prompts are rejected; allowed ones get their context (system prompt + the chat's recent turns + the
-new message) and a model pool: the one serving the requested model, or the smallest whose context holds the
-prompt and its answer. Then admission (docs/decisions/0006-admission-control.md):
+Blocked prompts are rejected; allowed ones get their context and a model pool. The context is assembled
+within the pool's token budget, counted with the serving model's tokenizer (processors/context.py,
+docs/decisions/0008-conversation-memory.md): system prompt and the chat's rolling summary, the turns after
+it verbatim, the older messages most similar to the new one (retrieved from Cassandra's vector index), then
+the new message; what went in is recorded on the RunScheduled event. The pool is the requested model's, or
+the next larger one whose budget holds the message. Then admission (docs/decisions/0006-admission-control.md):
 - bounded queues: a run whose estimated wait in its pool exceeds its tier's bound is moved to a smaller pool
   (tiers that may degrade) or rejected at once with a Retry-After;
-- budgets: its cost (prompt estimate + max_tokens) is charged to the user's token bucket in the ledger, which
+- budgets: its cost (prompt tokens + max_tokens) is charged to the user's token bucket in the ledger, which
   also holds the user's runs in flight; RunCompleted settles the charge with the actual usage.
 The edge answers 429 (or 400) before its stream starts on a rejection, and starts streaming on `queued`.
-Text the system itself puts into the prompt (earlier answers now; summaries and retrieved memory later) is
-screened for prompt injection under the tier's policy: a flagged turn is replaced by a notice (ContextGuard).
-Summaries and retrieval are issue 7.
+Text the system itself puts into the prompt (earlier answers, the summary, retrieved messages) is screened
+for prompt injection under the tier's policy: a flagged item is replaced by a notice (ContextGuard).
 """
 
 from __future__ import annotations
@@ -23,18 +25,22 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
+from processors.context import Assembled, Limits, TooLong, Turn, assemble_chat
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from safety.moderator import Moderator
 from safety.policy import PolicyView
-from storage.cassandra import Conversations, Message
+from storage.cassandra import MIN_ID, Conversations
 from storage.ledger import Ledger
-from topics.admission import Placement, PoolView, capacity_message, estimate_tokens, home_partition, place
+from storage.memory import Memory
+from topics import tokens
+from topics.admission import Placement, PoolView, capacity_message, home_partition, place
 from topics.codec import Event, token_delta
 from topics.limits import LimitsView
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA
+from topics.settings import Pool
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,15 @@ ADMISSION = Counter(
     "parley_scheduler_admissions_total", "Admission decisions", ["tier", "pool", "outcome"]
 )  # outcome: admitted | degraded | over_capacity | token_budget_exceeded | concurrency_limit_exceeded | ...
 SETTLED = Counter("parley_scheduler_settled_total", "Runs whose charge was settled with the actual usage", ["outcome"])
+PROMPT_TOKENS = Histogram(
+    "parley_scheduler_prompt_tokens",
+    "Assembled prompt tokens",
+    ["pool"],
+    buckets=(64, 256, 512, 1024, 1536, 2048, 4096, 8192),
+)
+RECALLED = Histogram(
+    "parley_scheduler_recalled_messages", "Older messages retrieved into a prompt", buckets=(0, 1, 2, 3, 4, 8)
+)
 
 
 def reject(
@@ -72,57 +87,56 @@ def queued(run: Event, wait_s: float) -> Event:
     )
 
 
-class TooLong(Exception):
-    pass
-
-
-def choose_pool(prompt: Event, messages: list[dict[str, str]], settings: ProcessorSettings) -> tuple[str, str]:
-    """(pool, model) for a run (pure). A requested model picks its pool; a prompt that does not fit there
-    goes to the smallest pool whose context holds it (the answer names the model that served it)."""
-    need = estimate_tokens(messages) + prompt["max_tokens"]
-    by_size = sorted(settings.pools.items(), key=lambda item: item[1].context)
-    wanted = prompt["model"] or settings.pools[settings.default_pool].model
-    for name, pool in by_size:
-        if pool.model == wanted and need <= pool.context:
-            return name, pool.model
-    for name, pool in by_size:
-        if need <= pool.context:
-            return name, pool.model
-    largest = by_size[-1][1].context
-    raise TooLong(
-        f"This conversation needs about {need} tokens with its answer; the largest model here holds {largest}. "
-        "Start a new chat or ask for a shorter answer."
+def limits_for(pool: Pool, max_tokens: int, settings: ProcessorSettings) -> Limits:
+    """The prompt budget in a pool: its own, less whatever the answer needs beyond the rest of the context."""
+    return Limits(
+        budget=min(pool.budget, pool.context - max_tokens),
+        summary_tokens=settings.summary_tokens,
+        recall_tokens=settings.recall_tokens,
+        recall_item_tokens=settings.recall_item_tokens,
     )
 
 
-def assemble(prompt: Event, history: list[Message], settings: ProcessorSettings) -> Event:
-    """The run to schedule (pure): the history is the chat's turns before this message, oldest first.
+def pools_in_order(prompt: Event, settings: ProcessorSettings) -> list[str]:
+    """Where a run may go, in order: the requested model's pool (or the default pool), then the others from
+    the smallest context up (a prompt that does not fit goes to the smallest pool that holds it)."""
+    wanted = prompt["model"] or settings.pools[settings.default_pool].model
+    by_size = sorted(settings.pools, key=lambda name: settings.pools[name].context)
+    first = [name for name in by_size if settings.pools[name].model == wanted][:1]
+    return first + [name for name in by_size if name not in first]
 
-    A prompt from the OpenAI-compatible route carries its whole conversation and is used as sent.
-    Raises TooLong when no pool can hold it.
-    """
-    if prompt.get("messages"):
-        messages = [dict(m) for m in prompt["messages"]]
-        earlier: list[Any] = messages[:-1]
-    else:
-        earlier = [m for m in history if m.id != prompt["message_id"] and m.content]
-        earlier = earlier[-settings.context_messages :]
-        messages = [{"role": "system", "content": settings.system_prompt}]
-        messages += [{"role": m.role, "content": m.content} for m in earlier]
-        messages.append({"role": "user", "content": prompt["content"]})
-    pool, model = choose_pool(prompt, messages, settings)
+
+def scheduled(prompt: Event, pool: str, settings: ProcessorSettings, assembled: Assembled, turns: int) -> Event:
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,
         "pool": pool,
-        "model": model,
-        "messages": messages,
-        "context_turns": len(earlier),
+        "model": settings.pools[pool].model,
+        "messages": assembled.messages,
+        "context_turns": turns,
         "priority": 0,
         "degraded_from": None,
-        "estimate_tokens": estimate_tokens(messages) + prompt["max_tokens"],
+        "estimate_tokens": assembled.record["prompt_tokens"] + prompt["max_tokens"],
+        "context": assembled.record,
         "scheduled_at": int(time.time() * 1000),
     }
+
+
+def assemble_given(prompt: Event, settings: ProcessorSettings) -> Event:
+    """The run for a prompt that carries its whole conversation (the OpenAI-compatible route), used as sent:
+    the first pool in order whose budget holds it, counted with that pool's tokenizer. Raises TooLong."""
+    messages = [dict(m) for m in prompt["messages"]]
+    need = 0
+    for name in pools_in_order(prompt, settings):
+        pool = settings.pools[name]
+        need = tokens.load(pool.tokenizer).count_chat(messages)
+        if need + prompt["max_tokens"] <= pool.context:
+            record = {"budget": pool.context - prompt["max_tokens"], "prompt_tokens": need}
+            return scheduled(prompt, name, settings, Assembled(messages, record), len(messages) - 1)
+    raise TooLong(
+        f"This conversation needs {need} tokens with its answer; the largest model here holds "
+        f"{max(p.context for p in settings.pools.values())}. Start a new chat or ask for a shorter answer."
+    )
 
 
 def smaller_pools(run: Event, settings: ProcessorSettings) -> list[str]:
@@ -132,10 +146,8 @@ def smaller_pools(run: Event, settings: ProcessorSettings) -> list[str]:
     return [name for _, name in sorted(fits, reverse=True)]
 
 
-async def history_for(prompt: Event, conversations: Conversations, settings: ProcessorSettings) -> list[Message]:
-    """The chat's turns before this message. Waits (bounded) until the previous answer is persisted."""
-    if not prompt["prev_run_id"]:
-        return []  # the chat's first turn: nothing earlier to read (saves a query on the path to the first token)
+async def wait_for_previous(prompt: Event, conversations: Conversations, settings: ProcessorSettings) -> None:
+    """Wait (bounded) until the chat's previous answer is persisted, so the context includes it."""
     chat_id = uuid.UUID(prompt["chat_id"])
     deadline = time.monotonic() + settings.prev_turn_wait_s
     while not await conversations.has_message(chat_id, uuid.UUID(prompt["prev_run_id"])):
@@ -146,50 +158,119 @@ async def history_for(prompt: Event, conversations: Conversations, settings: Pro
                 prompt["prev_run_id"],
                 settings.prev_turn_wait_s,
             )
-            break
+            return
         await asyncio.sleep(0.05)
-    recent = await conversations.recent_messages(chat_id, settings.context_messages + 2)
-    before = uuid.UUID(prompt["message_id"]).time
-    return [m for m in recent if uuid.UUID(m.id).time < before]
 
 
-WITHHELD = (
-    "[An earlier answer was withheld from this context: it contained text that reads as instructions to the assistant.]"
-)
+WITHHELD = "[Withheld from this context: it contained text that reads as instructions to the assistant.]"
 
 
 class ContextGuard:
-    """Screens earlier answers before they go back into a prompt. A verdict is cached by message id (an
-    answer is screened once, when it completes, off the path to the next first token)."""
+    """Screens what the system itself puts into a prompt: earlier answers, the rolling summary and retrieved
+    messages (the user's own messages in the verbatim window were moderated as input). A verdict is cached
+    by id and text (an answer is screened once, when it completes, off the path to the next first token)."""
 
     def __init__(self, moderator: Moderator, policies: PolicyView, size: int = 10_000) -> None:
         self.moderator = moderator
         self.policies = policies
         self.size = size
-        self._flagged: OrderedDict[str, bool] = OrderedDict()
+        self._flagged: OrderedDict[tuple[str, int], bool] = OrderedDict()
 
-    async def screen(self, message_id: str, text: str, tier: str) -> bool:
+    async def screen(self, item_id: str, text: str, tier: str) -> bool:
         """True when the text must not go into a prompt."""
-        if message_id in self._flagged:
-            self._flagged.move_to_end(message_id)
-            return self._flagged[message_id]
+        key = (item_id, hash(text))
+        if key in self._flagged:
+            self._flagged.move_to_end(key)
+            return self._flagged[key]
         verdict = await self.moderator.check_async(self.policies.for_tier(tier), "context", [text])
         if verdict.blocked:
-            log.info("context: message %s withheld (%s %.2f)", message_id, verdict.decision.category,
+            log.info("context: %s withheld (%s %.2f)", item_id, verdict.decision.category,
                      verdict.decision.score or 0.0)  # fmt: skip
-        self._flagged[message_id] = verdict.blocked
+        self._flagged[key] = verdict.blocked
         while len(self._flagged) > self.size:
             self._flagged.popitem(last=False)
         return verdict.blocked
 
-    async def history(self, history: list[Message], tier: str) -> list[Message]:
-        """The history with every flagged assistant turn replaced by a notice (user turns were moderated as input)."""
-        out = []
-        for m in history:
-            if m.role == "assistant" and m.content and await self.screen(m.id, m.content, tier):
-                m = replace(m, content=WITHHELD)
-            out.append(m)
-        return out
+    async def turns(self, turns: list[Turn], tier: str, every_role: bool) -> tuple[list[Turn], list[str]]:
+        """The turns with each flagged one replaced by a notice (assistant turns only, unless `every_role`),
+        and the ids withheld."""
+        out, withheld = [], []
+        for t in turns:
+            if (every_role or t.role == "assistant") and t.content and await self.screen(t.id, t.content, tier):
+                t = replace(t, content=WITHHELD)
+                withheld.append(t.id)
+            out.append(t)
+        return out, withheld
+
+
+async def assemble_chat_run(
+    prompt: Event,
+    conversations: Conversations,
+    memory: Memory,
+    guard: ContextGuard,
+    settings: ProcessorSettings,
+) -> Event:
+    """The run for a chat message: system prompt + summary + verbatim window + recalled messages + the new
+    message, fitted into the first pool whose budget holds it (processors/context.py). Raises TooLong."""
+    chat_id, tier = uuid.UUID(prompt["chat_id"]), prompt["tier"]
+    summary, earlier, older, reset, withheld = None, [], False, None, []
+    if prompt["prev_run_id"]:  # not the chat's first turn (its first turn reads nothing: faster first token)
+        await wait_for_previous(prompt, conversations, settings)
+        chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
+        reset = chat.context_from if chat is not None else None
+        if latest is not None and not (reset and uuid.UUID(latest.through).time < reset.time):
+            if await guard.screen(f"summary:{chat_id}:{latest.version}", latest.content, tier):
+                withheld.append(f"summary:{latest.version}")
+            else:
+                summary = (latest.version, latest.through, latest.content)
+            older = True
+        after = uuid.UUID(latest.through) if summary is not None and latest is not None else reset
+        rows = await conversations.messages_after(chat_id, after, settings.recent_messages)
+        older = older or len(rows) >= settings.recent_messages
+        before = uuid.UUID(prompt["message_id"]).time
+        earlier = [Turn(m.id, m.role, m.content) for m in rows if m.content and uuid.UUID(m.id).time < before]
+        earlier, flagged = await guard.turns(earlier, tier, every_role=False)
+        withheld += flagged
+    refused: TooLong | None = None
+    for name in pools_in_order(prompt, settings):
+        pool = settings.pools[name]
+        counter, limits = tokens.load(pool.tokenizer), limits_for(pool, prompt["max_tokens"], settings)
+        args = (settings.system_prompt, summary, earlier, older)
+        try:
+            draft = assemble_chat(*args, None, prompt["content"], limits, counter)
+        except TooLong as exc:
+            refused = exc
+            continue
+        recalled: list[Turn] = []
+        kept = draft.record["verbatim_ids"]
+        if older or len(kept) < len(earlier):
+            first = uuid.UUID(kept[0]) if kept else uuid.UUID(prompt["message_id"])
+            recalled = await recall(memory, guard, chat_id, prompt["content"], reset, first, tier, settings)
+            withheld += [t.id for t in recalled if t.content == WITHHELD]
+        assembled = assemble_chat(*args, recalled, prompt["content"], limits, counter)
+        assembled.record["withheld_ids"] = withheld
+        PROMPT_TOKENS.labels(name).observe(assembled.record["prompt_tokens"])
+        return scheduled(prompt, name, settings, assembled, len(assembled.record["verbatim_ids"]))
+    raise TooLong(f"{refused} Shorten it, or ask for a shorter answer.")
+
+
+async def recall(
+    memory: Memory,
+    guard: ContextGuard,
+    chat_id: uuid.UUID,
+    text: str,
+    after: uuid.UUID | None,
+    before: uuid.UUID,
+    tier: str,
+    settings: ProcessorSettings,
+) -> list[Turn]:
+    """The older messages most similar to the new one (best first), screened; none below the floor."""
+    vector = await asyncio.get_running_loop().run_in_executor(None, guard.moderator.encoder.embed, [text])
+    found = await memory.recall(chat_id, vector[0].tolist(), settings.recall_k, after or MIN_ID, before)
+    relevant = [Turn(r.id, r.role, r.content) for r in found if r.similarity >= settings.recall_min_similarity]
+    RECALLED.observe(len(relevant))
+    screened, _ = await guard.turns(relevant, tier, every_role=True)
+    return screened
 
 
 def register(
@@ -199,6 +280,7 @@ def register(
     limits: LimitsView,
     pools: PoolView,
     context: ContextGuard,
+    memory: Memory,
 ) -> None:
     settings = stage.settings
 
@@ -217,10 +299,11 @@ def register(
                 prompt, "content_filter", "This request was declined by the content policy.", category=category
             )
             return
-        history = [] if prompt.get("messages") else await history_for(prompt, conversations, settings)
-        history = await context.history(history, prompt["tier"])
         try:
-            run = assemble(prompt, history, settings)
+            if prompt.get("messages"):
+                run = assemble_given(prompt, settings)
+            else:
+                run = await assemble_chat_run(prompt, conversations, memory, context, settings)
         except TooLong as exc:
             await refuse(prompt, "context_length_exceeded", str(exc))
             return
@@ -260,8 +343,8 @@ def register(
         mine = limits.for_user(prompt["user_id"], prompt["tier"])
         changed = await ledger.settle(prompt["user_id"], prompt["run_id"], actual, mine)
         SETTLED.labels("settled" if changed else "unchanged").inc()
-        if prompt.get("store", True) and done["content"]:  # screened now, so the next turn finds the verdict cached
-            await context.screen(prompt["run_id"], done["content"], prompt["tier"])
+        if prompt.get("store", True) and not prompt.get("summary") and done["content"]:
+            await context.screen(prompt["run_id"], done["content"], prompt["tier"])  # the next turn finds it cached
 
     stage.consume(PROMPT_MODERATED, handle)
     stage.consume(RUN_COMPLETED, settle)

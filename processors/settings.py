@@ -16,10 +16,21 @@ class ProcessorSettings(StackSettings):
     replica: int = 0  # which replica of its stage this process is (its own data folder)
     session_timeout_s: float = 10.0
     # scheduling
-    context_messages: int = 20  # earlier messages carried verbatim into the prompt (memory is issue 7)
+    recent_messages: int = 64  # the most messages after the summary read for the verbatim window
     system_prompt: str = "You are Parley, a helpful assistant. Answer clearly and concisely."
     prev_turn_wait_s: float = 3.0  # how long to wait for the previous answer to be persisted before going on
     run_deadline_s: float = 300.0  # a run in flight longer than this no longer counts against its user's limit
+    # memory (docs/decisions/0008-conversation-memory.md); the budgets are per pool (topics/settings.py Pool)
+    summary_tokens: int = 256  # the most a summary may take in a prompt
+    recall_tokens: int = 320  # reserved in a prompt for retrieved messages (at most a fifth of the budget)
+    recall_item_tokens: int = 120  # the most one retrieved message may take
+    recall_k: int = 4  # messages retrieved per new message
+    recall_min_similarity: float = 0.25  # cosine below this is not relevant enough to spend tokens on
+    memory_pool: str = "small"  # the pool summaries run on
+    summarize_after_tokens: int = 768  # unsummarised tokens after the summary that start a new one
+    summarize_keep_tokens: int = 256  # the newest tokens a summary leaves out (the verbatim window keeps them)
+    summary_max_tokens: int = 160  # a summary run's answer
+    summary_timeout_s: float = 180.0  # a summary run not back by then is tried again
     # metering
     usage_url: str = ""  # chdb:///path (embedded) or http://host:8123 (ClickHouse server)
     usage_database: str = "parley"
@@ -45,4 +56,4 @@ class ProcessorSettings(StackSettings):
         )
 
 
-STAGE_PORTS = {"moderation": 6066, "scheduling": 6067, "persistence": 6068, "metering": 6069}
+STAGE_PORTS = {"moderation": 6066, "scheduling": 6067, "persistence": 6068, "metering": 6069, "memory": 6070}

@@ -12,6 +12,7 @@ from dataclasses import astuple, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cassandra import InvalidRequest
 from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy
 from cassandra.query import BatchStatement, PreparedStatement
@@ -24,7 +25,7 @@ SCHEMA = (
     # Ownership and metadata of one chat.
     """CREATE TABLE IF NOT EXISTS {ks}.chats (
          chat_id timeuuid PRIMARY KEY, user_id text, title text, created_at timestamp, last_run_id text,
-         last_active_at timestamp)""",
+         last_active_at timestamp, context_from timeuuid, memory_changed_at timestamp)""",
     # Where each run's reply stream lives, so any edge replica can replay or resume it; finish_reason is set
     # once the run has ended (cancel of a finished run is a conflict).
     """CREATE TABLE IF NOT EXISTS {ks}.runs (
@@ -46,6 +47,17 @@ SCHEMA = (
          day text, at timestamp, decision_id uuid, stage text, action text, category text, score double,
          policy_version text, run_id text, chat_id text, user_id text, tier text, excerpt text,
          PRIMARY KEY ((day), at, decision_id)) WITH CLUSTERING ORDER BY (at DESC, decision_id DESC)""",
+    # Conversation memory (docs/decisions/0008-conversation-memory.md): every stored message's MiniLM
+    # embedding, searched per chat by approximate nearest neighbour (SAI vector index), and the chat's rolling
+    # summaries, newest version first; `through` is the last message a summary covers.
+    """CREATE TABLE IF NOT EXISTS {ks}.memory (
+         chat_id timeuuid, message_id timeuuid, role text, content text, embedding vector<float, 384>,
+         PRIMARY KEY ((chat_id), message_id))""",
+    """CREATE CUSTOM INDEX IF NOT EXISTS memory_ann ON {ks}.memory (embedding) USING 'StorageAttachedIndex'
+       WITH OPTIONS = {{'similarity_function': 'cosine'}}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.summaries (
+         chat_id timeuuid, version int, through timeuuid, content text, tokens int, run_id text,
+         created_at timestamp, PRIMARY KEY ((chat_id), version)) WITH CLUSTERING ORDER BY (version DESC)""",
     # API keys: only a SHA-256 of the key is stored (keys are 256-bit random, so a fast hash is enough).
     """CREATE TABLE IF NOT EXISTS {ks}.api_keys (
          key_hash text PRIMARY KEY, key_id timeuuid, user_id text, tier text, revoked boolean)""",
@@ -54,7 +66,17 @@ SCHEMA = (
          revoked_at timestamp, PRIMARY KEY ((user_id), key_id)) WITH CLUSTERING ORDER BY (key_id DESC)""",
 )
 # Columns added after a table first shipped: (table, column, type), applied when missing.
-COLUMNS_ADDED = (("chats", "last_active_at", "timestamp"), ("runs", "finish_reason", "text"))
+# context_from: a reset's marker (earlier messages stay listed but no longer go into prompts); memory_changed_at:
+# when a message was last edited or deleted (a summary begun before it is discarded).
+COLUMNS_ADDED = (
+    ("chats", "last_active_at", "timestamp"),
+    ("runs", "finish_reason", "text"),
+    ("chats", "context_from", "timeuuid"),
+    ("chats", "memory_changed_at", "timestamp"),
+)
+
+
+MIN_ID = uuid.UUID(int=0x00000000_0000_1000_8000_000000000000)  # the smallest timeuuid
 
 
 def new_id() -> uuid.UUID:
@@ -163,14 +185,19 @@ class Conversations:
             f"DELETE FROM {ks}.chats_by_activity WHERE user_id = ? AND active_at = ? AND chat_id = ?"
         )
         self._get_chat = p(
-            f"SELECT chat_id, user_id, title, created_at, last_run_id, last_active_at FROM {ks}.chats WHERE chat_id = ?"
+            f"SELECT chat_id, user_id, title, created_at, last_run_id, last_active_at, context_from, memory_changed_at "
+            f"FROM {ks}.chats WHERE chat_id = ?"
         )
+        self._set_context_from = p(f"UPDATE {ks}.chats SET context_from = ?, memory_changed_at = ? WHERE chat_id = ?")
+        self._set_memory_changed = p(f"UPDATE {ks}.chats SET memory_changed_at = ? WHERE chat_id = ?")
         self._get_chats = p(f"SELECT chat_id, title, last_active_at FROM {ks}.chats WHERE chat_id IN ?")
         self._set_active = p(f"UPDATE {ks}.chats SET last_active_at = ?, last_run_id = ? WHERE chat_id = ?")
         self._set_title = p(f"UPDATE {ks}.chats SET title = ? WHERE chat_id = ?")
         self._delete_chat = p(f"DELETE FROM {ks}.chats WHERE chat_id = ?")
         self._delete_messages = p(f"DELETE FROM {ks}.messages WHERE chat_id = ?")
         self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE chat_id = ?")
+        self._delete_memory = p(f"DELETE FROM {ks}.memory WHERE chat_id = ?")
+        self._delete_summaries = p(f"DELETE FROM {ks}.summaries WHERE chat_id = ?")
         self._insert_run = p(f"INSERT INTO {ks}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)")
         self._get_run = p(f"SELECT reply_partition, finish_reason FROM {ks}.runs WHERE chat_id = ? AND run_id = ?")
         self._finish_run = p(f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?")
@@ -190,7 +217,13 @@ class Conversations:
         self._recent_messages = p(
             f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? ORDER BY message_id DESC LIMIT ?"
         )
+        self._messages_after = p(
+            f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? ORDER BY message_id DESC LIMIT ?"
+        )
         self._get_message = p(f"SELECT message_id FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+        self._one_message = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+        self._set_content = p(f"UPDATE {ks}.messages SET content = ? WHERE chat_id = ? AND message_id = ?")
+        self._delete_message = p(f"DELETE FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._insert_key = p(
             f"INSERT INTO {ks}.api_keys (key_hash, key_id, user_id, tier, revoked) VALUES (?, ?, ?, ?, false)"
         )
@@ -219,14 +252,24 @@ class Conversations:
     @classmethod
     def connect(cls, hosts: str, port: int, keyspace: str) -> Conversations:
         session = _connect(hosts.split(","), port)
-        cluster = session.cluster
         for statement in SCHEMA:
             session.execute(statement.format(ks=keyspace), timeout=60)
-        cluster.refresh_schema_metadata()
-        tables = cluster.metadata.keyspaces[keyspace].tables
+        # The columns are read with an ordinary query rather than the driver's schema metadata: its refresh
+        # runs on the control connection with a short timeout, and failed outright on a node that had just
+        # restarted with every stage connecting at once (CI, test_restart).
         for table, column, kind in COLUMNS_ADDED:
-            if column not in tables[table].columns:
-                session.execute(f"ALTER TABLE {keyspace}.{table} ADD {column} {kind}", timeout=60)
+            present = session.execute(
+                "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s "
+                "AND column_name = %s",
+                (keyspace, table, column),
+                timeout=60,
+            ).one()
+            if present is None:
+                try:
+                    session.execute(f"ALTER TABLE {keyspace}.{table} ADD {column} {kind}", timeout=60)
+                except InvalidRequest as exc:  # another stage starting beside this one added it first
+                    if "exist" not in str(exc).lower():  # "already exists", "conflicts with an existing column"
+                        raise
         return cls(session, keyspace)
 
     def close(self) -> None:
@@ -262,12 +305,14 @@ class Conversations:
         )
 
     async def delete_chat(self, chat: Any) -> None:
-        """The chat, its messages and its runs (so its streams can no longer be resumed)."""
+        """The chat, its messages, its runs (so its streams can no longer be resumed) and its memory."""
         await self._batch(
             (self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id)),
             (self._delete_chat, (chat.chat_id,)),
             (self._delete_messages, (chat.chat_id,)),
             (self._delete_runs, (chat.chat_id,)),
+            (self._delete_memory, (chat.chat_id,)),
+            (self._delete_summaries, (chat.chat_id,)),
         )
 
     async def list_chats(self, user_id: str, limit: int, after: tuple[datetime, uuid.UUID] | None) -> list[Any]:
@@ -326,13 +371,35 @@ class Conversations:
 
     # -- messages ----------------------------------------------------------------------------------
     async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
-        floor = after or uuid.UUID(int=0x00000000_0000_1000_8000_000000000000)  # the smallest timeuuid
-        rows = await self._run(self._list_messages, (chat_id, floor, limit))
+        rows = await self._run(self._list_messages, (chat_id, after or MIN_ID, limit))
         return [_message(r) for r in rows]
 
     async def recent_messages(self, chat_id: uuid.UUID, limit: int) -> list[Message]:
         rows = await self._run(self._recent_messages, (chat_id, limit))
         return [_message(r) for r in reversed(list(rows))]
+
+    async def messages_after(self, chat_id: uuid.UUID, after: uuid.UUID | None, limit: int) -> list[Message]:
+        """The newest `limit` messages later than `after` (all of the chat's when None), oldest first."""
+        rows = await self._run(self._messages_after, (chat_id, after or MIN_ID, limit))
+        return [_message(r) for r in reversed(list(rows))]
+
+    async def get_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
+        row = (await self._run(self._one_message, (chat_id, message_id))).one()
+        return _message(row) if row else None
+
+    async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str) -> None:
+        await self._batch(
+            (self._set_content, (content, chat_id, message_id)), (self._set_memory_changed, (_now(), chat_id))
+        )
+
+    async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
+        await self._batch((self._delete_message, (chat_id, message_id)), (self._set_memory_changed, (_now(), chat_id)))
+
+    async def reset_context(self, chat_id: uuid.UUID) -> uuid.UUID:
+        """Later prompts start from here: the chat's earlier messages stay listed but leave its memory."""
+        marker = new_id()
+        await self._run(self._set_context_from, (marker, _now(), chat_id))
+        return marker
 
     async def has_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> bool:
         return (await self._run(self._get_message, (chat_id, message_id))).one() is not None

@@ -1,7 +1,7 @@
 """The pipeline, declared once: every topic, its schema, its key, and which stage produces and consumes it.
 
 Reading this file top to bottom reads the data flow:
-    api -> moderation -> scheduling -> inference -> (api, persistence, metering)
+    api -> moderation -> scheduling -> inference -> (api, persistence, metering, memory)
 """
 
 from __future__ import annotations
@@ -80,7 +80,18 @@ RUN_COMPLETED = Topic(
     "chat.run-completed.v1",
     "RunCompleted",
     "inference",
-    ("persistence", "metering", "scheduling"),
+    ("persistence", "metering", "scheduling", "memory"),
+    CHAT_PARTITIONS,
+    "chat_id",
+)
+# Edits, deletes and context resets of a chat's messages, for the memory stage (which re-embeds, forgets and
+# summarises again). The memory stage also writes RunScheduled itself: a summary is a run on the small pool
+# (docs/decisions/0008-conversation-memory.md).
+MEMORY_CHANGED = Topic(
+    "chat.memory-changed.v1",
+    "MemoryChanged",
+    "api",
+    ("memory",),
     CHAT_PARTITIONS,
     "chat_id",
 )
@@ -146,13 +157,14 @@ TOPICS: tuple[Topic, ...] = (
     TOKEN_DELTA,
     RUN_COMPLETED,
     RUN_CONTROL,
+    MEMORY_CHANGED,
     OUTPUT_MODERATED,
     LIMITS,
     SAFETY_POLICIES,
     POOL_STATUS,
 )
 
-STAGES = ("api", "moderation", "scheduling", "inference", "persistence", "metering")
+STAGES = ("api", "moderation", "scheduling", "inference", "persistence", "metering", "memory")
 
 
 def named(topic: Topic, namespace: str) -> str:

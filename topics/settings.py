@@ -28,19 +28,27 @@ def local_jwt_secret() -> SecretStr:
 
 
 class Pool(BaseModel):
-    """A model pool: the model id it serves and how many tokens (prompt + answer) one sequence may hold."""
+    """A model pool: the model id it serves, how many tokens (prompt + answer) one sequence may hold, the
+    budget a chat's assembled prompt is fitted into (docs/decisions/0008-conversation-memory.md) and where its
+    tokenizer comes from (topics/tokens.py: gguf:PATH, or hf:DIR for a Hugging Face model folder)."""
 
     model_config = {"frozen": True}
 
     model: str
     context: int
+    prompt_budget: int = 0  # 0: three quarters of the context
+    tokenizer: str = "gguf:"  # the bundled SmolLM2 GGUF
+
+    @property
+    def budget(self) -> int:
+        return self.prompt_budget or self.context * 3 // 4
 
 
 # Locally both pools run SmolLM2-135M under llama.cpp, as two engine configurations: many short sequences,
 # or few long ones (the model's own limit is 8,192 tokens). On GPUs they are different models.
 DEFAULT_POOLS = {
-    "small": Pool(model="smollm2-135m-instruct", context=2048),
-    "large": Pool(model="smollm2-135m-instruct-8k", context=8192),
+    "small": Pool(model="smollm2-135m-instruct", context=2048, prompt_budget=1536),
+    "large": Pool(model="smollm2-135m-instruct-8k", context=8192, prompt_budget=4096),
 }
 
 

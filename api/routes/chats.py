@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -23,6 +24,8 @@ from api.auth import CurrentUser, Principal
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply, parse_cursor
 from storage.cassandra import decode_cursor, encode_cursor, new_id, parse_id, utc
+from topics import codec
+from topics.pipeline import MEMORY_CHANGED, named
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -40,6 +43,10 @@ class NewChat(BaseModel):
 
 class ChatPatch(BaseModel):
     title: str = Field(min_length=1, max_length=200)
+
+
+class MessagePatch(BaseModel):
+    content: str = Field(min_length=1)
 
 
 class NewMessage(BaseModel):
@@ -175,6 +182,74 @@ async def list_messages(
         "data": [convert.message_json(m) for m in page],
         "next_cursor": encode_cursor({"after": page[-1].id}) if more else None,
     }
+
+
+async def owned_message(deps: Services, chat_id: uuid.UUID, message_id: str) -> Any:
+    parsed = parse_id(message_id)
+    message = await deps.conversations.get_message(chat_id, parsed) if parsed else None
+    if message is None:
+        raise ApiError(404, f"No message found with id '{message_id}' in this chat.", "message_not_found")
+    return message
+
+
+async def memory_changed(deps: Services, chat_id: uuid.UUID, user: Principal, action: str, **fields: Any) -> None:
+    """Tell the memory stage (it re-embeds an edited message and summarises again)."""
+    event = {
+        "event_id": str(uuid.uuid4()),
+        "chat_id": str(chat_id),
+        "user_id": user.user_id,
+        "action": action,
+        "message_id": fields.get("message_id"),
+        "role": fields.get("role"),
+        "content": fields.get("content"),
+        "at": int(time.time() * 1000),
+    }
+    await deps.producer.send(
+        named(MEMORY_CHANGED, deps.settings.namespace), codec.encode(MEMORY_CHANGED.schema, event), key=str(chat_id)
+    )
+
+
+@router.patch("/{chat_id}/messages/{message_id}")
+async def edit_message(
+    deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: MessagePatch
+) -> dict[str, Any]:
+    """Change a message's text. Memory follows: its old embedding and every summary covering it are dropped
+    now (the next prompt sees neither), and the memory stage embeds the new text and summarises again."""
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    message = await owned_message(deps, parsed, message_id)
+    mid = uuid.UUID(message.id)
+    await deps.conversations.edit_message(parsed, mid, body.content)
+    await deps.memory.forget(parsed, mid)
+    await deps.memory.drop_summaries_covering(parsed, mid)
+    await memory_changed(deps, parsed, user, "edited", message_id=message.id, role=message.role, content=body.content)
+    log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)
+    return convert.message_json(replace(message, content=body.content))
+
+
+@router.delete("/{chat_id}/messages/{message_id}", status_code=204)
+async def delete_message(deps: Deps, user: CurrentUser, chat_id: str, message_id: str) -> Response:
+    """Delete a message, with its embedding and every summary that covers it."""
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    message = await owned_message(deps, parsed, message_id)
+    mid = uuid.UUID(message.id)
+    await deps.conversations.delete_message(parsed, mid)
+    await deps.memory.forget(parsed, mid)
+    await deps.memory.drop_summaries_covering(parsed, mid)
+    await memory_changed(deps, parsed, user, "deleted", message_id=message.id, role=message.role)
+    log.info("chat %s: message %s deleted by %s", chat_id, message.id, user.user_id)
+    return Response(status_code=204)
+
+
+@router.post("/{chat_id}/context/reset")
+async def reset_context(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str, Any]:
+    """Start the chat's context afresh: its messages stay listed, but later prompts carry none of them, no
+    summary and no retrieved memory."""
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    marker = await deps.conversations.reset_context(parsed)
+    await deps.memory.reset(parsed)
+    await memory_changed(deps, parsed, user, "reset")
+    log.info("chat %s: context reset by %s", chat_id, user.user_id)
+    return {"id": chat_id, "object": "chat.context", "context_from": str(marker)}
 
 
 @router.post("/{chat_id}/messages")

@@ -8,7 +8,7 @@ from api.routes.openai import conversation_key
 from inference.engine import EngineDown, OpenAIStreamEngine, Outcome, Request, parse_sse_line
 from inference.takeover import prior_of
 from inference.worker import usage_after
-from processors.schedule_run import TooLong, choose_pool
+from processors.schedule_run import TooLong, assemble_given
 from processors.settings import ProcessorSettings
 from topics.admission import estimate_tokens
 
@@ -19,17 +19,20 @@ SETTINGS = ProcessorSettings()
 
 def test_a_short_chat_goes_to_the_small_pool_a_long_one_to_the_large():
     short = [{"role": "user", "content": "Hi"}]
-    assert choose_pool(prompt(max_tokens=256), short, SETTINGS) == ("small", "smollm2-135m-instruct")
-    long = [{"role": "user", "content": "word " * 2000}]  # ~10,000 characters: beyond 2,048 tokens
-    assert choose_pool(prompt(max_tokens=256), long, SETTINGS) == ("large", "smollm2-135m-instruct-8k")
+    run = assemble_given(prompt(max_tokens=256, messages=short), SETTINGS)
+    assert (run["pool"], run["model"]) == ("small", "smollm2-135m-instruct")
+    assert run["context"]["prompt_tokens"] == run["estimate_tokens"] - 256 == 31  # the serving tokenizer's count
+    long = [{"role": "user", "content": "word " * 2000}]  # 2,000 tokens: with its answer beyond 2,048
+    run = assemble_given(prompt(max_tokens=256, messages=long), SETTINGS)
+    assert (run["pool"], run["model"]) == ("large", "smollm2-135m-instruct-8k")
 
 
 def test_a_requested_model_picks_its_pool_and_nothing_fits_beyond_the_largest():
     short = [{"role": "user", "content": "Hi"}]
-    assert choose_pool(prompt(model="smollm2-135m-instruct-8k"), short, SETTINGS)[0] == "large"
-    huge = [{"role": "user", "content": "x" * 30_000}]
+    assert assemble_given(prompt(model="smollm2-135m-instruct-8k", messages=short), SETTINGS)["pool"] == "large"
+    huge = [{"role": "user", "content": "x y " * 5_000}]
     with pytest.raises(TooLong, match="8192"):
-        choose_pool(prompt(max_tokens=256), huge, SETTINGS)
+        assemble_given(prompt(max_tokens=256, messages=huge), SETTINGS)
 
 
 def test_the_token_estimate_errs_high():

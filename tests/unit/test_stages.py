@@ -1,7 +1,6 @@
-"""Pure transforms of the stages: moderation verdicts, context assembly, offsets, coalescing, SSE parsing."""
+"""Pure transforms of the stages: moderation verdicts, offsets, coalescing, SSE parsing."""
 
 import uuid
-from datetime import UTC, datetime
 
 import pytest
 
@@ -9,11 +8,10 @@ from inference.coalesce import Coalescer
 from inference.engine import EngineError, parse_sse_line
 from inference.offsets import OffsetTracker
 from processors.moderate_prompt import moderated, texts_of
-from processors.schedule_run import assemble
 from processors.settings import ProcessorSettings
 from safety.moderator import Moderator
 from safety.policy import BUILTIN
-from storage.cassandra import Message, new_id
+from storage.cassandra import new_id
 from topics import codec
 
 
@@ -44,21 +42,6 @@ def test_moderation_verdicts(text, category, moderator):
 @pytest.fixture(scope="module")
 def moderator():
     return Moderator()
-
-
-def test_assemble_carries_earlier_turns_in_order_and_excludes_the_new_message():
-    p = prompt("And in German?")
-    now = datetime.now(UTC)
-    history = [Message(str(new_id()), "user", "Say hi in French", now),
-               Message(str(new_id()), "assistant", "Bonjour!", now),
-               Message(p["message_id"], "user", "And in German?", now)]
-    run = assemble(p, history, ProcessorSettings())
-    roles = [m["role"] for m in run["messages"]]
-    assert roles == ["system", "user", "assistant", "user"]
-    assert run["messages"][1]["content"] == "Say hi in French"
-    assert run["messages"][2]["content"] == "Bonjour!"
-    assert run["messages"][-1]["content"] == "And in German?"
-    assert run["context_turns"] == 2 and run["pool"] == "small"
 
 
 def test_offsets_commit_only_below_the_oldest_unfinished_run():

@@ -1,0 +1,211 @@
+"""RunCompleted + MemoryChanged -> a chat's memory: embeddings in Cassandra, and rolling summaries.
+
+After each stored turn, the user message and the answer are embedded with the shared MiniLM encoder and
+written to the chat's vector index (retrieved later by the scheduler). When the turns after the chat's newest
+summary pass `summarize_after_tokens`, the oldest of them (all but the newest `summarize_keep_tokens`) are
+folded into a new summary version by a run on the small pool: a RunScheduled this stage publishes itself,
+served like any run (lowest priority, store = false, metered), whose RunCompleted comes back here and is
+stored as the next version. Nothing on the path of a reply waits for it: the scheduler uses whichever
+summary is stored. Edits, deletes and resets (MemoryChanged, from the edge) re-embed, forget and summarise
+again. Design: docs/decisions/0008-conversation-memory.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from prometheus_client import Counter
+
+from processors.settings import ProcessorSettings
+from processors.stage import Stage
+from safety.encoder import Encoder
+from storage.cassandra import Conversations, Message, new_id, utc
+from storage.memory import Memory, Summary
+from topics import tokens
+from topics.admission import home_partition
+from topics.codec import Event
+from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = Counter("parley_memory_embedded_total", "Messages embedded into a chat's memory", ["role"])
+SUMMARIES = Counter("parley_memory_summaries_total", "Summary runs", ["outcome"])  # requested|stored|discarded
+
+SUMMARY_PRIORITY = -100  # below every tier: a summary only takes a slot no reply is waiting for
+# SmolLM2-135M summarises best (of the prompts tried, docs/decisions/0008-conversation-memory.md) with the
+# conversation first and one plain instruction after it, no system prompt.
+INSTRUCTION = (
+    "Write a short summary of the facts the user shared about themselves in the conversation above (names, "
+    "numbers, places, plans), keeping every fact from the earlier summary."
+)
+MESSAGE_TOKENS = 300  # the most of one message a summary run reads
+
+
+def fold(messages: list[Message], counts: list[int], after_tokens: int, keep_tokens: int) -> int:
+    """How many of the oldest unsummarised messages to fold into the next summary (0: not yet) (pure).
+
+    Nothing happens until the messages pass `after_tokens`; then all but the newest `keep_tokens` go, ending
+    on an assistant message so a turn is never split."""
+    if sum(counts) <= after_tokens:
+        return 0
+    kept, n = 0, len(messages)
+    while n > 0 and kept + counts[n - 1] <= keep_tokens:
+        n -= 1
+        kept += counts[n]
+    while n > 0 and messages[n - 1].role != "assistant":
+        n -= 1
+    return n
+
+
+def summary_request(
+    previous: str | None, messages: list[Message], counter: tokens.ChatTokenizer
+) -> list[dict[str, str]]:
+    lines = [
+        f"{m.role.capitalize()}: {counter.truncate(' '.join(m.content.split()), MESSAGE_TOKENS)}" for m in messages
+    ]
+    earlier = f"Earlier summary: {previous}\n\n" if previous else ""
+    return [{"role": "user", "content": earlier + "\n".join(lines) + "\n\n" + INSTRUCTION}]
+
+
+def register(
+    stage: Stage, conversations: Conversations, memory: Memory, encoder: Encoder, settings: ProcessorSettings
+) -> None:
+    pool = settings.pools[settings.memory_pool]
+    counter = tokens.load(pool.tokenizer)
+    pending: dict[str, float] = {}  # chat id -> when its summary run was requested (this replica's chats)
+
+    async def embed(texts: list[str]) -> list[list[float]]:
+        vectors = await asyncio.get_running_loop().run_in_executor(None, encoder.embed, texts)
+        return [v.tolist() for v in vectors]
+
+    async def remember(chat_id: uuid.UUID, items: list[tuple[str, str, str]]) -> None:
+        """(message id, role, text) -> the chat's vector index."""
+        items = [i for i in items if i[2].strip()]
+        if not items:
+            return
+        vectors = await embed([text for _, _, text in items])
+        for (message_id, role, text), vector in zip(items, vectors, strict=True):
+            await memory.remember(chat_id, uuid.UUID(message_id), role, text, vector)
+            EMBEDDED.labels(role).inc()
+
+    async def maybe_summarize(prompt: Event) -> None:
+        chat_key = prompt["chat_id"]
+        if time.monotonic() - pending.get(chat_key, -1e9) < settings.summary_timeout_s:
+            return  # one summary run per chat at a time
+        chat_id = uuid.UUID(chat_key)
+        chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
+        if chat is None:
+            return
+        after = uuid.UUID(latest.through) if latest else None
+        if chat.context_from is not None and (after is None or after.time < chat.context_from.time):
+            after, latest = chat.context_from, None
+        messages = [m for m in await conversations.messages_after(chat_id, after, 400) if m.content]
+        counts = [counter.count(m.content) for m in messages]
+        n = fold(messages, counts, settings.summarize_after_tokens, settings.summarize_keep_tokens)
+        if n == 0:
+            return
+        version = (latest.version if latest else 0) + 1
+        block = messages[:n]
+        request = summary_request(latest.content if latest else None, block, counter)
+        run_id = str(new_id())
+        now = int(time.time() * 1000)
+        summary_prompt = {
+            "event_id": str(uuid.uuid4()),
+            "run_id": run_id,
+            "chat_id": chat_key,
+            "user_id": prompt["user_id"],
+            "tier": prompt["tier"],
+            "message_id": run_id,
+            "content": request[-1]["content"],
+            "max_tokens": settings.summary_max_tokens,
+            "model": pool.model,
+            "reply_partition": 0,
+            "prev_run_id": None,
+            "messages": None,
+            "temperature": 0.2,
+            "store": False,
+            "summary": {"version": version, "through": block[-1].id, "messages": n},
+            "created_at": now,
+        }
+        run = {
+            "event_id": str(uuid.uuid4()),
+            "prompt": summary_prompt,
+            "pool": settings.memory_pool,
+            "model": pool.model,
+            "messages": request,
+            "context_turns": n,
+            "priority": SUMMARY_PRIORITY,
+            "degraded_from": None,
+            "estimate_tokens": counter.count_chat(request) + settings.summary_max_tokens,
+            "context": None,
+            "scheduled_at": now,
+        }
+        pending[chat_key] = time.monotonic()
+        await stage.publish(
+            RUN_SCHEDULED[settings.memory_pool],
+            run,
+            key=chat_key,
+            partition=home_partition(settings.memory_pool, chat_key),
+        )
+        SUMMARIES.labels("requested").inc()
+        log.info("chat %s: summary v%d of %d messages requested (run %s)", chat_key, version, n, run_id)
+
+    async def store_summary(done: Event) -> None:
+        prompt, request = done["prompt"], done["prompt"]["summary"]
+        chat_key = prompt["chat_id"]
+        chat_id = uuid.UUID(chat_key)
+        pending.pop(chat_key, None)
+        chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
+        text = " ".join(done["content"].split())
+        reason = None
+        if chat is None:
+            reason = "the chat is gone"
+        elif done["finish_reason"] not in ("stop", "length") or not text:
+            reason = f"the run ended {done['finish_reason']} with {len(text)} characters"
+        elif (latest.version if latest else 0) != request["version"] - 1:
+            reason = f"the newest summary is now v{latest.version if latest else 0}"
+        elif chat.memory_changed_at and utc(chat.memory_changed_at).timestamp() * 1000 >= prompt["created_at"]:
+            reason = "a message was edited, deleted or the context reset since it began"
+        if reason:
+            SUMMARIES.labels("discarded").inc()
+            log.info("chat %s: summary v%d discarded: %s", chat_key, request["version"], reason)
+        else:
+            text = counter.truncate(text, settings.summary_tokens)
+            summary = Summary(request["version"], request["through"], text, counter.count(text), prompt["run_id"])
+            await memory.put_summary(chat_id, summary)
+            SUMMARIES.labels("stored").inc()
+            log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
+        await maybe_summarize(prompt)  # more may have piled up meanwhile
+
+    async def on_completed(done: Event) -> None:
+        prompt = done["prompt"]
+        if prompt.get("summary"):
+            await store_summary(done)
+            return
+        if not prompt.get("store", True) or prompt.get("messages"):
+            return  # stateless runs (OpenAI route) are not chat messages
+        items = [(prompt["message_id"], "user", prompt["content"])]
+        if done["finish_reason"] != "error":
+            items.append((prompt["run_id"], "assistant", done["content"]))
+        await remember(uuid.UUID(prompt["chat_id"]), items)
+        await maybe_summarize(prompt)
+
+    async def on_changed(change: Event) -> None:
+        chat_id = uuid.UUID(change["chat_id"])
+        action = change["action"]
+        if action == "reset":
+            await memory.reset(chat_id)
+        elif change["message_id"]:
+            message_id = uuid.UUID(change["message_id"])
+            await memory.forget(chat_id, message_id)
+            await memory.drop_summaries_covering(chat_id, message_id)
+            if action == "edited" and change["content"]:
+                await remember(chat_id, [(change["message_id"], change["role"] or "user", change["content"])])
+        pending.pop(change["chat_id"], None)  # a summary begun before it is discarded when it lands
+        log.info("chat %s: memory %s (%s)", change["chat_id"], action, change["message_id"] or "whole chat")
+
+    stage.consume(RUN_COMPLETED, on_completed)
+    stage.consume(MEMORY_CHANGED, on_changed)

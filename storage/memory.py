@@ -1,0 +1,114 @@
+"""A chat's long-term memory in Cassandra: message embeddings searched by ANN, and rolling summaries.
+
+The tables are declared with the rest of the schema (storage/cassandra.py); this adapter shares the
+Conversations session. Design: docs/decisions/0008-conversation-memory.md.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cassandra.cluster import Session
+
+from storage.cassandra import wait
+
+
+@dataclass(frozen=True)
+class Recalled:
+    id: str
+    role: str
+    content: str
+    similarity: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    version: int
+    through: str  # the last message it covers
+    content: str
+    tokens: int
+    run_id: str
+
+
+class Memory:
+    def __init__(self, session: Session, keyspace: str) -> None:
+        self.session = session
+        ks, p = keyspace, session.prepare
+        self._put = p(f"INSERT INTO {ks}.memory (chat_id, message_id, role, content, embedding) VALUES (?, ?, ?, ?, ?)")
+        self._forget = p(f"DELETE FROM {ks}.memory WHERE chat_id = ? AND message_id = ?")
+        self._recall = p(
+            f"SELECT message_id, role, content, similarity_cosine(embedding, ?) AS similarity FROM {ks}.memory "
+            "WHERE chat_id = ? AND message_id > ? AND message_id < ? ORDER BY embedding ANN OF ? LIMIT ?"
+        )
+        self._forget_all = p(f"DELETE FROM {ks}.memory WHERE chat_id = ?")
+        self._summaries = p(
+            f"SELECT version, through, content, tokens, run_id FROM {ks}.summaries WHERE chat_id = ? LIMIT ?"
+        )
+        self._put_summary = p(
+            f"INSERT INTO {ks}.summaries (chat_id, version, through, content, tokens, run_id, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._drop_summary = p(f"DELETE FROM {ks}.summaries WHERE chat_id = ? AND version = ?")
+        self._drop_summaries = p(f"DELETE FROM {ks}.summaries WHERE chat_id = ?")
+
+    async def _run(self, statement: Any, params: tuple[Any, ...]) -> Any:
+        return await wait(self.session.execute_async(statement, params))
+
+    # -- embeddings --------------------------------------------------------------------------------
+    async def remember(
+        self, chat_id: uuid.UUID, message_id: uuid.UUID, role: str, content: str, embedding: list[float]
+    ) -> None:
+        """Idempotent: keyed by the message's id."""
+        await self._run(self._put, (chat_id, message_id, role, content, embedding))
+
+    async def forget(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
+        await self._run(self._forget, (chat_id, message_id))
+
+    async def recall(
+        self, chat_id: uuid.UUID, embedding: list[float], k: int, after: uuid.UUID, before: uuid.UUID
+    ) -> list[Recalled]:
+        """The k messages strictly between `after` and `before` most similar to the embedding, best first."""
+        rows = await self._run(self._recall, (embedding, chat_id, after, before, embedding, k))
+        return [Recalled(str(r.message_id), r.role, r.content, float(r.similarity)) for r in rows]
+
+    # -- summaries ---------------------------------------------------------------------------------
+    async def summaries(self, chat_id: uuid.UUID, limit: int = 1) -> list[Summary]:
+        """The newest versions first."""
+        rows = await self._run(self._summaries, (chat_id, limit))
+        return [Summary(r.version, str(r.through), r.content, r.tokens, r.run_id) for r in rows]
+
+    async def latest_summary(self, chat_id: uuid.UUID) -> Summary | None:
+        found = await self.summaries(chat_id, 1)
+        return found[0] if found else None
+
+    async def put_summary(self, chat_id: uuid.UUID, summary: Summary) -> None:
+        await self._run(
+            self._put_summary,
+            (
+                chat_id,
+                summary.version,
+                uuid.UUID(summary.through),
+                summary.content,
+                summary.tokens,
+                summary.run_id,
+                datetime.now(UTC),
+            ),
+        )
+
+    async def drop_summaries_covering(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> int:
+        """Remove every summary that covers the message (an edit or a delete makes them wrong); the memory stage
+        summarises again from the newest one left. Returns how many went."""
+        dropped = 0
+        for summary in await self.summaries(chat_id, 1000):
+            if uuid.UUID(summary.through).time >= message_id.time:
+                await self._run(self._drop_summary, (chat_id, summary.version))
+                dropped += 1
+        return dropped
+
+    async def reset(self, chat_id: uuid.UUID) -> None:
+        """Forget the chat's embeddings and summaries (a context reset)."""
+        await self._run(self._forget_all, (chat_id,))
+        await self._run(self._drop_summaries, (chat_id,))

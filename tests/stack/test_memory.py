@@ -1,0 +1,137 @@
+"""Conversation memory on the real stack: budgets counted with the serving tokenizer (checked against the
+engine's own prompt_tokens), background summaries on the small pool, retrieval from Cassandra's vector index,
+and edits, deletes and resets that memory follows."""
+
+import uuid
+
+from topics import codec
+from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED
+from topics.settings import DEFAULT_POOLS
+
+from .conftest import chat_turn, read_topic, wait_for
+
+FACT = "My cat is called Pepperoni and she is eleven years old."
+FILLER = [
+    "Explain how the printing press changed the way books were made in Europe, and why it mattered so much.",
+    "What should I pack for a week of hiking in the mountains in autumn, with cold nights and some rain?",
+    "Describe how a bicycle gear system works, and when a rider should shift to a lower or a higher gear.",
+    "Give me three tips for writing a clear email to a colleague who is very busy and reads on a phone.",
+    "How do volcanoes form, and what is the difference between a shield volcano and a stratovolcano?",
+    "What are good habits for keeping a small vegetable garden healthy through a hot and dry summer?",
+    "Tell me how a sourdough starter works and how often it needs feeding when kept in the fridge.",
+    "Explain the rules of chess castling, including the cases where a player is not allowed to castle.",
+]
+
+
+def chat_records(live, topic, schema, chat_id, timeout_s=20.0):
+    def match(msg):
+        return msg.key() == chat_id.encode()
+
+    return [codec.decode(schema, m.value()) for m in read_topic(live.topic(topic), match, timeout_s)]
+
+
+def scheduled_runs(live, chat_id):
+    """Every RunScheduled of the chat (chat runs and summary runs), in publish order per pool."""
+    out = []
+    for topic in RUN_SCHEDULED.values():
+        out += chat_records(live, topic, "RunScheduled", chat_id, timeout_s=10)
+    return out
+
+
+def test_a_long_chat_stays_in_budget_summarises_in_the_background_and_recalls_an_old_fact(live):
+    client = live.client(live.token())
+    chat_id = client.post("/v1/chats", json={"title": "memory"}).json()["id"]
+    planted = chat_turn(client, chat_id, FACT, max_tokens=16)
+    for turn in range(18):
+        chat_turn(client, chat_id, FILLER[turn % len(FILLER)], max_tokens=48)
+
+    # Summaries run in the background at the lowest priority; the turns above never waited for one. Wait for
+    # the first to land so the probe's prompt shows where it goes.
+    def summarised():
+        done = chat_records(live, RUN_COMPLETED, "RunCompleted", chat_id, timeout_s=5)
+        return any(d["prompt"]["summary"] and d["content"] for d in done)
+
+    assert wait_for(summarised, timeout_s=120), "no summary run completed"
+    probe = chat_turn(client, chat_id, "What is my cat called, and how old is she?", max_tokens=16)
+    probe_run = probe[0]["data"]["run_id"]
+
+    def listed():
+        return client.get(f"/v1/chats/{chat_id}/messages", params={"limit": 100}).json()["data"]
+
+    wait_for(lambda: len(listed()) >= 40)  # the last answer lands
+    messages = listed()
+    assert len(messages) == 2 * 20  # summary runs are not chat messages
+    fact_id = next(m["id"] for m in messages if m["content"] == FACT)
+    assert planted[0]["data"]["run_id"]
+
+    runs = scheduled_runs(live, chat_id)
+    chat_runs = {r["prompt"]["run_id"]: r for r in runs if not r["prompt"]["summary"]}
+    summary_runs = [r for r in runs if r["prompt"]["summary"]]
+    assert len(chat_runs) == 20
+    assert summary_runs, "no summary was requested although the chat passed the summary trigger"
+    assert all(r["pool"] == "small" and not r["prompt"]["store"] and r["priority"] < 0 for r in summary_runs)
+
+    completed = {d["prompt"]["run_id"]: d for d in chat_records(live, RUN_COMPLETED, "RunCompleted", chat_id)}
+    budget = DEFAULT_POOLS["small"].prompt_budget
+    for run_id, run in chat_runs.items():
+        context = run["context"]
+        assert context["budget"] <= budget and context["prompt_tokens"] <= context["budget"]
+        # our count (serving tokenizer over the chat template) is what the engine counted
+        assert context["prompt_tokens"] == completed[run_id]["usage"]["prompt_tokens"], run_id
+    # The summary is in the probe's prompt, or the context guard withheld it (a tiny model's summary can read
+    # as instructions); either way the run records which version it saw.
+    probe_context = chat_runs[probe_run]["context"]
+    assert probe_context["summary_version"] == 1 or "summary:1" in probe_context["withheld_ids"], probe_context
+    assert any(d["prompt"]["summary"] and d["content"] for d in completed.values())  # summaries were written
+
+    # The old fact is in the probe's assembled prompt: retrieved by similarity, or kept by the summary.
+    run = chat_runs[probe_run]
+    text = "\n".join(m["content"] for m in run["messages"])
+    assert fact_id not in run["context"]["verbatim_ids"]  # long out of the window
+    assert fact_id in run["context"]["retrieved_ids"] or "Pepperoni" in run["messages"][0]["content"]
+    assert "Pepperoni" in text
+
+
+def test_edits_deletes_and_resets_update_memory(live):
+    client = live.client(live.token())
+    chat_id = client.post("/v1/chats", json={"title": "edits"}).json()["id"]
+    chat_turn(client, chat_id, "My locker code is 4417.", max_tokens=8)
+    chat_turn(client, chat_id, "I like the colour green.", max_tokens=8)
+    messages = client.get(f"/v1/chats/{chat_id}/messages").json()["data"]
+    code_id, colour_id = messages[0]["id"], messages[2]["id"]
+
+    assert client.delete(f"/v1/chats/{chat_id}/messages/{code_id}").status_code == 204
+    edited = client.patch(f"/v1/chats/{chat_id}/messages/{colour_id}", json={"content": "I like the colour teal."})
+    assert edited.status_code == 200 and edited.json()["content"] == "I like the colour teal."
+    assert client.patch(f"/v1/chats/{chat_id}/messages/{uuid.uuid1()}", json={"content": "x"}).status_code == 404
+    after = chat_turn(client, chat_id, "Which colour do I like?", max_tokens=8)
+    run = next(r for r in scheduled_runs(live, chat_id) if r["prompt"]["run_id"] == after[0]["data"]["run_id"])
+    text = "\n".join(m["content"] for m in run["messages"])
+    assert "My locker code is 4417." not in text and code_id not in run["context"]["verbatim_ids"]
+    assert code_id not in run["context"]["retrieved_ids"]
+    assert "I like the colour teal." in text and "I like the colour green." not in text
+
+    # the memory stage re-embedded the edited text (the vector row holds the new content)
+    from cassandra.cluster import Cluster
+
+    session = Cluster(["127.0.0.1"], protocol_version=5).connect()
+    ks = f"parley_{live.namespace}".replace("-", "_")
+
+    def stored(message_id):
+        row = session.execute(
+            f"SELECT content FROM {ks}.memory WHERE chat_id = %s AND message_id = %s",
+            (uuid.UUID(chat_id), uuid.UUID(message_id)),
+        ).one()
+        return row.content if row else None
+
+    assert wait_for(lambda: stored(colour_id) == "I like the colour teal.")
+    assert stored(code_id) is None
+
+    reset = client.post(f"/v1/chats/{chat_id}/context/reset")
+    assert reset.status_code == 200
+    fresh = chat_turn(client, chat_id, "Hello again.", max_tokens=8)
+    run = next(r for r in scheduled_runs(live, chat_id) if r["prompt"]["run_id"] == fresh[0]["data"]["run_id"])
+    assert [m["role"] for m in run["messages"]] == ["system", "user"]
+    assert run["context"]["verbatim_ids"] == [] and run["context"]["summary_version"] is None
+    assert len(client.get(f"/v1/chats/{chat_id}/messages").json()["data"]) == 7  # earlier ones still listed
+    session.cluster.shutdown()

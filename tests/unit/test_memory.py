@@ -1,0 +1,92 @@
+"""Prompt assembly within a budget, with the serving model's own tokenizer (pure: no services)."""
+
+import pytest
+
+from processors.context import Limits, TooLong, Turn, assemble_chat, window
+from processors.remember import fold
+from processors.settings import ProcessorSettings
+from storage.cassandra import Message, new_id
+from topics import tokens
+from topics.settings import DEFAULT_POOLS
+
+SYSTEM = ProcessorSettings().system_prompt
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tokens.load(DEFAULT_POOLS["small"].tokenizer)
+
+
+def turns(n, words=40):
+    out = []
+    for i in range(n):
+        out.append(Turn(str(new_id()), "user", f"Question {i}: " + "tell me about the harbour " * (words // 5)))
+        out.append(Turn(str(new_id()), "assistant", f"Answer {i}: " + "the harbour is calm today " * (words // 5)))
+    return out
+
+
+def test_the_tokenizer_counts_the_chat_template_and_special_tokens(tok):
+    one = [{"role": "user", "content": "hello"}]
+    # <|im_start|>system\n...<|im_end|>\n (the template's default system) + <|im_start|>user\nhello<|im_end|>\n
+    # + <|im_start|>assistant\n: the same count llama-server reports (tests/stack/test_memory.py checks it)
+    assert tok.count_chat(one) == 31
+    assert tok.count("<|im_start|>") == 1 and tok.count("12345") == 5  # special token; digits one by one
+    assert tok.truncate("one two three four", 2) == "one two"
+
+
+def test_a_growing_conversation_never_exceeds_the_budget_and_flattens(tok):
+    limits = Limits(budget=600)
+    counts = []
+    history = turns(60)
+    for n in range(0, len(history), 2):
+        earlier = history[:n]
+        done = assemble_chat(SYSTEM, None, earlier, False, None, "What now?", limits, tok)
+        assert done.record["prompt_tokens"] == tok.count_chat(done.messages) <= limits.budget
+        counts.append(done.record["prompt_tokens"])
+    assert counts[-1] > counts[0]
+    tail = counts[len(counts) // 2 :]
+    assert max(tail) - min(tail) < 150  # flat once the window is full: bounded by one turn's size
+    assert max(counts) <= limits.budget
+
+
+def test_the_window_keeps_the_newest_whole_turns_starting_with_a_user_turn(tok):
+    history = turns(10)
+    kept = window(history, 300, tok)
+    assert kept and kept[-1] == history[-1] and kept[0].role == "user"
+    assert history[-len(kept) :] == kept
+
+
+def test_the_prefix_is_stable_from_turn_to_turn(tok):
+    """Between summaries the prompt only grows at its end: the previous prompt, less its new message, is a
+    prefix of the next one (what engine prefix caching needs)."""
+    limits = Limits(budget=1536)
+    history = turns(4)
+    summary = (3, str(new_id()), "The user is planning a trip to Lisbon in May.")
+    first = assemble_chat(SYSTEM, summary, history[:-2], True, [], "Next?", limits, tok)
+    second = assemble_chat(SYSTEM, summary, history, True, [], "And then?", limits, tok)
+    assert second.messages[: len(first.messages) - 1] == first.messages[:-1]
+    assert "Lisbon" in second.messages[0]["content"] and second.record["summary_version"] == 3
+
+
+def test_recalled_messages_go_before_the_new_message_in_time_order(tok):
+    limits = Limits(budget=1536)
+    old = turns(3)
+    recalled = [old[4], old[0]]  # best first
+    done = assemble_chat(SYSTEM, None, turns(2), True, recalled, "Remind me?", limits, tok)
+    last = done.messages[-1]["content"]
+    assert last.endswith("Remind me?") and last.index("Question 0") < last.index("Question 2")
+    assert done.record["retrieved_ids"] == [old[0].id, old[4].id]
+    assert done.record["prompt_tokens"] <= limits.budget
+
+
+def test_a_message_that_cannot_fit_is_refused(tok):
+    with pytest.raises(TooLong):
+        assemble_chat(SYSTEM, None, [], False, None, "word " * 2000, Limits(budget=500), tok)
+
+
+def test_summaries_fold_the_oldest_whole_turns_and_keep_the_newest():
+    msgs = [Message(str(new_id()), role, "x", None) for role in ["user", "assistant"] * 6]  # type: ignore[arg-type]
+    counts = [100] * 12
+    assert fold(msgs, counts, 1500, 300) == 0  # not over the trigger yet
+    n = fold(msgs, counts, 768, 300)
+    assert n == 8 and msgs[n - 1].role == "assistant"  # the 3 newest fit in 300; the cut moves back to a turn end
