@@ -42,7 +42,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check api processors inference topics storage infra safety
 	$(VENV)/bin/mypy
 
-bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions (JSON in bench/results/)
+bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
@@ -50,6 +50,7 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/admission.py
 	$(PY) bench/safety_latency.py
 	$(PY) bench/safety_false_retractions.py
+	$(PY) bench/memory_long_chat.py
 
 safety-heads: $(STAMP)  ## retrain the safety heads from the bundled datasets; held-out figures in bench/results/safety_eval.json
 	$(VENV)/bin/pip install -q -e '.[train]'

@@ -115,8 +115,22 @@ def serve(kind: str, port: int, namespace: str, partition: int, records: int, in
 # -- the harness ---------------------------------------------------------------------------------------------
 def start_server(kind: str, port: int, namespace: str, partition: int, args: argparse.Namespace) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", kind, "--port", str(port), "--namespace", namespace,
-         "--partition", str(partition), "--records", str(args.records), "--interval-ms", str(args.interval_ms)],
+        [
+            sys.executable,
+            __file__,
+            "--serve",
+            kind,
+            "--port",
+            str(port),
+            "--namespace",
+            namespace,
+            "--partition",
+            str(partition),
+            "--records",
+            str(args.records),
+            "--interval-ms",
+            str(args.interval_ms),
+        ],
         cwd=ROOT,
     )
     deadline = time.monotonic() + 60
@@ -153,10 +167,22 @@ def feed(namespace: str, runs: list[tuple[str, int]], records: int, interval_s: 
     topic = named(TOKEN_DELTA, namespace)
 
     def record(run_id: str, seq: int, kind: str, text: str = "") -> bytes:
-        return codec.encode(TOKEN_DELTA.schema, {
-            "run_id": run_id, "chat_id": run_id, "seq": seq, "kind": kind, "text": text, "model": "bench",
-            "finish_reason": "stop" if kind == "completed" else None, "usage": None, "error_code": None,
-            "error_message": None, "emitted_at": int(time.time() * 1000)})
+        return codec.encode(
+            TOKEN_DELTA.schema,
+            {
+                "run_id": run_id,
+                "chat_id": run_id,
+                "seq": seq,
+                "kind": kind,
+                "text": text,
+                "model": "bench",
+                "finish_reason": "stop" if kind == "completed" else None,
+                "usage": None,
+                "error_code": None,
+                "error_message": None,
+                "emitted_at": int(time.time() * 1000),
+            },
+        )
 
     next_at = time.perf_counter()
     for seq in range(1, records + 1):
@@ -222,9 +248,14 @@ def measure(kind: str, n: int, args: argparse.Namespace, namespace: str) -> dict
         delays, held, delivered = asyncio.run(clients(urls, go))
         delivered -= held  # count the deltas only (each held stream also delivered its completion)
         return {
-            "server": kind, "streams": n, "held": held, "records_delivered": delivered,
-            "records_expected": n * args.records, "delay_ms_p50": round(pct(delays, 0.5), 2),
-            "delay_ms_p99": round(pct(delays, 0.99), 2), "server_rss_mb_idle": round(rss_before, 1),
+            "server": kind,
+            "streams": n,
+            "held": held,
+            "records_delivered": delivered,
+            "records_expected": n * args.records,
+            "delay_ms_p50": round(pct(delays, 0.5), 2),
+            "delay_ms_p99": round(pct(delays, 0.99), 2),
+            "server_rss_mb_idle": round(rss_before, 1),
             "seconds": round(time.perf_counter() - started, 1),
         }
     finally:
@@ -241,8 +272,13 @@ def fan_out(replicas: int, streams_total: int, args: argparse.Namespace, namespa
         go = lambda: feed(namespace, runs, args.records, args.interval_ms / 1000)  # noqa: E731
         _, _, delivered = asyncio.run(clients(urls, go))
         read = sum(read_counter(PORT + r) for r in range(replicas)) - before
-        return {"replicas": replicas, "streams": streams_total, "records_read_by_all_replicas": read,
-                "records_delivered": delivered, "read_per_delivered": round(read / delivered, 3) if delivered else None}
+        return {
+            "replicas": replicas,
+            "streams": streams_total,
+            "records_read_by_all_replicas": read,
+            "records_delivered": delivered,
+            "read_per_delivered": round(read / delivered, 3) if delivered else None,
+        }
     finally:
         for proc in procs:
             proc.terminate()
@@ -285,11 +321,15 @@ def main() -> None:
             for kind in ("baseline", "edge"):
                 pair[kind] = measure(kind, n, args, namespace)
                 bar.update()
-            rows.append({
-                "streams": n, "edge": pair["edge"], "baseline": pair["baseline"],
-                "edge_added_ms_p50": round(pair["edge"]["delay_ms_p50"] - pair["baseline"]["delay_ms_p50"], 2),
-                "edge_added_ms_p99": round(pair["edge"]["delay_ms_p99"] - pair["baseline"]["delay_ms_p99"], 2),
-            })
+            rows.append(
+                {
+                    "streams": n,
+                    "edge": pair["edge"],
+                    "baseline": pair["baseline"],
+                    "edge_added_ms_p50": round(pair["edge"]["delay_ms_p50"] - pair["baseline"]["delay_ms_p50"], 2),
+                    "edge_added_ms_p99": round(pair["edge"]["delay_ms_p99"] - pair["baseline"]["delay_ms_p99"], 2),
+                }
+            )
         fan = []
         for replicas in (1, 3):
             fan.append(fan_out(replicas, args.fan_out_streams, args, namespace))

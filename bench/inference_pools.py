@@ -35,9 +35,24 @@ from api.settings import ApiSettings
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
 
-TOPICS = ["a lighthouse keeper", "a lost robot", "a desert caravan", "a mountain village", "a sea voyage",
-          "a clockmaker", "a city garden", "a winter forest", "a train journey", "an old library",
-          "a river town", "a space station", "a night market", "a small bakery", "a painter", "a storm at sea"]
+TOPICS = [
+    "a lighthouse keeper",
+    "a lost robot",
+    "a desert caravan",
+    "a mountain village",
+    "a sea voyage",
+    "a clockmaker",
+    "a city garden",
+    "a winter forest",
+    "a train journey",
+    "an old library",
+    "a river town",
+    "a space station",
+    "a night market",
+    "a small bakery",
+    "a painter",
+    "a storm at sea",
+]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -54,8 +69,9 @@ async def via_pipeline(api: httpx.AsyncClient, content: str, max_tokens: int) ->
     chat = (await api.post("/v1/chats")).json()["id"]
     sent = time.perf_counter()
     first, tokens, event = None, 0, ""
-    async with api.stream("POST", f"/v1/chats/{chat}/messages",
-                          json={"content": content, "max_tokens": max_tokens}) as response:
+    async with api.stream(
+        "POST", f"/v1/chats/{chat}/messages", json={"content": content, "max_tokens": max_tokens}
+    ) as response:
         async for line in response.aiter_lines():
             if line.startswith("event:"):
                 event = line[6:].strip()
@@ -70,10 +86,17 @@ async def via_pipeline(api: httpx.AsyncClient, content: str, max_tokens: int) ->
     return sent, first, tokens
 
 
-async def direct(engine: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int
-                 ) -> tuple[float, float, int]:
-    body = {"model": "smollm2-135m-instruct", "messages": messages, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0.7, "stream_options": {"include_usage": True}}
+async def direct(
+    engine: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int
+) -> tuple[float, float, int]:
+    body = {
+        "model": "smollm2-135m-instruct",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0.7,
+        "stream_options": {"include_usage": True},
+    }
     sent = time.perf_counter()
     first, tokens = None, 0
     async with engine.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
@@ -97,8 +120,9 @@ async def one_round(runs: list) -> dict:
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed, "ttft": [r[1] for r in results]}
 
 
-async def concurrency(api: httpx.AsyncClient, engine: httpx.AsyncClient, url: str, levels: list[int], rounds: int,
-                      max_tokens: int) -> dict:
+async def concurrency(
+    api: httpx.AsyncClient, engine: httpx.AsyncClient, url: str, levels: list[int], rounds: int, max_tokens: int
+) -> dict:
     system = ProcessorSettings().system_prompt
     data: dict[int, dict[str, list[dict]]] = {n: {"pipeline": [], "direct": []} for n in levels}
     steps = tqdm(total=len(levels) * rounds * 2, desc="concurrency rounds", unit="round")
@@ -110,8 +134,15 @@ async def concurrency(api: httpx.AsyncClient, engine: httpx.AsyncClient, url: st
                 if path == "pipeline":
                     runs = [via_pipeline(api, c, max_tokens) for c in contents]
                 else:
-                    runs = [direct(engine, url, [{"role": "system", "content": system},
-                                                 {"role": "user", "content": c}], max_tokens) for c in contents]
+                    runs = [
+                        direct(
+                            engine,
+                            url,
+                            [{"role": "system", "content": system}, {"role": "user", "content": c}],
+                            max_tokens,
+                        )
+                        for c in contents
+                    ]
                 data[n][path].append(await one_round(runs))
                 steps.update()
     steps.close()
@@ -126,12 +157,14 @@ async def concurrency(api: httpx.AsyncClient, engine: httpx.AsyncClient, url: st
                 "tokens_per_s_median": round(tps, 1),
                 "tokens_per_s_rounds": [round(x["tokens_per_s"], 1) for x in data[n][path]],
                 "ratio_to_1_run": round(tps / single[path], 2),
-                "ttft_ms_p50": round(pct(ttft, 50) * 1000), "ttft_ms_p99": round(pct(ttft, 99) * 1000),
+                "ttft_ms_p50": round(pct(ttft, 50) * 1000),
+                "ttft_ms_p99": round(pct(ttft, 99) * 1000),
                 "slowest_first_token_ms_per_round": [round(max(x["ttft"]) * 1000) for x in data[n][path]],
                 "completion_tokens_per_round": [x["tokens"] for x in data[n][path]],
             }
         row["pipeline_over_direct_tokens_per_s"] = round(
-            row["pipeline"]["tokens_per_s_median"] / row["direct"]["tokens_per_s_median"], 3)
+            row["pipeline"]["tokens_per_s_median"] / row["direct"]["tokens_per_s_median"], 3
+        )
         out[str(n)] = row
     return out
 
@@ -147,8 +180,13 @@ def conversation(nonce: str, turns: int) -> list[dict]:
 
 
 async def openai_turn(api: httpx.AsyncClient, messages: list[dict]) -> dict:
-    body = {"model": "smollm2-135m-instruct-8k", "messages": messages, "max_tokens": 24, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "smollm2-135m-instruct-8k",
+        "messages": messages,
+        "max_tokens": 24,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     sent = time.perf_counter()
     first, usage, text = None, None, ""
     async with api.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -165,8 +203,13 @@ async def openai_turn(api: httpx.AsyncClient, messages: list[dict]) -> dict:
             usage = chunk.get("usage") or usage
     assert first is not None and usage is not None, "no answer"
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {"ttft_ms": round(first * 1000), "prompt_tokens": usage["prompt_tokens"], "cached_tokens": cached,
-            "cached_fraction": round(cached / usage["prompt_tokens"], 3), "text": text}
+    return {
+        "ttft_ms": round(first * 1000),
+        "prompt_tokens": usage["prompt_tokens"],
+        "cached_tokens": cached,
+        "cached_fraction": round(cached / usage["prompt_tokens"], 3),
+        "text": text,
+    }
 
 
 async def prefix_reuse(api: httpx.AsyncClient, samples: int) -> dict:
@@ -175,8 +218,7 @@ async def prefix_reuse(api: httpx.AsyncClient, samples: int) -> dict:
         messages = conversation(uuid.uuid4().hex, turns=5)
         messages.append({"role": "user", "content": "Where is item 3.4 stored?"})
         first = await openai_turn(api, messages)  # turn N, cold: its opening was never seen
-        messages += [{"role": "assistant", "content": first.pop("text")},
-                     {"role": "user", "content": "And item 5.2?"}]
+        messages += [{"role": "assistant", "content": first.pop("text")}, {"role": "user", "content": "And item 5.2?"}]
         second = await openai_turn(api, messages)  # turn N+1: the same conversation, prefix warm
         second.pop("text")
         cold.append(first)
@@ -186,23 +228,35 @@ async def prefix_reuse(api: httpx.AsyncClient, samples: int) -> dict:
         return statistics.median(r[key] for r in rows)
 
     return {
-        "cold": {"ttft_ms_median": med(cold, "ttft_ms"), "prompt_tokens_median": med(cold, "prompt_tokens"),
-                 "cached_fraction_median": med(cold, "cached_fraction"), "samples": cold},
-        "warm": {"ttft_ms_median": med(warm, "ttft_ms"), "prompt_tokens_median": med(warm, "prompt_tokens"),
-                 "cached_fraction_median": med(warm, "cached_fraction"), "samples": warm},
+        "cold": {
+            "ttft_ms_median": med(cold, "ttft_ms"),
+            "prompt_tokens_median": med(cold, "prompt_tokens"),
+            "cached_fraction_median": med(cold, "cached_fraction"),
+            "samples": cold,
+        },
+        "warm": {
+            "ttft_ms_median": med(warm, "ttft_ms"),
+            "prompt_tokens_median": med(warm, "prompt_tokens"),
+            "cached_fraction_median": med(warm, "cached_fraction"),
+            "samples": warm,
+        },
         "warm_over_cold_ttft": round(med(warm, "ttft_ms") / med(cold, "ttft_ms"), 3),
     }
 
 
 async def run(stack: Stack, args: argparse.Namespace) -> dict:
     settings = ApiSettings()
-    token = issue(settings.jwt_secret.get_secret_value(), "bench", "enterprise", settings.jwt_issuer,
-                  settings.jwt_audience)
+    token = issue(
+        settings.jwt_secret.get_secret_value(), "bench", "enterprise", settings.jwt_issuer, settings.jwt_audience
+    )
     timeout = httpx.Timeout(300, connect=10)
     limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"},
-                                 timeout=timeout, limits=limits) as api, \
-            httpx.AsyncClient(timeout=timeout, limits=limits) as engine:
+    async with (
+        httpx.AsyncClient(
+            base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, limits=limits
+        ) as api,
+        httpx.AsyncClient(timeout=timeout, limits=limits) as engine,
+    ):
         url = stack.engine_url("small")
         for _ in range(2):  # warm-up: both paths, a full batch
             await one_round([via_pipeline(api, prompt(i), 16) for i in range(8)])
@@ -210,7 +264,8 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         result: dict = {"concurrency_by_answer_length": {}}
         for max_tokens in args.max_tokens:
             result["concurrency_by_answer_length"][f"max_tokens_{max_tokens}"] = await concurrency(
-                api, engine, url, args.levels, args.rounds, max_tokens)
+                api, engine, url, args.levels, args.rounds, max_tokens
+            )
         result["prefix_reuse_2000_tokens"] = await prefix_reuse(api, args.prefix_samples)
     return result
 
@@ -218,14 +273,17 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=lambda s: [int(x) for x in s.split(",")], default=[96, 256],
-                        help="answer lengths to measure, e.g. 96,256")
+    parser.add_argument(
+        "--max-tokens",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[96, 256],
+        help="answer lengths to measure, e.g. 96,256",
+    )
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16])
     parser.add_argument("--prefix-samples", type=int, default=3)
     parser.add_argument("--port-base", type=int, default=29000)
     args = parser.parse_args()
-    stack = Stack(namespace=f"bench{uuid.uuid4().hex[:6]}", port_base=args.port_base,
-                  workers={"small": 1, "large": 1})
+    stack = Stack(namespace=f"bench{uuid.uuid4().hex[:6]}", port_base=args.port_base, workers={"small": 1, "large": 1})
     stack.up()
     try:
         result = asyncio.run(run(stack, args))
@@ -236,11 +294,13 @@ def main() -> None:
         "engine": "llama-server (llama.cpp), SmolLM2-135M-Instruct Q4_1, 1 thread; small pool 8 slots x 2,048 tokens",
         "rounds": args.rounds,
         "done_when_8_concurrent": {
-            length: rows["8"] and {
+            length: rows["8"]
+            and {
                 "slowest_first_token_ms_per_round": rows["8"]["pipeline"]["slowest_first_token_ms_per_round"],
                 "pipeline_over_direct_tokens_per_s": rows["8"]["pipeline_over_direct_tokens_per_s"],
             }
-            for length, rows in result["concurrency_by_answer_length"].items() if "8" in rows
+            for length, rows in result["concurrency_by_answer_length"].items()
+            if "8" in rows
         },
         **result,
     }

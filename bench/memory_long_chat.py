@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--port-base", type=int, default=28600)
+    parser.add_argument("--think-ms", type=int, default=500)  # a user reads the answer before writing again
     args = parser.parse_args()
     rng = random.Random(7)
     plan = script(args.turns, rng)
@@ -164,6 +165,7 @@ def main() -> None:
         sent: list[dict[str, Any]] = []
         for content, probes in tqdm(plan, desc="turns", mininterval=10):
             at = time.time() * 1000
+            time.sleep(args.think_ms / 1000)
             ttft, run_id = stream(api, chat_id, content, args.max_tokens)
             sent.append({"run_id": run_id, "content": content, "probes": probes, "sent_at": at, "ttft_ms": ttft})
         time.sleep(3)
@@ -216,6 +218,7 @@ def main() -> None:
         "benchmark": "memory_long_chat",
         "turns": len(sent),
         "max_tokens": args.max_tokens,
+        "think_ms": args.think_ms,
         "pool": "small",
         "prompt_budget": budget,
         "context": small.context,

@@ -30,8 +30,15 @@ from infra.stack import Stack
 from processors.settings import ProcessorSettings
 
 PROMPTS = [
-    "Say hello.", "Name a fruit.", "What is two plus two?", "Give me a colour.", "Say something kind.",
-    "Name an animal.", "What day comes after Monday?", "Name a planet.", "Say thanks in Spanish.",
+    "Say hello.",
+    "Name a fruit.",
+    "What is two plus two?",
+    "Give me a colour.",
+    "Say something kind.",
+    "Name an animal.",
+    "What day comes after Monday?",
+    "Name a planet.",
+    "Say thanks in Spanish.",
     "Name a musical instrument.",
 ]
 
@@ -42,8 +49,13 @@ def pct(values: list[float], q: float) -> float:
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"p50": round(pct(values, 50), 2), "p95": round(pct(values, 95), 2), "p99": round(pct(values, 99), 2),
-            "mean": round(statistics.fmean(values), 2), "n": len(values)}
+    return {
+        "p50": round(pct(values, 50), 2),
+        "p95": round(pct(values, 95), 2),
+        "p99": round(pct(values, 99), 2),
+        "mean": round(statistics.fmean(values), 2),
+        "n": len(values),
+    }
 
 
 def engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> float:
@@ -55,8 +67,13 @@ def engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_tokens
 
 
 def _engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> float:
-    body = {"model": "smollm2-135m-instruct", "messages": messages, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0.7}
+    body = {
+        "model": "smollm2-135m-instruct",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0.7,
+    }
     started = time.perf_counter()
     first = None
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
@@ -73,8 +90,9 @@ def _engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_token
 def pipeline_ttft(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> float:
     started = time.perf_counter()
     first = None
-    with client.stream("POST", f"/v1/chats/{chat_id}/messages",
-                       json={"content": content, "max_tokens": max_tokens}) as response:
+    with client.stream(
+        "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
+    ) as response:
         for line in response.iter_lines():
             if first is None and line == "event: token":
                 first = time.perf_counter() - started
@@ -127,8 +145,9 @@ def main() -> None:
     stack.up()
     try:
         settings = ApiSettings()
-        token = issue(settings.jwt_secret.get_secret_value(), "bench", "pro", settings.jwt_issuer,
-                      settings.jwt_audience)
+        token = issue(
+            settings.jwt_secret.get_secret_value(), "bench", "pro", settings.jwt_issuer, settings.jwt_audience
+        )
         api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
         engine = httpx.Client(timeout=120)
         engine_url = stack.engine_url()
@@ -137,8 +156,12 @@ def main() -> None:
         for _ in range(3):  # warm-up, both paths
             chat = api.post("/v1/chats").json()["id"]
             pipeline_ttft(api, chat, "Hi.", args.max_tokens)
-            engine_ttft(engine, engine_url, [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}],
-                        args.max_tokens)
+            engine_ttft(
+                engine,
+                engine_url,
+                [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}],
+                args.max_tokens,
+            )
         pairs = []
         for i in tqdm(range(args.requests), desc="pairs", unit="pair", mininterval=5):
             content = f"{PROMPTS[i % len(PROMPTS)]} ({i})"

@@ -31,16 +31,24 @@ async def once(engine: OpenAIStreamEngine, request: Request) -> dict:
     assert last is not None
     outcome = last
     ttft = (outcome.first_token_at - started) if outcome.first_token_at else None
-    return {"text": text, "finish_reason": outcome.finish_reason, "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens, "cached_tokens": outcome.cached_tokens,
-            "ttft_ms": ttft and round(ttft * 1000, 1), "seconds": time.perf_counter() - started}
+    return {
+        "text": text,
+        "finish_reason": outcome.finish_reason,
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "cached_tokens": outcome.cached_tokens,
+        "ttft_ms": ttft and round(ttft * 1000, 1),
+        "seconds": time.perf_counter() - started,
+    }
 
 
 async def main(url: str, model: str) -> dict:
     engine = OpenAIStreamEngine("sglang", url)
     result: dict = {"healthy": await engine.healthy()}
-    history = [{"role": "system", "content": "You are a helpful assistant. " * 20},
-               {"role": "user", "content": "Tell me about lighthouses."}]
+    history = [
+        {"role": "system", "content": "You are a helpful assistant. " * 20},
+        {"role": "user", "content": "Tell me about lighthouses."},
+    ]
     first = await once(engine, Request("r1", model, history, 64, 0.0))
     history += [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": "And their keepers?"}]
     second = await once(engine, Request("r2", model, history, 32, 0.0))
@@ -59,12 +67,28 @@ async def main(url: str, model: str) -> dict:
     levels = {}
     for n in (1, 4, 8, 16):
         started = time.perf_counter()
-        runs = await asyncio.gather(*(once(engine, Request(f"c{n}-{i}", model, [
-            {"role": "user", "content": f"Write a long story about place number {i}."}], 256, 0.7)) for i in range(n)))
+        runs = await asyncio.gather(
+            *(
+                once(
+                    engine,
+                    Request(
+                        f"c{n}-{i}",
+                        model,
+                        [{"role": "user", "content": f"Write a long story about place number {i}."}],
+                        256,
+                        0.7,
+                    ),
+                )
+                for i in range(n)
+            )
+        )
         elapsed = time.perf_counter() - started
         ttfts = sorted(r["ttft_ms"] for r in runs if r["ttft_ms"] is not None)
-        levels[str(n)] = {"tokens_per_s": round(sum(r["completion_tokens"] for r in runs) / elapsed, 1),
-                          "ttft_ms_p50": ttfts[len(ttfts) // 2], "ttft_ms_max": ttfts[-1]}
+        levels[str(n)] = {
+            "tokens_per_s": round(sum(r["completion_tokens"] for r in runs) / elapsed, 1),
+            "ttft_ms_p50": ttfts[len(ttfts) // 2],
+            "ttft_ms_max": ttfts[-1],
+        }
     for row in levels.values():
         row["ratio_to_1"] = round(row["tokens_per_s"] / levels["1"]["tokens_per_s"], 2)
     result["concurrency"] = levels

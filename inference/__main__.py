@@ -41,6 +41,7 @@ def main() -> None:
         slots=settings.slots,
         context=settings.slot_context,
         threads=settings.threads,
+        batch=settings.batch,
         alias=settings.model,
         log_path=state_dir()
         / "logs"

@@ -58,6 +58,7 @@ class LlamaServer:
         log_path: Path,
         binary: Path | None = None,
         model: Path | None = None,
+        batch: int = 2048,
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -77,6 +78,10 @@ class LlamaServer:
             str(threads),
             "-tb",
             str(threads),
+            "-b",
+            str(batch),
+            "-ub",
+            str(min(batch, 512)),
             "--cont-batching",
             "--no-webui",
             "--metrics",

@@ -21,6 +21,10 @@ class InferenceSettings(StackSettings):
     aging_s: float = 10.0  # a waiting run gains one priority level per this many seconds (no starvation)
     status_interval_s: float = 0.25
     threads: int = 1  # 1 is fastest on a busy 2-core box: more threads spin-wait (see INFRA.md)
+    # Tokens one engine step takes (llama.cpp -b/-ub): a long prompt (a summary run's, a new chat's) is
+    # prefilled in chunks of this size, each step also advancing every sequence already generating, so it
+    # never stalls the others for its whole prefill (chunked prefill, as SGLang does by default).
+    batch: int = 256
     temperature: float = 0.7
     coalesce_ms: float = 20.0
     metrics_port: int = 9101

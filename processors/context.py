@@ -62,12 +62,32 @@ def _per_message(tokens: Tokens) -> int:
 
 
 def window(turns: list[Turn], room: int, tokens: Tokens) -> list[Turn]:
-    """The newest whole turns whose tokens fit in `room`, oldest first, starting with a user turn."""
+    """The newest turns that fit in `room`, oldest first, starting with a user turn, cut in blocks.
+
+    A window that dropped its oldest turn at every new turn would change the prompt right after the system
+    message every time, and the engine's prefix cache would miss on every turn once the window is full.
+    So the window may only start at fixed anchors: user turns where the running token count from the first
+    of `turns` (the turn after the summary: a fixed origin) crosses a multiple of half the room. When the
+    turns outgrow the room, the start jumps to the next anchor that fits, dropping about half a room at once;
+    in between, prompts only grow at their end."""
     overhead = _per_message(tokens)
+    costs = [tokens.count(t.content) + overhead for t in turns]
+    step = max(1, room // 2)
+    anchors, total, mark = [], 0, 0
+    for i, (turn, cost) in enumerate(zip(turns, costs, strict=True)):
+        if turn.role == "user" and total >= mark:
+            anchors.append(i)
+            mark = (total // step + 1) * step
+        total += cost
+    suffix = total
+    for i, cost in enumerate(costs):
+        if i in anchors and suffix <= room:
+            return turns[i:]
+        suffix -= cost
+    # Nothing from an anchor fits (one huge turn): the newest whole turns that do, starting with a user turn.
     kept: list[Turn] = []
     used = 0
-    for turn in reversed(turns):
-        cost = tokens.count(turn.content) + overhead
+    for turn, cost in zip(reversed(turns), reversed(costs), strict=True):
         if used + cost > room:
             break
         kept.append(turn)

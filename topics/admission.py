@@ -164,8 +164,8 @@ def over_capacity(wait_s: float, limits: Limits) -> Placement:
 
 def estimate_tokens(messages: list[dict[str, str]]) -> int:
     """A deliberately high estimate of a prompt's tokens (English runs about 4 characters per token with
-    SmolLM2's tokenizer; 3 leaves room), plus the chat template's few tokens per message. Issue 7 replaces
-    it with the serving model's own tokenizer."""
+    SmolLM2's tokenizer; 3 leaves room), plus the chat template's few tokens per message. Only the edge's
+    shedding at the door uses it; the scheduler counts with the serving model's tokenizer (topics/tokens.py)."""
     return sum(len(m["content"]) // 3 + 4 for m in messages)
 
 

@@ -38,8 +38,15 @@ class Live:
 
     def token(self, user: str | None = None, tier: str = "pro", ttl: int = 3600, admin: bool = False) -> str:
         s = ApiSettings()
-        return issue(s.jwt_secret.get_secret_value(), user or f"u-{uuid.uuid4().hex[:8]}", tier, s.jwt_issuer,
-                     s.jwt_audience, ttl, admin=admin)
+        return issue(
+            s.jwt_secret.get_secret_value(),
+            user or f"u-{uuid.uuid4().hex[:8]}",
+            tier,
+            s.jwt_issuer,
+            s.jwt_audience,
+            ttl,
+            admin=admin,
+        )
 
     def client(self, token: str | None = None, replica: int = 0) -> httpx.Client:
         """A client of one edge replica (replica 1 listens on port base + 100, with its own reply partition)."""
@@ -69,8 +76,13 @@ def live() -> Iterator[Live]:
     started_here = [s for s in ("kafka.sh", "cassandra.sh") if not _running(s)]
     # Two edge replicas and two of each processor stage (metering: one, chdb is single-process); two consumers
     # (two engines) in the small pool so one can die, one in the large pool.
-    stack = Stack(namespace=f"t{uuid.uuid4().hex[:10]}", port_base=PORT_BASE, replicas=2, stages=2,
-                  workers={"small": 2, "large": 1})
+    stack = Stack(
+        namespace=f"t{uuid.uuid4().hex[:10]}",
+        port_base=PORT_BASE,
+        replicas=2,
+        stages=2,
+        workers={"small": 2, "large": 1},
+    )
     stack.up()
     try:
         yield Live(stack, stack.api_url)
@@ -127,16 +139,18 @@ def read_until(response, tokens, on_enough):
 
 
 def chat_turn(client: httpx.Client, chat_id: str, content: str, max_tokens: int = 24) -> list[dict]:
-    with client.stream("POST", f"/v1/chats/{chat_id}/messages",
-                       json={"content": content, "max_tokens": max_tokens}) as response:
+    with client.stream(
+        "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
+    ) as response:
         assert response.status_code == 200, response.read()
         return sse_events(response)
 
 
 def read_topic(name: str, match, timeout_s: float = 20.0, partitions: int | None = None) -> list:
     """Every record of a topic (from the start) whose decoded value satisfies match(msg)."""
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"test-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": BOOTSTRAP, "group.id": f"test-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    )
     meta = consumer.list_topics(name, timeout=10).topics[name]
     tps = [TopicPartition(name, p, 0) for p in (range(partitions) if partitions else meta.partitions)]
     consumer.assign(tps)

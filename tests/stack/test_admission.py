@@ -43,8 +43,9 @@ def completions_of(live, runs: list[str]) -> dict[str, dict]:
     from topics import codec
 
     wanted = set(runs)
-    found = read_topic(live.topic(RUN_COMPLETED), lambda m: codec.decode("RunCompleted", m.value())["prompt"]["run_id"]
-                       in wanted)
+    found = read_topic(
+        live.topic(RUN_COMPLETED), lambda m: codec.decode("RunCompleted", m.value())["prompt"]["run_id"] in wanted
+    )
     return {r["prompt"]["run_id"]: r for r in (codec.decode("RunCompleted", m.value()) for m in found)}
 
 
@@ -89,8 +90,9 @@ def test_a_burst_from_one_user_over_both_replicas_keeps_the_concurrency_limit_an
     set_limits(live, user, budget_tokens=3000, refill_tokens_per_hour=0, max_concurrent=3)
 
     with ThreadPoolExecutor(12) as pool:  # new chats: their prompts spread over both scheduler replicas
-        results = list(pool.map(lambda i: post(live, token, i % 2, "Count from one to twenty.", max_tokens=48),
-                                range(12)))
+        results = list(
+            pool.map(lambda i: post(live, token, i % 2, "Count from one to twenty.", max_tokens=48), range(12))
+        )
     admitted = [run_id(r[2]) for r in results if r[0] == 200]
     refused = [r[2]["error"]["code"] for r in results if r[0] != 200]
     assert admitted and refused, results
@@ -136,11 +138,21 @@ def test_a_killed_scheduler_replica_loses_no_budget_state_and_redelivered_events
     # Whatever each prompt's fate, the ledger holds exactly the usage of the runs it admitted.
     from topics import codec
 
-    runs = {codec.decode("PromptModerated", m.value())["prompt"]["run_id"]: m
-            for m in read_topic(live.topic(PROMPT_MODERATED),
-                                lambda m: codec.decode("PromptModerated", m.value())["prompt"]["user_id"] == user)}
-    done = wait_for(lambda: len(d := completions_of(live, list(runs))) == len(runs)
-                    and budget(live, user, "pro")["in_flight"] == [] and d, timeout_s=90)
+    runs = {
+        codec.decode("PromptModerated", m.value())["prompt"]["run_id"]: m
+        for m in read_topic(
+            live.topic(PROMPT_MODERATED),
+            lambda m: codec.decode("PromptModerated", m.value())["prompt"]["user_id"] == user,
+        )
+    }
+    done = wait_for(
+        lambda: (
+            len(d := completions_of(live, list(runs))) == len(runs)
+            and budget(live, user, "pro")["in_flight"] == []
+            and d
+        ),
+        timeout_s=90,
+    )
     assert len(done) == len(runs) == 11
     assert budget(live, user, "pro")["remaining_budget"] == 20_000 - spent(done)
 
@@ -177,9 +189,11 @@ def test_under_pressure_free_runs_are_degraded_to_the_small_pool_or_refused_fast
         try:
             for _ in range(3):
                 chat = client.post("/v1/chats").json()["id"]
-                stream = client.stream("POST", f"/v1/chats/{chat}/messages",
-                                       json={"content": "Tell a very long story about a dragon.",
-                                             "max_tokens": 400, "model": large})
+                stream = client.stream(
+                    "POST",
+                    f"/v1/chats/{chat}/messages",
+                    json={"content": "Tell a very long story about a dragon.", "max_tokens": 400, "model": large},
+                )
                 response = stream.__enter__()
                 opened.append(stream)
                 assert response.status_code == 200

@@ -20,11 +20,22 @@ RECORDS = 60
 
 
 def record(run_id: str, seq: int, kind: str, **fields) -> bytes:
-    return codec.encode(TOKEN_DELTA.schema, {
-        "run_id": run_id, "chat_id": str(new_id()), "seq": seq, "kind": kind, "text": fields.get("text", ""),
-        "model": "m", "finish_reason": fields.get("finish_reason"), "usage": None, "error_code": None,
-        "error_message": None, "emitted_at": int(time.time() * 1000),
-    })
+    return codec.encode(
+        TOKEN_DELTA.schema,
+        {
+            "run_id": run_id,
+            "chat_id": str(new_id()),
+            "seq": seq,
+            "kind": kind,
+            "text": fields.get("text", ""),
+            "model": "m",
+            "finish_reason": fields.get("finish_reason"),
+            "usage": None,
+            "error_code": None,
+            "error_message": None,
+            "emitted_at": int(time.time() * 1000),
+        },
+    )
 
 
 async def test_an_overflowing_stream_catches_up_from_the_log_with_no_gap(live):

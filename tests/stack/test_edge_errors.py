@@ -37,20 +37,25 @@ def test_bad_input_writes_nothing(live):
     client = live.client(live.token())
     chat = client.post("/v1/chats").json()
     url = f"/v1/chats/{chat['id']}/messages"
-    assert_error(client.post(url, content=b'{"content": ', headers={"content-type": "application/json"}),
-                 400, "invalid_json")
+    assert_error(
+        client.post(url, content=b'{"content": ', headers={"content-type": "application/json"}), 400, "invalid_json"
+    )
     assert_error(client.post(url, json={"content": "   "}), 400, "empty_content")
     assert_error(client.post(url, json={"content": "x" * 40_000}), 400, "content_too_long")
     assert_error(client.post(url, json={"content": "hi", "max_tokens": 0}), 400)
     assert_error(client.post(url, json={"content": "hi", "max_tokens": 10**9}), 400)
     assert_error(client.post(url, json={"content": "hi", "model": "gpt-9"}), 400, "model_not_found")
     assert_error(client.post(url, json={"text": "hi"}), 400)
-    assert_error(client.post("/v1/chats/00000000-0000-1000-8000-000000000000/messages", json={"content": "hi"}),
-                 404, "chat_not_found")
+    assert_error(
+        client.post("/v1/chats/00000000-0000-1000-8000-000000000000/messages", json={"content": "hi"}),
+        404,
+        "chat_not_found",
+    )
     assert_error(client.get("/v1/chats", params={"limit": 0}), 400)
     assert_error(client.get("/v1/chats", params={"cursor": "%%%"}), 400, "invalid_cursor")
     time.sleep(1)
     assert client.get(url).json()["data"] == []
+
     def for_chat(msg) -> bool:
         try:
             return codec.decode("PromptAccepted", msg.value())["chat_id"] == chat["id"]

@@ -33,10 +33,13 @@ def metric(url, name, default=None):
 def test_long_chats_go_to_the_large_pool_and_their_next_turn_reuses_the_cached_prefix(live):
     client = live.client(live.token())
     assert {m["id"] for m in client.get("/v1/models").json()["data"]} == {
-        "smollm2-135m-instruct", "smollm2-135m-instruct-8k"}
+        "smollm2-135m-instruct",
+        "smollm2-135m-instruct-8k",
+    }
     chat = client.post("/v1/chats").json()["id"]
-    notes = " ".join(f"Note {i}: the harbour light number {i} is painted {['red', 'green', 'white'][i % 3]}."
-                     for i in range(110))  # ~6,600 characters: more than the small pool's 2,048 tokens
+    notes = " ".join(
+        f"Note {i}: the harbour light number {i} is painted {['red', 'green', 'white'][i % 3]}." for i in range(110)
+    )  # ~6,600 characters: more than the small pool's 2,048 tokens
     first = chat_turn(client, chat, f"Here are my notes. {notes} Which colour is light 7?", max_tokens=24)
     assert first[0]["event"] == "run.queued" and first[0]["data"]["pool"] == "large"
     assert first[1]["event"] == "run.started" and first[1]["data"]["model"] == "smollm2-135m-instruct-8k"
@@ -63,7 +66,8 @@ def test_each_chat_stays_on_the_consumer_that_holds_its_prefix(live):
     client = live.client(live.token())
     chats = [client.post("/v1/chats").json()["id"] for _ in range(4)]
     story = "Remember this list of fruits and their prices: " + ", ".join(
-        f"fruit {i} costs {i * 3} cents" for i in range(40))
+        f"fruit {i} costs {i * 3} cents" for i in range(40)
+    )
     firsts = [chat_turn(client, chat, f"{story}. ({n})", max_tokens=12) for n, chat in enumerate(chats)]
     seconds = [chat_turn(client, chat, "What does fruit 5 cost?", max_tokens=12) for chat in chats]
     workers = set()
@@ -99,8 +103,11 @@ def test_a_killed_consumers_run_is_continued_by_another_with_no_duplicated_text(
                 os.kill(live.worker(name)[1], signal.SIGKILL)
             return False  # keep reading: the stream must go on
 
-        with client.stream("POST", f"/v1/chats/{chat}/messages", json={
-                "content": "Write a long story about a lighthouse keeper and a storm.", "max_tokens": 400}) as r:
+        with client.stream(
+            "POST",
+            f"/v1/chats/{chat}/messages",
+            json={"content": "Write a long story about a lighthouse keeper and a storm.", "max_tokens": 400},
+        ) as r:
             assert r.status_code == 200
             events = read_until(r, 4, kill_holder)
         if killed:
@@ -155,19 +162,39 @@ def test_an_unhealthy_engine_stops_its_consumer_taking_work_until_it_recovers(li
 
 def test_a_run_nobody_served_in_time_fails_with_a_clear_error(live):
     run_id, chat_id = str(uuid.uuid1()), str(uuid.uuid1())
-    prompt = {"event_id": str(uuid.uuid4()), "run_id": run_id, "chat_id": chat_id, "user_id": "u-expired",
-              "tier": "free", "message_id": str(uuid.uuid1()), "content": "Hi", "max_tokens": 8, "model": None,
-              "reply_partition": 0, "prev_run_id": None, "messages": None, "temperature": None, "store": False,
-              "created_at": int(time.time() * 1000) - 900_000}
-    run = {"event_id": str(uuid.uuid4()), "prompt": prompt, "pool": "small", "model": "smollm2-135m-instruct",
-           "messages": [{"role": "user", "content": "Hi"}], "context_turns": 0,
-           "scheduled_at": int(time.time() * 1000) - 900_000}  # waited 15 minutes: past the 5-minute deadline
+    prompt = {
+        "event_id": str(uuid.uuid4()),
+        "run_id": run_id,
+        "chat_id": chat_id,
+        "user_id": "u-expired",
+        "tier": "free",
+        "message_id": str(uuid.uuid1()),
+        "content": "Hi",
+        "max_tokens": 8,
+        "model": None,
+        "reply_partition": 0,
+        "prev_run_id": None,
+        "messages": None,
+        "temperature": None,
+        "store": False,
+        "created_at": int(time.time() * 1000) - 900_000,
+    }
+    run = {
+        "event_id": str(uuid.uuid4()),
+        "prompt": prompt,
+        "pool": "small",
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "context_turns": 0,
+        "scheduled_at": int(time.time() * 1000) - 900_000,
+    }  # waited 15 minutes: past the 5-minute deadline
     producer = Producer({"bootstrap.servers": "127.0.0.1:9092"})
-    producer.produce(live.topic(RUN_SCHEDULED["small"]), key=chat_id,
-                     value=codec.encode("RunScheduled", run))
+    producer.produce(live.topic(RUN_SCHEDULED["small"]), key=chat_id, value=codec.encode("RunScheduled", run))
     producer.flush(10)
     done = completed_of(live, run_id)
     assert done["finish_reason"] == "error" and "in time" in done["error_message"]
-    replies = [codec.decode("TokenDelta", m.value())
-               for m in read_topic(live.topic(TOKEN_DELTA), for_run("TokenDelta", run_id))]
+    replies = [
+        codec.decode("TokenDelta", m.value())
+        for m in read_topic(live.topic(TOKEN_DELTA), for_run("TokenDelta", run_id))
+    ]
     assert [r["kind"] for r in replies] == ["error"] and replies[0]["error_code"] == "run_expired"

@@ -34,8 +34,11 @@ def test_a_dropped_stream_resumes_on_another_replica_with_no_gap_and_no_duplicat
     edge0, edge1 = live.client(token, 0), live.client(token, 1)
     chat = edge0.post("/v1/chats").json()
 
-    with edge0.stream("POST", f"/v1/chats/{chat['id']}/messages",
-                      json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 160}) as r:
+    with edge0.stream(
+        "POST",
+        f"/v1/chats/{chat['id']}/messages",
+        json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 160},
+    ) as r:
         assert r.status_code == 200
         first_part = read_until(r, 3, lambda _: True)  # read a few events, then drop the connection mid-answer
     assert [e["event"] for e in first_part[:2]] == ["run.queued", "run.started"]
@@ -85,8 +88,11 @@ def test_kill_9_of_the_edge_mid_stream_resumes_on_another_replica_byte_identical
     chat = edge1.post("/v1/chats").json()
     victim = live.stack.pids()["api-1"]
     stop_at = random.randint(1, 6)  # a random token
-    with edge1.stream("POST", f"/v1/chats/{chat['id']}/messages",
-                      json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 120}) as r:
+    with edge1.stream(
+        "POST",
+        f"/v1/chats/{chat['id']}/messages",
+        json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 120},
+    ) as r:
         assert r.status_code == 200
         before = read_until(r, stop_at, lambda _: os.kill(victim, signal.SIGKILL))  # then read on until it breaks
     assert not any(e["event"] == "run.completed" for e in before), "the edge died mid-answer"

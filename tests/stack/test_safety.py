@@ -111,6 +111,7 @@ def test_a_streamed_answer_that_breaks_the_policy_is_cut_at_the_engine_and_retra
         replayed = [e["event"] for e in sse_events(response)]
     assert "moderation" in replayed  # a reconnecting client gets the retraction too
 
+
 def test_moderation_metrics_count_interventions(live):
     metrics = httpx.get(f"{live.stage_url('moderation')}/metrics").text
     assert "parley_safety_interventions_total" in metrics

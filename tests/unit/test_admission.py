@@ -55,8 +55,17 @@ def test_limits_are_defaults_then_the_tier_row_then_the_user_row():
 
 
 def status(pool, running, queued, slots=8, at=10_000, healthy=True, mean=2.0, partitions=(0,)):
-    return {"worker_id": f"w{at}{pool}", "pool": pool, "slots": slots, "healthy": healthy, "running": running,
-            "queued": queued, "mean_run_s": mean, "at": at, "partitions": list(partitions)}
+    return {
+        "worker_id": f"w{at}{pool}",
+        "pool": pool,
+        "slots": slots,
+        "healthy": healthy,
+        "running": running,
+        "queued": queued,
+        "mean_run_s": mean,
+        "at": at,
+        "partitions": list(partitions),
+    }
 
 
 def engine(running, queued, slots=8, mean=2.0, partitions=(0, 1, 2, 3)):
@@ -70,8 +79,12 @@ def chat_at_home(pool, partition):
 
 def test_pool_load_counts_only_fresh_healthy_consumers_engine_by_engine():
     loads = pool_loads(
-        [status("small", {"pro": 2}, {}), status("small", {"free": 1}, {"free": 3}, at=10_001, partitions=(1, 2)),
-         status("small", {"pro": 8}, {}, at=1_000), status("large", {}, {}, healthy=False)],
+        [
+            status("small", {"pro": 2}, {}),
+            status("small", {"free": 1}, {"free": 3}, at=10_001, partitions=(1, 2)),
+            status("small", {"pro": 8}, {}, at=1_000),
+            status("large", {}, {}, healthy=False),
+        ],
         now_ms=11_000,
     )
     assert set(loads) == {"small"} and len(loads["small"]) == 2

@@ -45,28 +45,86 @@ def test_the_token_estimate_errs_high():
 # tokens in prompt_tokens_details when the server runs with --enable-cache-report, a final usage chunk with
 # empty choices when include_usage is set, finish_reason "abort" when the server drops the sequence.
 SGLANG_STREAM = [
-    {"id": "c1", "object": "chat.completion.chunk", "created": 1763700000, "model": "smollm2-135m-instruct",
-     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "", "reasoning_content": None,
-                                        "tool_calls": None}, "logprobs": None, "finish_reason": None,
-                  "matched_stop": None}],
-     "usage": {"prompt_tokens": 31, "total_tokens": 31, "completion_tokens": 0,
-               "prompt_tokens_details": {"cached_tokens": 24}, "reasoning_tokens": 0}},
-    {"id": "c1", "object": "chat.completion.chunk", "created": 1763700000, "model": "smollm2-135m-instruct",
-     "choices": [{"index": 0, "delta": {"role": None, "content": "Hello", "reasoning_content": None,
-                                        "tool_calls": None}, "logprobs": None, "finish_reason": None,
-                  "matched_stop": None}],
-     "usage": {"prompt_tokens": 31, "total_tokens": 32, "completion_tokens": 1,
-               "prompt_tokens_details": {"cached_tokens": 24}, "reasoning_tokens": 0}},
-    {"id": "c1", "object": "chat.completion.chunk", "created": 1763700000, "model": "smollm2-135m-instruct",
-     "choices": [{"index": 0, "delta": {"role": None, "content": " there", "reasoning_content": None,
-                                        "tool_calls": None}, "logprobs": None, "finish_reason": "stop",
-                  "matched_stop": 2}],
-     "usage": {"prompt_tokens": 31, "total_tokens": 33, "completion_tokens": 2,
-               "prompt_tokens_details": {"cached_tokens": 24}, "reasoning_tokens": 0}},
-    {"id": "c1", "object": "chat.completion.chunk", "created": 1763700000, "model": "smollm2-135m-instruct",
-     "choices": [],
-     "usage": {"prompt_tokens": 31, "total_tokens": 33, "completion_tokens": 2,
-               "prompt_tokens_details": {"cached_tokens": 24}, "reasoning_tokens": 0}},
+    {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1763700000,
+        "model": "smollm2-135m-instruct",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None},
+                "logprobs": None,
+                "finish_reason": None,
+                "matched_stop": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 31,
+            "total_tokens": 31,
+            "completion_tokens": 0,
+            "prompt_tokens_details": {"cached_tokens": 24},
+            "reasoning_tokens": 0,
+        },
+    },
+    {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1763700000,
+        "model": "smollm2-135m-instruct",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": None, "content": "Hello", "reasoning_content": None, "tool_calls": None},
+                "logprobs": None,
+                "finish_reason": None,
+                "matched_stop": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 31,
+            "total_tokens": 32,
+            "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": 24},
+            "reasoning_tokens": 0,
+        },
+    },
+    {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1763700000,
+        "model": "smollm2-135m-instruct",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": None, "content": " there", "reasoning_content": None, "tool_calls": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+                "matched_stop": 2,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 31,
+            "total_tokens": 33,
+            "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 24},
+            "reasoning_tokens": 0,
+        },
+    },
+    {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1763700000,
+        "model": "smollm2-135m-instruct",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 31,
+            "total_tokens": 33,
+            "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 24},
+            "reasoning_tokens": 0,
+        },
+    },
 ]
 
 
@@ -87,9 +145,11 @@ def test_an_sglang_abort_hands_the_run_off_rather_than_ending_it():
 
 def test_llama_server_stream_chunks_with_per_token_timings():
     # As this repo's llama-server build streams them (timings_per_token): prompt_n new + cache_n reused.
-    line = ('data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":" water"}}],"created":1,'
-            '"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk","timings":{"cache_n":41,'
-            '"prompt_n":2,"prompt_ms":10.1,"predicted_n":3,"predicted_ms":40.0}}')
+    line = (
+        'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":" water"}}],"created":1,'
+        '"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk","timings":{"cache_n":41,'
+        '"prompt_n":2,"prompt_ms":10.1,"predicted_n":3,"predicted_ms":40.0}}'
+    )
     chunk = parse_sse_line(line)
     assert chunk is not None
     assert (chunk.text, chunk.prompt_tokens, chunk.cached_tokens, chunk.completion_tokens) == (" water", 43, 41, 3)
@@ -106,13 +166,26 @@ def test_a_taken_over_run_continues_after_its_published_text():
 
 
 def record(seq, kind, text="", tokens=None, **extra):
-    return {"run_id": "r", "seq": seq, "kind": kind, "text": text, "tokens": tokens, "finish_reason": None,
-            "usage": None, "error_message": None, **extra}
+    return {
+        "run_id": "r",
+        "seq": seq,
+        "kind": kind,
+        "text": text,
+        "tokens": tokens,
+        "finish_reason": None,
+        "usage": None,
+        "error_message": None,
+        **extra,
+    }
 
 
 def test_prior_folds_records_in_seq_order_once_each():
-    records = [record(2, "delta", " upon", 3), record(0, "started"), record(1, "delta", "Once", 1),
-               record(2, "delta", " upon", 3)]
+    records = [
+        record(2, "delta", " upon", 3),
+        record(0, "started"),
+        record(1, "delta", "Once", 1),
+        record(2, "delta", " upon", 3),
+    ]
     prior = prior_of(records)
     assert (prior.text, prior.seq, prior.tokens, prior.terminal) == ("Once upon", 2, 3, None)
     assert prior.started

@@ -21,8 +21,16 @@ RELEASED = codec.SCHEMA_DIR / "released"
 def sample(schema: object, named: dict) -> object:
     """A value for any Avro schema, deterministic, exercising every field."""
     if isinstance(schema, str):
-        prim = {"string": "x", "int": 1, "long": 2, "double": 1.5, "float": 0.5, "boolean": True, "null": None,
-                "bytes": b"b"}
+        prim = {
+            "string": "x",
+            "int": 1,
+            "long": 2,
+            "double": 1.5,
+            "float": 0.5,
+            "boolean": True,
+            "null": None,
+            "bytes": b"b",
+        }
         return prim[schema] if schema in prim else sample(named[schema], named)
     if isinstance(schema, list):
         return sample(next(s for s in schema if s != "null"), named)
@@ -88,6 +96,6 @@ def test_roundtrip_and_poison():
     record = sample(raw(codec.SCHEMA_DIR, "PromptAccepted"), named)
     decoded = codec.decode("PromptAccepted", codec.encode("PromptAccepted", record))
     assert decoded["content"] == record["content"] and decoded["run_id"] == record["run_id"]
-    for garbage in (b"", b"\xff\xfe not avro", b"{\"json\": true}", codec.encode("PromptAccepted", record) + b"x"):
+    for garbage in (b"", b"\xff\xfe not avro", b'{"json": true}', codec.encode("PromptAccepted", record) + b"x"):
         with pytest.raises(PoisonEvent):
             codec.decode("PromptAccepted", garbage)
