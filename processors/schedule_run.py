@@ -232,15 +232,28 @@ async def assemble_chat_run(
         earlier, flagged = await guard.turns(earlier, tier, every_role=False)
         withheld += flagged
     refused: TooLong | None = None
+    chosen: tuple[str, Pool, Limits] | None = None
     for name in pools_in_order(prompt, settings):
+        # The requested model's pool; otherwise the first (default, then smallest up) whose budget holds every
+        # turn since the summary, else the largest: a long message just sent stays in the next prompt.
         pool = settings.pools[name]
-        counter, limits = tokens.load(pool.tokenizer), limits_for(pool, prompt["max_tokens"], settings)
-        args = (settings.system_prompt, summary, earlier, older)
+        limits = limits_for(pool, prompt["max_tokens"], settings)
         try:
-            draft = assemble_chat(*args, None, prompt["content"], limits, counter)
+            draft = assemble_chat(settings.system_prompt, summary, earlier, older, None, prompt["content"], limits,
+                                  tokens.load(pool.tokenizer))  # fmt: skip
         except TooLong as exc:
             refused = exc
             continue
+        if chosen is None or limits.budget > chosen[2].budget:
+            chosen = (name, pool, limits)
+        if prompt["model"] or len(draft.record["verbatim_ids"]) == len(earlier):
+            chosen = (name, pool, limits)
+            break
+    if chosen is not None:
+        name, pool, limits = chosen
+        counter = tokens.load(pool.tokenizer)
+        args = (settings.system_prompt, summary, earlier, older)
+        draft = assemble_chat(*args, None, prompt["content"], limits, counter)
         recalled: list[Turn] = []
         kept = draft.record["verbatim_ids"]
         if older or len(kept) < len(earlier):

@@ -2,6 +2,7 @@
 
 import time
 
+from processors.schedule_run import WITHHELD
 from topics import codec
 from topics.pipeline import RUN_SCHEDULED
 
@@ -30,10 +31,16 @@ def test_two_turns_stream_persist_and_carry_context(live):
     # Multi-turn: the second run's assembled prompt carries the first turn (question and answer).
     scheduled = read_topic(live.topic(RUN_SCHEDULED["small"]), for_run("RunScheduled", run2))
     assert len(scheduled) == 1
-    messages = codec.decode("RunScheduled", scheduled[0].value())["messages"]
-    contents = [(m["role"], m["content"]) for m in messages]
+    run = codec.decode("RunScheduled", scheduled[0].value())
+    contents = [(m["role"], m["content"]) for m in run["messages"]]
     assert ("user", "Say hello in French.") in contents
-    assert ("assistant", answer1) in contents
+    answer_id = first[0]["data"]["run_id"]
+    assert run["context"]["verbatim_ids"][-1] == answer_id
+    # The answer goes back verbatim, unless the context guard withheld it (a tiny model's answer can read as
+    # instructions: "I am Parley, a helpbot who..."), which the run records.
+    assert ("assistant", answer1) in contents or (
+        ("assistant", WITHHELD) in contents and answer_id in run["context"]["withheld_ids"]
+    )
     assert contents[-1] == ("user", "Now say it in German.")
 
     def both_turns():
