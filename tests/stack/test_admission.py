@@ -102,7 +102,9 @@ def test_a_burst_from_one_user_over_both_replicas_keeps_the_concurrency_limit_an
     # Admitted runs overlapped at most 3 at a time (scheduled .. completed is inside admitted .. settled).
     from topics import codec
 
-    done = completions_of(live, admitted)
+    # RunCompleted is published just after the stream's terminal event: wait until every one is in the log
+    done = wait_for(lambda: (found := completions_of(live, admitted)) and len(found) == len(admitted) and found)
+    assert done, "every admitted run completed"
     starts = {}
     for pool_topic in RUN_SCHEDULED.values():
         for msg in read_topic(live.topic(pool_topic), lambda m: True):
