@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from confluent_kafka import Consumer, TopicPartition
 from pipeline_ttft import pct, summary
 from tqdm import tqdm
 
@@ -30,8 +29,9 @@ from api.auth import issue
 from api.settings import ApiSettings
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
-from topics import codec, tokens
-from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, named
+from safety.replay import events
+from topics import tokens
+from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, Topic
 from topics.settings import DEFAULT_POOLS
 
 FACTS = {
@@ -117,28 +117,12 @@ def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) ->
     return ((first or time.perf_counter()) - started) * 1000, run_id
 
 
-def read_all(topic: str, schema: str, chat_id: str) -> list[dict[str, Any]]:
-    consumer = Consumer({"bootstrap.servers": "127.0.0.1:9092", "group.id": f"bench-{uuid.uuid4().hex}"})
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    tps = [TopicPartition(topic, p, 0) for p in parts]
-    consumer.assign(tps)
-    ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
-    at = {p: 0 for p in ends}
-    out = []
-    deadline = time.monotonic() + 60
-    while any(at[p] < ends[p] for p in ends) and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is None or msg.error():
-            continue
-        at[msg.partition()] = msg.offset() + 1
-        if msg.key() == chat_id.encode():
-            out.append(codec.decode(schema, msg.value()))
-    consumer.close()
-    return out
+BOOTSTRAP = "127.0.0.1:9092"
+BANDS = ((0, 20), (20, 50), (50, 100), (100, 150), (150, 200))  # turns, for the per-turn curves
 
 
-def band(values: list[float], lo: int, hi: int) -> dict[str, float]:
-    return summary(values[lo:hi])
+def bands(values: list[float]) -> dict[str, dict[str, float]]:
+    return {f"{lo + 1}-{hi}": summary(values[lo:hi]) for lo, hi in BANDS if values[lo:hi]}
 
 
 def main() -> None:
@@ -169,10 +153,12 @@ def main() -> None:
             ttft, run_id = stream(api, chat_id, content, args.max_tokens)
             sent.append({"run_id": run_id, "content": content, "probes": probes, "sent_at": at, "ttft_ms": ttft})
         time.sleep(3)
-        scheduled = []
-        for topic in RUN_SCHEDULED.values():
-            scheduled += read_all(named(topic, stack.namespace), "RunScheduled", chat_id)
-        completed = read_all(named(RUN_COMPLETED, stack.namespace), "RunCompleted", chat_id)
+
+        def of_chat(topic: Topic) -> list[dict[str, Any]]:
+            return [e for e in events(BOOTSTRAP, topic, stack.namespace) if e["prompt"]["chat_id"] == chat_id]
+
+        scheduled = [run for topic in RUN_SCHEDULED.values() for run in of_chat(topic)]
+        completed = of_chat(RUN_COMPLETED)
     finally:
         stack.stop()
 
@@ -225,15 +211,9 @@ def main() -> None:
         "max_prompt_tokens": max(prompt_tokens),
         "turns_over_budget": sum(p > budget for p in prompt_tokens),
         "prompt_tokens_equal_engine_count": sum(a == b for a, b in zip(prompt_tokens, engine_tokens, strict=True)),
-        "prompt_tokens_by_band": {
-            f"{lo + 1}-{hi}": band(prompt_tokens, lo, hi)
-            for lo, hi in ((0, 20), (20, 50), (50, 100), (100, 150), (150, 200))
-        },
+        "prompt_tokens_by_band": bands(prompt_tokens),
         "prompt_tokens_second_half_spread": max(steady) - min(steady),
-        "naive_tokens_by_band": {
-            f"{lo + 1}-{hi}": band(naive_tokens, lo, hi)
-            for lo, hi in ((0, 20), (20, 50), (50, 100), (100, 150), (150, 200))
-        },
+        "naive_tokens_by_band": bands(naive_tokens),
         "naive_turn_over_context": next(
             (i + 1 for i, n in enumerate(naive_tokens) if n + args.max_tokens > small.context), None
         ),
@@ -242,9 +222,7 @@ def main() -> None:
         "cost_ratio_naive_over_assembled": round(sum(naive_tokens) / sum(prompt_tokens), 2),
         "cost_ratio_last_50_turns": round(sum(naive_tokens[-50:]) / sum(prompt_tokens[-50:]), 2),
         "engine_cached_prompt_share": round(sum(cached) / max(1, sum(engine_tokens)), 3),
-        "ttft_ms_by_band": {
-            f"{lo + 1}-{hi}": band(ttft, lo, hi) for lo, hi in ((0, 20), (20, 50), (50, 100), (100, 150), (150, 200))
-        },
+        "ttft_ms_by_band": bands(ttft),
         "ttft_ratio_last_50_over_first_50_p50": round(pct(ttft[-50:], 50) / pct(ttft[:50], 50), 3),
         "summary_runs": len(summaries),
         "summaries_in_prompts": len(

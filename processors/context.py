@@ -61,8 +61,15 @@ def _per_message(tokens: Tokens) -> int:
     return tokens.count_chat(empty + empty) - tokens.count_chat(empty)
 
 
-def window(turns: list[Turn], room: int, tokens: Tokens) -> list[Turn]:
-    """The newest turns that fit in `room`, oldest first, starting with a user turn, cut in blocks.
+def costs(turns: list[Turn], tokens: Tokens) -> list[int]:
+    """Each turn's tokens in a prompt: its text and the template's tokens around it."""
+    overhead = _per_message(tokens)
+    return [tokens.count(t.content) + overhead for t in turns]
+
+
+def window(turns: list[Turn], cost: list[int], room: int) -> int:
+    """Where the window starts: the newest turns from there fit in `room`, start with a user turn, and the
+    start moves in blocks.
 
     A window that dropped its oldest turn at every new turn would change the prompt right after the system
     message every time, and the engine's prefix cache would miss on every turn once the window is full.
@@ -70,32 +77,26 @@ def window(turns: list[Turn], room: int, tokens: Tokens) -> list[Turn]:
     of `turns` (the turn after the summary: a fixed origin) crosses a multiple of half the room. When the
     turns outgrow the room, the start jumps to the next anchor that fits, dropping about half a room at once;
     in between, prompts only grow at their end."""
-    overhead = _per_message(tokens)
-    costs = [tokens.count(t.content) + overhead for t in turns]
     step = max(1, room // 2)
-    anchors, total, mark = [], 0, 0
-    for i, (turn, cost) in enumerate(zip(turns, costs, strict=True)):
+    anchors, total, mark = set(), 0, 0
+    for i, turn in enumerate(turns):
         if turn.role == "user" and total >= mark:
-            anchors.append(i)
+            anchors.add(i)
             mark = (total // step + 1) * step
-        total += cost
+        total += cost[i]
     suffix = total
-    for i, cost in enumerate(costs):
+    for i in range(len(turns)):
         if i in anchors and suffix <= room:
-            return turns[i:]
-        suffix -= cost
+            return i
+        suffix -= cost[i]
     # Nothing from an anchor fits (one huge turn): the newest whole turns that do, starting with a user turn.
-    kept: list[Turn] = []
-    used = 0
-    for turn, cost in zip(reversed(turns), reversed(costs), strict=True):
-        if used + cost > room:
-            break
-        kept.append(turn)
-        used += cost
-    kept.reverse()
-    while kept and kept[0].role != "user":
-        kept.pop(0)
-    return kept
+    start, used = len(turns), 0
+    while start > 0 and used + cost[start - 1] <= room:
+        start -= 1
+        used += cost[start]
+    while start < len(turns) and turns[start].role != "user":
+        start += 1
+    return start
 
 
 def recall_block(recalled: list[Turn], room: int, limits: Limits, tokens: Tokens) -> tuple[str, list[Turn]]:
@@ -144,11 +145,13 @@ def assemble_chat(
     room = limits.budget - fixed
     # Room for recalled messages is kept whenever there is anything older than the window, whatever this
     # message recalls: the window (the cached prefix) must not move with each message's retrieval.
-    overflow = older_exist or _sum(earlier, tokens) > room
-    kept = window(earlier, room - (min(limits.recall_tokens, limits.budget // 5) if overflow else 0), tokens)
+    cost = costs(earlier, tokens)
+    overflow = older_exist or sum(cost) > room
+    start = window(earlier, cost, room - (min(limits.recall_tokens, limits.budget // 5) if overflow else 0))
+    kept = earlier[start:]
     block, used = "", list[Turn]()
     if recalled:
-        block, used = recall_block(recalled, max(0, limits.budget - fixed - _sum(kept, tokens)), limits, tokens)
+        block, used = recall_block(recalled, max(0, room - sum(cost[start:])), limits, tokens)
     messages = [{"role": "system", "content": system}]
     messages += [{"role": t.role, "content": t.content} for t in kept]
     messages.append({"role": "user", "content": block + new_message})
@@ -173,8 +176,3 @@ def assemble_chat(
         "message_tokens": tokens.count(new_message),
     }
     return Assembled(messages, record)
-
-
-def _sum(turns: list[Turn], tokens: Tokens) -> int:
-    overhead = _per_message(tokens)
-    return sum(tokens.count(t.content) + overhead for t in turns)

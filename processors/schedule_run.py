@@ -232,39 +232,35 @@ async def assemble_chat_run(
         earlier, flagged = await guard.turns(earlier, tier, every_role=False)
         withheld += flagged
     refused: TooLong | None = None
-    chosen: tuple[str, Pool, Limits] | None = None
+    chosen: tuple[str, Limits, Assembled] | None = None
+    args = (settings.system_prompt, summary, earlier, older)
     for name in pools_in_order(prompt, settings):
         # The requested model's pool; otherwise the first (default, then smallest up) whose budget holds every
         # turn since the summary, else the largest: a long message just sent stays in the next prompt.
-        pool = settings.pools[name]
-        limits = limits_for(pool, prompt["max_tokens"], settings)
+        limits = limits_for(settings.pools[name], prompt["max_tokens"], settings)
         try:
-            draft = assemble_chat(settings.system_prompt, summary, earlier, older, None, prompt["content"], limits,
-                                  tokens.load(pool.tokenizer))  # fmt: skip
+            draft = assemble_chat(*args, None, prompt["content"], limits, tokens.load(settings.pools[name].tokenizer))
         except TooLong as exc:
             refused = exc
             continue
-        if chosen is None or limits.budget > chosen[2].budget:
-            chosen = (name, pool, limits)
+        if chosen is None or limits.budget > chosen[1].budget:
+            chosen = (name, limits, draft)
         if prompt["model"] or len(draft.record["verbatim_ids"]) == len(earlier):
-            chosen = (name, pool, limits)
+            chosen = (name, limits, draft)
             break
-    if chosen is not None:
-        name, pool, limits = chosen
-        counter = tokens.load(pool.tokenizer)
-        args = (settings.system_prompt, summary, earlier, older)
-        draft = assemble_chat(*args, None, prompt["content"], limits, counter)
-        recalled: list[Turn] = []
-        kept = draft.record["verbatim_ids"]
-        if older or len(kept) < len(earlier):
-            first = uuid.UUID(kept[0]) if kept else uuid.UUID(prompt["message_id"])
-            recalled = await recall(memory, guard, chat_id, prompt["content"], reset, first, tier, settings)
-            withheld += [t.id for t in recalled if t.content == WITHHELD]
+    if chosen is None:
+        raise TooLong(f"{refused} Shorten it, or ask for a shorter answer.")
+    name, limits, assembled = chosen
+    kept = assembled.record["verbatim_ids"]
+    if older or len(kept) < len(earlier):  # there is memory beyond the window: recall from it
+        first = uuid.UUID(kept[0]) if kept else uuid.UUID(prompt["message_id"])
+        recalled = await recall(memory, guard, chat_id, prompt["content"], reset, first, tier, settings)
+        withheld += [t.id for t in recalled if t.content == WITHHELD]
+        counter = tokens.load(settings.pools[name].tokenizer)
         assembled = assemble_chat(*args, recalled, prompt["content"], limits, counter)
-        assembled.record["withheld_ids"] = withheld
-        PROMPT_TOKENS.labels(name).observe(assembled.record["prompt_tokens"])
-        return scheduled(prompt, name, settings, assembled, len(assembled.record["verbatim_ids"]))
-    raise TooLong(f"{refused} Shorten it, or ask for a shorter answer.")
+    assembled.record["withheld_ids"] = withheld
+    PROMPT_TOKENS.labels(name).observe(assembled.record["prompt_tokens"])
+    return scheduled(prompt, name, settings, assembled, len(assembled.record["verbatim_ids"]))
 
 
 async def recall(

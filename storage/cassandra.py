@@ -214,9 +214,6 @@ class Conversations:
         )
         columns = "message_id, role, content, created_at, run_id, model, finish_reason"
         self._list_messages = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? LIMIT ?")
-        self._recent_messages = p(
-            f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? ORDER BY message_id DESC LIMIT ?"
-        )
         self._messages_after = p(
             f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? ORDER BY message_id DESC LIMIT ?"
         )
@@ -373,10 +370,6 @@ class Conversations:
     async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
         rows = await self._run(self._list_messages, (chat_id, after or MIN_ID, limit))
         return [_message(r) for r in rows]
-
-    async def recent_messages(self, chat_id: uuid.UUID, limit: int) -> list[Message]:
-        rows = await self._run(self._recent_messages, (chat_id, limit))
-        return [_message(r) for r in reversed(list(rows))]
 
     async def messages_after(self, chat_id: uuid.UUID, after: uuid.UUID | None, limit: int) -> list[Message]:
         """The newest `limit` messages later than `after` (all of the chat's when None), oldest first."""

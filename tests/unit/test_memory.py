@@ -2,7 +2,7 @@
 
 import pytest
 
-from processors.context import Limits, TooLong, Turn, assemble_chat, window
+from processors.context import Limits, TooLong, Turn, assemble_chat, costs, window
 from processors.remember import fold
 from processors.settings import ProcessorSettings
 from storage.cassandra import Message, new_id
@@ -53,7 +53,7 @@ def test_a_growing_conversation_never_exceeds_the_budget_and_flattens(tok):
 
 def test_the_window_keeps_the_newest_whole_turns_starting_with_a_user_turn(tok):
     history = turns(10)
-    kept = window(history, 300, tok)
+    kept = history[window(history, costs(history, tok), 300) :]
     assert kept and kept[-1] == history[-1] and kept[0].role == "user"
     assert history[-len(kept) :] == kept
 
