@@ -12,7 +12,7 @@ import logging
 import time
 from collections import OrderedDict
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from topics import codec
 from topics.errors import PoisonEvent
@@ -34,10 +34,18 @@ class RunControls:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
         since_ms = int((time.time() - self.window_s) * 1000)
-        wanted = [TopicPartition(self.topic, p, since_ms) for p in metadata.partitions]
-        starts = until_ready("run control", lambda: self._consumer.offsets_for_times(wanted, timeout=10))
+
+        def starts_at() -> list[TopicPartition]:
+            # A broker that has just started may list the topic before its partitions have leaders: no
+            # partitions yet is "not ready", not an empty topic (it made offsets_for_times fail, for good).
+            metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+            if not metadata.partitions:
+                raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"{self.topic} has no partitions yet"))
+            wanted = [TopicPartition(self.topic, p, since_ms) for p in metadata.partitions]
+            return list(self._consumer.offsets_for_times(wanted, timeout=10))
+
+        starts = until_ready("run control", starts_at)
         self._reader.start(starts)
 
     def stop(self) -> None:
