@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 SUMMARY_HEADER = "\n\nSummary of the earlier conversation:\n"
 RECALL_HEADER = "Earlier in this conversation (recalled):\n"
 RECALL_FOOTER = "\n\nNew message:\n"
@@ -97,6 +99,38 @@ def window(turns: list[Turn], cost: list[int], room: int) -> int:
     while start < len(turns) and turns[start].role != "user":
         start += 1
     return start
+
+
+def relevant(
+    query: np.ndarray, texts: list[str], vectors: np.ndarray, k: int, floor: float, weight: float
+) -> list[int]:
+    """Which candidates to recall, best first (indexes into `texts`): maximal marginal relevance.
+
+    Candidates below the cosine `floor` are not relevant enough to spend tokens on; repeated texts count once.
+    The rest are taken one at a time by `weight` * similarity to the query - (1 - `weight`) * the highest
+    similarity to one already taken, so the earlier questions about a fact (and wrong answers to them) do
+    not crowd out the message that states it. Vectors are unit length (cosine is a dot product)."""
+    if not texts:
+        return []
+    to_query = vectors @ query
+    seen: set[str] = set()
+    pool = []
+    for i, text in enumerate(texts):
+        key = " ".join(text.split()).lower()
+        if to_query[i] >= floor and key not in seen:
+            seen.add(key)
+            pool.append(i)
+    chosen: list[int] = []
+    while pool and len(chosen) < k:
+
+        def score(i: int) -> float:
+            overlap = max((float(vectors[i] @ vectors[j]) for j in chosen), default=0.0)
+            return weight * float(to_query[i]) - (1 - weight) * overlap
+
+        best = max(pool, key=score)
+        chosen.append(best)
+        pool.remove(best)
+    return chosen
 
 
 def recall_block(recalled: list[Turn], room: int, limits: Limits, tokens: Tokens) -> tuple[str, list[Turn]]:

@@ -25,9 +25,10 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from prometheus_client import Counter, Histogram
 
-from processors.context import Assembled, Limits, TooLong, Turn, assemble_chat
+from processors.context import Assembled, Limits, TooLong, Turn, assemble_chat, costs, relevant
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from safety.moderator import Moderator
@@ -166,8 +167,8 @@ WITHHELD = "[Withheld from this context: it contained text that reads as instruc
 
 
 class ContextGuard:
-    """Screens what the system itself puts into a prompt: earlier answers, the rolling summary and retrieved
-    messages (the user's own messages in the verbatim window were moderated as input). A verdict is cached
+    """Screens what the system itself puts into a prompt: earlier answers (verbatim or recalled) and the
+    rolling summary (the user's own messages were moderated as input). A verdict is cached
     by id and text (an answer is screened once, when it completes, off the path to the next first token)."""
 
     def __init__(self, moderator: Moderator, policies: PolicyView, size: int = 10_000) -> None:
@@ -191,12 +192,13 @@ class ContextGuard:
             self._flagged.popitem(last=False)
         return verdict.blocked
 
-    async def turns(self, turns: list[Turn], tier: str, every_role: bool) -> tuple[list[Turn], list[str]]:
-        """The turns with each flagged one replaced by a notice (assistant turns only, unless `every_role`),
-        and the ids withheld."""
+    async def turns(self, turns: list[Turn], tier: str) -> tuple[list[Turn], list[str]]:
+        """The turns with each flagged assistant turn replaced by a notice, and the ids withheld. The user's
+        own messages are not screened again: they were moderated as input, and a user who writes "remember
+        this code" is stating a fact, not injecting instructions into someone else's prompt."""
         out, withheld = [], []
         for t in turns:
-            if (every_role or t.role == "assistant") and t.content and await self.screen(t.id, t.content, tier):
+            if t.role == "assistant" and t.content and await self.screen(t.id, t.content, tier):
                 t = replace(t, content=WITHHELD)
                 withheld.append(t.id)
             out.append(t)
@@ -218,34 +220,40 @@ async def assemble_chat_run(
         await wait_for_previous(prompt, conversations, settings)
         chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
         reset = chat.context_from if chat is not None else None
+        after = reset
         if latest is not None and not (reset and uuid.UUID(latest.through).time < reset.time):
+            # A withheld summary's turns stay out of the window too (recall still reaches them): the window's
+            # start, and so the cached prefix, does not depend on what the guard says.
             if await guard.screen(f"summary:{chat_id}:{latest.version}", latest.content, tier):
                 withheld.append(f"summary:{latest.version}")
             else:
                 summary = (latest.version, latest.through, latest.content)
-            older = True
-        after = uuid.UUID(latest.through) if summary is not None and latest is not None else reset
+            older, after = True, uuid.UUID(latest.through)
         rows = await conversations.messages_after(chat_id, after, settings.recent_messages)
         older = older or len(rows) >= settings.recent_messages
         before = uuid.UUID(prompt["message_id"]).time
         earlier = [Turn(m.id, m.role, m.content) for m in rows if m.content and uuid.UUID(m.id).time < before]
-        earlier, flagged = await guard.turns(earlier, tier, every_role=False)
+        earlier, flagged = await guard.turns(earlier, tier)
         withheld += flagged
     refused: TooLong | None = None
     chosen: tuple[str, Limits, Assembled] | None = None
     args = (settings.system_prompt, summary, earlier, older)
     for name in pools_in_order(prompt, settings):
-        # The requested model's pool; otherwise the first (default, then smallest up) whose budget holds every
-        # turn since the summary, else the largest: a long message just sent stays in the next prompt.
+        # The requested model's pool; otherwise the first (default, then smallest up) that keeps every turn
+        # since the summary, or whose window only lets go of ordinary turns (aged out, recalled when relevant),
+        # else the largest. A paste too long for a pool's window keeps the chat on a pool that holds it until
+        # a summary folds it in; a long chat of ordinary turns stays on its pool.
         limits = limits_for(settings.pools[name], prompt["max_tokens"], settings)
+        counter = tokens.load(settings.pools[name].tokenizer)
         try:
-            draft = assemble_chat(*args, None, prompt["content"], limits, tokens.load(settings.pools[name].tokenizer))
+            draft = assemble_chat(*args, None, prompt["content"], limits, counter)
         except TooLong as exc:
             refused = exc
             continue
         if chosen is None or limits.budget > chosen[1].budget:
             chosen = (name, limits, draft)
-        if prompt["model"] or len(draft.record["verbatim_ids"]) == len(earlier):
+        dropped = earlier[: len(earlier) - len(draft.record["verbatim_ids"])]
+        if prompt["model"] or max(costs(dropped, counter), default=0) <= limits.budget // 2:
             chosen = (name, limits, draft)
             break
     if chosen is None:
@@ -273,12 +281,21 @@ async def recall(
     tier: str,
     settings: ProcessorSettings,
 ) -> list[Turn]:
-    """The older messages most similar to the new one (best first), screened; none below the floor."""
+    """The older messages to recall for the new one (best first, processors/context.py `relevant`), with
+    assistant messages screened (the user's own were moderated as they came in)."""
     vector = await asyncio.get_running_loop().run_in_executor(None, guard.moderator.encoder.embed, [text])
-    found = await memory.recall(chat_id, vector[0].tolist(), settings.recall_k, after or MIN_ID, before)
-    relevant = [Turn(r.id, r.role, r.content) for r in found if r.similarity >= settings.recall_min_similarity]
-    RECALLED.observe(len(relevant))
-    screened, _ = await guard.turns(relevant, tier, every_role=True)
+    found = await memory.recall(chat_id, vector[0].tolist(), settings.recall_candidates, after or MIN_ID, before)
+    vectors = np.array([r.embedding for r in found], dtype=np.float32).reshape(len(found), -1)
+    picked = relevant(
+        vector[0],
+        [r.content for r in found],
+        vectors,
+        settings.recall_k,
+        settings.recall_min_similarity,
+        settings.recall_diversity,
+    )
+    RECALLED.observe(len(picked))
+    screened, _ = await guard.turns([Turn(found[i].id, found[i].role, found[i].content) for i in picked], tier)
     return screened
 
 

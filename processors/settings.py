@@ -16,7 +16,7 @@ class ProcessorSettings(StackSettings):
     replica: int = 0  # which replica of its stage this process is (its own data folder)
     session_timeout_s: float = 10.0
     # scheduling
-    recent_messages: int = 64  # the most messages after the summary read for the verbatim window
+    recent_messages: int = 160  # the most messages after the summary read for the verbatim window
     system_prompt: str = "You are Parley, a helpful assistant. Answer clearly and concisely."
     prev_turn_wait_s: float = 3.0  # how long to wait for the previous answer to be persisted before going on
     run_deadline_s: float = 300.0  # a run in flight longer than this no longer counts against its user's limit
@@ -24,8 +24,10 @@ class ProcessorSettings(StackSettings):
     summary_tokens: int = 256  # the most a summary may take in a prompt
     recall_tokens: int = 320  # reserved in a prompt for retrieved messages (at most a fifth of the budget)
     recall_item_tokens: int = 120  # the most one retrieved message may take
-    recall_k: int = 4  # messages retrieved per new message
-    recall_min_similarity: float = 0.25  # cosine below this is not relevant enough to spend tokens on
+    recall_k: int = 6  # the most messages recalled per new message (the reserve's tokens bound them too)
+    recall_candidates: int = 16  # nearest messages read from the vector index, from which recall chooses
+    recall_min_similarity: float = 0.35  # cosine below this is not relevant enough to spend tokens on
+    recall_diversity: float = 0.4  # MMR: 1 ranks by relevance alone; lower prefers messages unlike those chosen
     memory_pool: str = "small"  # the pool summaries run on
     summarize_after_tokens: int = 768  # unsummarised tokens after the summary that start a new one
     summarize_keep_tokens: int = 256  # the newest tokens a summary leaves out (the verbatim window keeps them)

@@ -21,7 +21,7 @@ class Recalled:
     id: str
     role: str
     content: str
-    similarity: float
+    embedding: list[float]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Memory:
         self._put = p(f"INSERT INTO {ks}.memory (chat_id, message_id, role, content, embedding) VALUES (?, ?, ?, ?, ?)")
         self._forget = p(f"DELETE FROM {ks}.memory WHERE chat_id = ? AND message_id = ?")
         self._recall = p(
-            f"SELECT message_id, role, content, similarity_cosine(embedding, ?) AS similarity FROM {ks}.memory "
+            f"SELECT message_id, role, content, embedding FROM {ks}.memory "
             "WHERE chat_id = ? AND message_id > ? AND message_id < ? ORDER BY embedding ANN OF ? LIMIT ?"
         )
         self._forget_all = p(f"DELETE FROM {ks}.memory WHERE chat_id = ?")
@@ -70,9 +70,10 @@ class Memory:
     async def recall(
         self, chat_id: uuid.UUID, embedding: list[float], k: int, after: uuid.UUID, before: uuid.UUID
     ) -> list[Recalled]:
-        """The k messages strictly between `after` and `before` most similar to the embedding, best first."""
-        rows = await self._run(self._recall, (embedding, chat_id, after, before, embedding, k))
-        return [Recalled(str(r.message_id), r.role, r.content, float(r.similarity)) for r in rows]
+        """The k messages strictly between `after` and `before` nearest the embedding (cosine), nearest first,
+        with their embeddings (the caller scores and chooses among them: processors/context.py `relevant`)."""
+        rows = await self._run(self._recall, (chat_id, after, before, embedding, k))
+        return [Recalled(str(r.message_id), r.role, r.content, list(r.embedding)) for r in rows]
 
     # -- summaries ---------------------------------------------------------------------------------
     async def summaries(self, chat_id: uuid.UUID, limit: int = 1) -> list[Summary]:

@@ -92,3 +92,31 @@ def test_summaries_fold_the_oldest_whole_turns_and_keep_the_newest():
     assert fold(msgs, counts, 1500, 300) == 0  # not over the trigger yet
     n = fold(msgs, counts, 768, 300)
     assert n == 8 and msgs[n - 1].role == "assistant"  # the 3 newest fit in 300; the cut moves back to a turn end
+
+
+def test_recall_takes_the_fact_over_earlier_questions_and_repeated_wrong_answers():
+    """What the 200-turn bench's probe at turn 140 saw: the nearest neighbours of a question about a fact
+    are the earlier questions about it and the model's (wrong) answers to them, one of them twice."""
+    from processors.context import relevant
+    from safety.encoder import Encoder
+
+    fact = "My sister Ana lives in Porto and works as a marine biologist."
+    wrong = "Your sister Ana lives in a small village in Asia, where it's called Malaysia."
+    texts = [
+        "Where does my sister live?",
+        wrong,
+        wrong,
+        "Where does my sister live? I forgot.",
+        fact,
+        "Tell me something interesting about volcanoes.",
+    ]
+    encoder = Encoder()
+    query = encoder.embed(["Remind me, which city is my sister in?"])[0]
+    vectors = encoder.embed(texts)
+    by_relevance = sorted(range(len(texts)), key=lambda i: -float(vectors[i] @ query))
+    assert by_relevance.index(4) >= 3  # nearest-first with k=3 would miss the fact
+    picked = relevant(query, texts, vectors, k=3, floor=0.35, weight=0.4)
+    assert 4 in picked
+    assert len({texts[i] for i in picked}) == len(picked)  # a repeated text counts once
+    assert 5 not in relevant(query, texts, vectors, k=6, floor=0.35, weight=0.4)  # unrelated: below the floor
+    assert relevant(query, [], vectors[:0], k=3, floor=0.35, weight=0.4) == []

@@ -157,13 +157,19 @@ def test_injected_instructions_in_an_earlier_answer_are_withheld_from_the_next_p
         Turn("2", "assistant", injected),
         Turn("3", "assistant", "Paris is the capital of France."),
     ]
-    screened, withheld = asyncio.run(guard.turns(history, "pro", every_role=False))
+    screened, withheld = asyncio.run(guard.turns(history, "pro"))
     assert [t.content for t in screened] == [history[0].content, WITHHELD, history[2].content]
     assert withheld == ["2"]
-    # retrieved memory and summaries are screened whoever wrote them
-    recalled = [Turn("4", "user", injected), Turn("5", "user", "My sister lives in Porto.")]
-    screened, withheld = asyncio.run(guard.turns(recalled, "pro", every_role=True))
+    # a recalled answer is screened as well; the user's own messages are not (moderated as they came in): a
+    # user asking the assistant to remember a code is stating a fact (this one scored as injection, 0.93)
+    recalled = [
+        Turn("4", "assistant", injected),
+        Turn("5", "user", "The code for my gym locker is 4417, please remember it."),
+    ]
+    screened, withheld = asyncio.run(guard.turns(recalled, "pro"))
     assert [t.content for t in screened] == [WITHHELD, recalled[1].content] and withheld == ["4"]
+    # a summary is screened whoever it came from
+    assert asyncio.run(guard.screen("summary:c:1", injected, "pro"))
 
 
 def test_replay_applies_a_new_policy_to_recorded_scores():
