@@ -40,11 +40,14 @@ class RunQueue(Generic[T]):
     def score(self, waiting: Waiting[T], now: float) -> float:
         return waiting.priority + (now - waiting.since) / self.aging_s
 
-    def pop(self, now: float, may_start: Callable[[str], bool]) -> T | None:
-        """The best waiting run whose tier may take a slot now (highest aged priority, then first come)."""
+    def pop(
+        self, now: float, may_start: Callable[[str], bool], eligible: Callable[[T], bool] | None = None
+    ) -> T | None:
+        """The best waiting run whose tier may take a slot now and that is `eligible` (highest aged priority,
+        then first come)."""
         best: Waiting[T] | None = None
         for w in self._waiting:
-            if not may_start(w.tier):
+            if not may_start(w.tier) or (eligible is not None and not eligible(w.item)):
                 continue
             if best is None or (self.score(w, now), -w.order) > (self.score(best, now), -best.order):
                 best = w

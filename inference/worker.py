@@ -45,7 +45,7 @@ from topics.codec import Event
 from topics.codec import token_delta as delta
 from topics.errors import PoisonEvent
 from topics.kafka import AsyncProducer, consumer_config, dead_letter
-from topics.limits import LimitsView, tier_cap
+from topics.limits import BACKGROUND_PRIORITY, LimitsView, tier_cap
 from topics.pipeline import (
     OUTPUT_MODERATED,
     POOL_STATUS,
@@ -85,6 +85,9 @@ CANCEL_LATENCY = Histogram(
     "Cancel requested (edge clock) to the engine's sequence closed",
     ["pool"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2),
+)
+PREEMPTED = Counter(
+    "parley_inference_preempted_total", "Background runs (summaries) stopped to give the engine to a reply", ["pool"]
 )
 HEALTHY = Gauge("parley_inference_engine_healthy", "1 while the engine answers its health check", ["pool"])
 TAKING_WORK = Gauge("parley_inference_taking_work", "1 while this consumer is in its pool's group", ["pool"])
@@ -173,6 +176,10 @@ class Flight:
     @property
     def tier(self) -> str:
         return str(self.run["prompt"]["tier"])
+
+    @property
+    def background(self) -> bool:
+        return int(self.run.get("priority", 0)) <= BACKGROUND_PRIORITY
 
 
 class Worker:
@@ -619,6 +626,24 @@ class Worker:
         self.flights[flight.run_id] = flight
         self.queue.push(flight, flight.tier, run.get("priority", 0), flight.read_at)
         QUEUED.labels(self.settings.pool).set(len(self.queue))
+        if not flight.background:
+            self._preempt()
+
+    def _may_start_run(self, flight: Flight) -> bool:
+        return not (flight.background and self._replies())
+
+    def _replies(self) -> bool:
+        """Whether a reply (not background work) is running here or waiting for a slot."""
+        return any(not f.background for f in self.flights.values())
+
+    def _preempt(self) -> None:
+        """A reply arrived: running background runs stop (they end cancelled; the memory stage asks again),
+        so a summary never takes engine time from a reply."""
+        for f in self.flights.values():
+            if f.background and f.task is not None and not f.stop.is_set():
+                f.stop.set()
+                PREEMPTED.labels(self.settings.pool).inc()
+                log.info("background run %s stopped: a reply needs the engine", f.run_id)
 
     def _may_start(self, tier: str) -> bool:
         cap = tier_cap(self.settings.slots, self.limits.tier(tier).slot_share)
@@ -628,7 +653,7 @@ class Worker:
         """Start the best waiting runs while the engine has free slots."""
         pool = self.settings.pool
         while sum(self.running.values()) < self.settings.slots:
-            flight = self.queue.pop(time.monotonic(), self._may_start)
+            flight = self.queue.pop(time.monotonic(), self._may_start, self._may_start_run)
             if flight is None:
                 break
             self.running[flight.tier] = self.running.get(flight.tier, 0) + 1

@@ -27,14 +27,19 @@ from storage.memory import Memory, Summary
 from topics import tokens
 from topics.admission import home_partition
 from topics.codec import Event
+from topics.limits import BACKGROUND_PRIORITY
 from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED
 
 log = logging.getLogger(__name__)
 
 EMBEDDED = Counter("parley_memory_embedded_total", "Messages embedded into a chat's memory", ["role"])
-SUMMARIES = Counter("parley_memory_summaries_total", "Summary runs", ["outcome"])  # requested|stored|discarded
+SUMMARIES = Counter("parley_memory_summaries_total", "Summary runs", ["outcome"])  # requested|stored|yielded|discarded
 
-SUMMARY_PRIORITY = -100  # below every tier: a summary only takes a slot no reply is waiting for
+# A summary is background work: an engine runs it only while no reply is running or waiting, and stops it
+# when one arrives; it is asked for again, until `summary_patience_s` has passed since the first ask. Then it
+# runs at the lowest priority beside the replies, so a chat that is never idle still gets its summary.
+SUMMARY_PRIORITY = BACKGROUND_PRIORITY
+SUMMARY_PRIORITY_FIRM = -1
 # SmolLM2-135M summarises best (of the prompts tried, docs/decisions/0008-conversation-memory.md) with the
 # conversation first and one plain instruction after it, no system prompt.
 INSTRUCTION = (
@@ -76,6 +81,7 @@ def register(
     pool = settings.pools[settings.memory_pool]
     counter = tokens.load(pool.tokenizer)
     pending: dict[str, float] = {}  # chat id -> when its summary run was requested (this replica's chats)
+    waiting_since: dict[str, float] = {}  # chat id -> when its next summary was first asked for (not yet stored)
 
     async def embed(texts: list[str]) -> list[list[float]]:
         vectors = await asyncio.get_running_loop().run_in_executor(None, encoder.embed, texts)
@@ -112,6 +118,8 @@ def register(
         request = summary_request(latest.content if latest else None, block, counter)
         run_id = str(new_id())
         now = int(time.time() * 1000)
+        since = waiting_since.setdefault(chat_key, time.monotonic())
+        patient = time.monotonic() - since < settings.summary_patience_s
         summary_prompt = {
             "event_id": str(uuid.uuid4()),
             "run_id": run_id,
@@ -137,7 +145,7 @@ def register(
             "model": pool.model,
             "messages": request,
             "context_turns": n,
-            "priority": SUMMARY_PRIORITY,
+            "priority": SUMMARY_PRIORITY if patient else SUMMARY_PRIORITY_FIRM,
             "degraded_from": None,
             "estimate_tokens": counter.count_chat(request) + settings.summary_max_tokens,
             "context": None,
@@ -151,7 +159,14 @@ def register(
             partition=home_partition(settings.memory_pool, chat_key),
         )
         SUMMARIES.labels("requested").inc()
-        log.info("chat %s: summary v%d of %d messages requested (run %s)", chat_key, version, n, run_id)
+        log.info(
+            "chat %s: summary v%d of %d messages requested (run %s, %s)",
+            chat_key,
+            version,
+            n,
+            run_id,
+            "background" if patient else "beside replies: waited %.0fs" % (time.monotonic() - since),
+        )
 
     async def store_summary(done: Event) -> None:
         prompt, request = done["prompt"], done["prompt"]["summary"]
@@ -163,6 +178,8 @@ def register(
         reason = None
         if chat is None:
             reason = "the chat is gone"
+        elif done["finish_reason"] == "cancelled":
+            reason = "it gave way to a reply; asking again"
         elif done["finish_reason"] not in ("stop", "length") or not text:
             reason = f"the run ended {done['finish_reason']} with {len(text)} characters"
         elif (latest.version if latest else 0) != request["version"] - 1:
@@ -170,12 +187,13 @@ def register(
         elif chat.memory_changed_at and utc(chat.memory_changed_at).timestamp() * 1000 >= prompt["created_at"]:
             reason = "a message was edited, deleted or the context reset since it began"
         if reason:
-            SUMMARIES.labels("discarded").inc()
+            SUMMARIES.labels("yielded" if done["finish_reason"] == "cancelled" else "discarded").inc()
             log.info("chat %s: summary v%d discarded: %s", chat_key, request["version"], reason)
         else:
             text = counter.truncate(text, settings.summary_tokens)
             summary = Summary(request["version"], request["through"], text, counter.count(text), prompt["run_id"])
             await memory.put_summary(chat_id, summary)
+            waiting_since.pop(chat_key, None)
             SUMMARIES.labels("stored").inc()
             log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
         await maybe_summarize(prompt)  # more may have piled up meanwhile

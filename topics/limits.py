@@ -33,6 +33,10 @@ class Limits(BaseModel):
 
 FIELDS = tuple(Limits.model_fields)
 
+# Runs at or below this priority are background work (conversation summaries): an engine starts one only
+# while no reply is running or waiting, and stops it when a reply arrives (the memory stage asks again).
+BACKGROUND_PRIORITY = -100
+
 DEFAULT_TIERS = {
     "free": Limits(
         budget_tokens=50_000,

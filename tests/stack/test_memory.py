@@ -2,13 +2,18 @@
 engine's own prompt_tokens), background summaries on the small pool, retrieval from Cassandra's vector index,
 and edits, deletes and resets that memory follows."""
 
+import json
 import uuid
+from datetime import timedelta
+
+from confluent_kafka import Producer
 
 from topics import codec
-from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED
+from topics.limits import BACKGROUND_PRIORITY
+from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 from topics.settings import DEFAULT_POOLS
 
-from .conftest import chat_turn, read_topic, wait_for
+from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
 
 FACT = "My cat is called Pepperoni and she is eleven years old."
 FILLER = [
@@ -38,6 +43,11 @@ def scheduled_runs(live, chat_id):
     return out
 
 
+def written(done):
+    """A summary run that finished its answer (one that gave way to a reply ends cancelled)."""
+    return done["prompt"]["summary"] and done["content"] and done["finish_reason"] in ("stop", "length")
+
+
 def test_a_long_chat_stays_in_budget_summarises_in_the_background_and_recalls_an_old_fact(live):
     client = live.client(live.token())
     chat_id = client.post("/v1/chats", json={"title": "memory"}).json()["id"]
@@ -49,7 +59,7 @@ def test_a_long_chat_stays_in_budget_summarises_in_the_background_and_recalls_an
     # the first to land so the probe's prompt shows where it goes.
     def summarised():
         done = chat_records(live, RUN_COMPLETED, "RunCompleted", chat_id, timeout_s=5)
-        return any(d["prompt"]["summary"] and d["content"] for d in done)
+        return any(written(d) for d in done)
 
     assert wait_for(summarised, timeout_s=120), "no summary run completed"
     probe = chat_turn(client, chat_id, "What is my cat called, and how old is she?", max_tokens=16)
@@ -82,7 +92,7 @@ def test_a_long_chat_stays_in_budget_summarises_in_the_background_and_recalls_an
     # as instructions); either way the run records which version it saw.
     probe_context = chat_runs[probe_run]["context"]
     assert probe_context["summary_version"] == 1 or "summary:1" in probe_context["withheld_ids"], probe_context
-    assert any(d["prompt"]["summary"] and d["content"] for d in completed.values())  # summaries were written
+    assert any(written(d) for d in completed.values())  # summaries were written
 
     # The old fact is in the probe's assembled prompt: retrieved by similarity, or kept by the summary.
     run = chat_runs[probe_run]
@@ -135,3 +145,65 @@ def test_edits_deletes_and_resets_update_memory(live):
     assert run["context"]["verbatim_ids"] == [] and run["context"]["summary_version"] is None
     assert len(client.get(f"/v1/chats/{chat_id}/messages").json()["data"]) == 7  # earlier ones still listed
     session.cluster.shutdown()
+
+
+def test_a_background_run_gives_the_engine_to_a_reply_and_waits_for_the_next_idle_moment(live):
+    """A summary run (background priority) is generating on the small pool when a reply arrives on the same
+    engine: it stops, so the reply never shares the engine with it, and a background run that arrives while
+    the reply is still going waits for it to finish."""
+    client = live.client(live.token())
+    chat_id = client.post("/v1/chats").json()["id"]
+    first = chat_turn(client, chat_id, "Hello there!", max_tokens=8)
+    [msg] = read_topic(live.topic(RUN_SCHEDULED["small"]), for_run("RunScheduled", first[0]["data"]["run_id"]))
+    template = codec.decode("RunScheduled", msg.value())
+    producer = Producer({"bootstrap.servers": BOOTSTRAP})
+
+    def background(story):
+        run_id = str(uuid.uuid1())
+        prompt = {**template["prompt"], "run_id": run_id, "message_id": run_id, "event_id": str(uuid.uuid4())}
+        prompt.update(max_tokens=300, store=False, prev_run_id=None, content=story)
+        run = {**template, "event_id": str(uuid.uuid4()), "prompt": prompt, "priority": BACKGROUND_PRIORITY}
+        run["messages"] = [{"role": "user", "content": story}]
+        producer.produce(live.topic(RUN_SCHEDULED["small"]), codec.encode("RunScheduled", run),
+                         key=chat_id.encode(), partition=msg.partition())  # fmt: skip
+        producer.flush(10)
+        return run_id
+
+    def generating(run_id):
+        return read_topic(live.topic(TOKEN_DELTA), for_run("TokenDelta", run_id), timeout_s=5)
+
+    story = background("Write a very long story about a lighthouse keeper and her three cats, in many chapters.")
+    assert wait_for(lambda: generating(story), timeout_s=60), "the background run never started"
+    reply = chat_turn(client, chat_id, "What is the capital of France?", max_tokens=24)
+    assert reply[-1]["event"] == "run.completed", reply[-1]
+    reply_id = reply[0]["data"]["run_id"]
+
+    def completion(run_id):
+        found = read_topic(live.topic(RUN_COMPLETED), for_run("RunCompleted", run_id), timeout_s=5)
+        return codec.decode("RunCompleted", found[0].value()) if found else None
+
+    stopped = wait_for(lambda: completion(story), timeout_s=30)
+    answered = completion(reply_id)
+    assert stopped["finish_reason"] == "cancelled" and stopped["usage"]["completion_tokens"] < 300, stopped
+    # it ended before the reply's first token was generated
+    assert stopped["completed_at"] <= answered["completed_at"]
+    assert stopped["served_by"] == answered["served_by"]
+
+    # A background run read while a reply is in the engine starts only after that reply ends.
+    with client.stream(
+        "POST", f"/v1/chats/{chat_id}/messages", json={"content": "Tell me about Paris.", "max_tokens": 48}
+    ) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data:") and "run_id" in line:
+                reply2_id = json.loads(line[5:])["run_id"]
+            if line == "event: run.started":
+                break
+        later = background("Write a short poem about the sea.")
+        rest = [line for line in lines if line.startswith("event:")]
+    assert rest[-1] == "event: run.completed", rest
+    done_later = wait_for(lambda: completion(later), timeout_s=120)
+    answered2 = completion(reply2_id)
+    assert done_later["finish_reason"] in ("stop", "length"), done_later
+    later_started = done_later["completed_at"] - timedelta(milliseconds=done_later["duration_ms"])
+    assert later_started >= answered2["completed_at"] - timedelta(milliseconds=100), (later_started, answered2)

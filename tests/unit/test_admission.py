@@ -159,3 +159,18 @@ def test_the_queue_serves_higher_priority_first_and_ages_so_a_free_run_is_not_st
 
 def test_tier_caps_leave_slots_for_higher_tiers():
     assert tier_cap(8, 0.5) == 4 and tier_cap(8, 1.0) == 8 and tier_cap(1, 0.5) == 1
+
+
+def test_background_runs_wait_while_a_reply_needs_the_engine():
+    queue: RunQueue[str] = RunQueue(aging_s=10.0)
+    queue.push("summary", "pro", -100, 0.0)
+    queue.push("reply", "free", 0, 1.0)
+    replies_busy = {"on": True}
+
+    def eligible(item: str) -> bool:
+        return item != "summary" or not replies_busy["on"]
+
+    assert queue.pop(2.0, lambda tier: True, eligible) == "reply"
+    assert queue.pop(2.0, lambda tier: True, eligible) is None  # a reply is running: the summary waits
+    replies_busy["on"] = False
+    assert queue.pop(2.0, lambda tier: True, eligible) == "summary"
