@@ -25,6 +25,12 @@ class InferenceSettings(StackSettings):
     # prefilled in chunks of this size, each step also advancing every sequence already generating, so it
     # never stalls the others for its whole prefill (chunked prefill, as SGLang does by default).
     batch: int = 256
+    # A background run (a summary) starts only once the engine has had no reply for this long. It stops when a
+    # reply arrives, but llama-server acts on a cancel only between engine steps (each up to `batch` prompt
+    # tokens), so a summary caught mid-prefill would hold the engine for a step; starting one while a user is
+    # still in the middle of a chat also mostly wasted its prefill (the first 200-turn bench: 91 of 99 summary
+    # runs stopped, and replies sent meanwhile had a p50 TTFT 1.47x the rest).
+    background_idle_s: float = 3.0
     temperature: float = 0.7
     coalesce_ms: float = 20.0
     metrics_port: int = 9101

@@ -221,6 +221,7 @@ class Worker:
         self.running: dict[str, int] = {}  # runs in the engine, by tier
         self.mean_run_s = 5.0
         self._slot_freed = asyncio.Event()
+        self._last_reply = 0.0  # when the last reply ended here (monotonic): background runs wait for quiet
         self.healthy = True
         self.flights: dict[str, Flight] = {}
         self.fresh_from: dict[int, int] = {}  # partition -> its end when assigned: later records are new runs
@@ -454,6 +455,8 @@ class Worker:
             IN_FLIGHT.labels(self.settings.pool).dec()
             self.running[flight.tier] -= 1
             self.mean_run_s += 0.2 * (time.monotonic() - started - self.mean_run_s)
+            if not flight.background:
+                self._last_reply = time.monotonic()
             self._slot_freed.set()
             if not self._stopping.is_set():
                 self._dispatch()  # the slot goes to the best waiting run at once
@@ -630,7 +633,10 @@ class Worker:
             self._preempt()
 
     def _may_start_run(self, flight: Flight) -> bool:
-        return not (flight.background and self._replies())
+        if not flight.background:
+            return True
+        quiet = time.monotonic() - self._last_reply >= self.settings.background_idle_s
+        return quiet and not self._replies()
 
     def _replies(self) -> bool:
         """Whether a reply (not background work) is running here or waiting for a slot."""
