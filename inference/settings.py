@@ -31,6 +31,7 @@ class InferenceSettings(StackSettings):
     # still in the middle of a chat also mostly wasted its prefill (the first 200-turn bench: 91 of 99 summary
     # runs stopped, and replies sent meanwhile had a p50 TTFT 1.47x the rest).
     background_idle_s: float = 3.0
+    background_patience_s: float = 60.0  # then a background run starts beside the replies, and is not stopped
     temperature: float = 0.7
     coalesce_ms: float = 20.0
     metrics_port: int = 9101

@@ -632,8 +632,13 @@ class Worker:
         if not flight.background:
             self._preempt()
 
+    def _yields(self, flight: Flight) -> bool:
+        """Background work that still gives way to replies: past `background_patience_s` of waiting here it
+        starts like any run (at its lowest priority) and is not stopped, so a never-quiet engine still runs it."""
+        return flight.background and time.monotonic() - flight.read_at < self.settings.background_patience_s
+
     def _may_start_run(self, flight: Flight) -> bool:
-        if not flight.background:
+        if not self._yields(flight):
             return True
         quiet = time.monotonic() - self._last_reply >= self.settings.background_idle_s
         return quiet and not self._replies()
@@ -646,7 +651,7 @@ class Worker:
         """A reply arrived: running background runs stop (they end cancelled; the memory stage asks again),
         so a summary never takes engine time from a reply."""
         for f in self.flights.values():
-            if f.background and f.task is not None and not f.stop.is_set():
+            if self._yields(f) and f.task is not None and not f.stop.is_set():
                 f.stop.set()
                 PREEMPTED.labels(self.settings.pool).inc()
                 log.info("background run %s stopped: a reply needs the engine", f.run_id)

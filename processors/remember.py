@@ -35,11 +35,9 @@ log = logging.getLogger(__name__)
 EMBEDDED = Counter("parley_memory_embedded_total", "Messages embedded into a chat's memory", ["role"])
 SUMMARIES = Counter("parley_memory_summaries_total", "Summary runs", ["outcome"])  # requested|stored|yielded|discarded
 
-# A summary is background work: an engine runs it only while no reply is running or waiting, and stops it
-# when one arrives; it is asked for again, until `summary_patience_s` has passed since the first ask. Then it
-# runs at the lowest priority beside the replies, so a chat that is never idle still gets its summary.
+# A summary is background work: an engine starts it only when no reply needs the engine, and stops it when
+# one arrives (it is asked for again); past the engine's patience it runs beside the replies (inference/worker.py).
 SUMMARY_PRIORITY = BACKGROUND_PRIORITY
-SUMMARY_PRIORITY_FIRM = -1
 # SmolLM2-135M summarises best (of the prompts tried, docs/decisions/0008-conversation-memory.md) with the
 # conversation first and one plain instruction after it, no system prompt.
 INSTRUCTION = (
@@ -47,19 +45,27 @@ INSTRUCTION = (
     "numbers, places, plans), keeping every fact from the earlier summary."
 )
 MESSAGE_TOKENS = 300  # the most of one message a summary run reads
+SUMMARY_OVERHEAD = 400  # a summary run's prompt besides the messages: the earlier summary, instruction, template
 
 
-def fold(messages: list[Message], counts: list[int], after_tokens: int, keep_tokens: int) -> int:
+def fold(messages: list[Message], counts: list[int], after_tokens: int, keep_tokens: int, most_tokens: int) -> int:
     """How many of the oldest unsummarised messages to fold into the next summary (0: not yet) (pure).
 
-    Nothing happens until the messages pass `after_tokens`; then all but the newest `keep_tokens` go, ending
-    on an assistant message so a turn is never split."""
+    Nothing happens until the messages pass `after_tokens`; then all but the newest `keep_tokens` go, at most
+    `most_tokens` of them (each message counted as the summary run reads it, cut to MESSAGE_TOKENS: a run's
+    prompt must fit its model; a backlog is folded by successive versions), ending on an assistant message so
+    a turn is never split."""
     if sum(counts) <= after_tokens:
         return 0
     kept, n = 0, len(messages)
     while n > 0 and kept + counts[n - 1] <= keep_tokens:
         n -= 1
         kept += counts[n]
+    taken, cap = 0, 0
+    while cap < n and taken + min(counts[cap], MESSAGE_TOKENS) <= most_tokens:
+        taken += min(counts[cap], MESSAGE_TOKENS)
+        cap += 1
+    n = cap
     while n > 0 and messages[n - 1].role != "assistant":
         n -= 1
     return n
@@ -81,7 +87,6 @@ def register(
     pool = settings.pools[settings.memory_pool]
     counter = tokens.load(pool.tokenizer)
     pending: dict[str, float] = {}  # chat id -> when its summary run was requested (this replica's chats)
-    waiting_since: dict[str, float] = {}  # chat id -> when its next summary was first asked for (not yet stored)
 
     async def embed(texts: list[str]) -> list[list[float]]:
         vectors = await asyncio.get_running_loop().run_in_executor(None, encoder.embed, texts)
@@ -110,7 +115,8 @@ def register(
             after, latest = chat.context_from, None
         messages = [m for m in await conversations.messages_after(chat_id, after, 400) if m.content]
         counts = [counter.count(m.content) for m in messages]
-        n = fold(messages, counts, settings.summarize_after_tokens, settings.summarize_keep_tokens)
+        most = pool.prompt_budget - settings.summary_max_tokens - SUMMARY_OVERHEAD
+        n = fold(messages, counts, settings.summarize_after_tokens, settings.summarize_keep_tokens, most)
         if n == 0:
             return
         version = (latest.version if latest else 0) + 1
@@ -118,8 +124,6 @@ def register(
         request = summary_request(latest.content if latest else None, block, counter)
         run_id = str(new_id())
         now = int(time.time() * 1000)
-        since = waiting_since.setdefault(chat_key, time.monotonic())
-        patient = time.monotonic() - since < settings.summary_patience_s
         summary_prompt = {
             "event_id": str(uuid.uuid4()),
             "run_id": run_id,
@@ -145,7 +149,7 @@ def register(
             "model": pool.model,
             "messages": request,
             "context_turns": n,
-            "priority": SUMMARY_PRIORITY if patient else SUMMARY_PRIORITY_FIRM,
+            "priority": SUMMARY_PRIORITY,
             "degraded_from": None,
             "estimate_tokens": counter.count_chat(request) + settings.summary_max_tokens,
             "context": None,
@@ -159,14 +163,7 @@ def register(
             partition=home_partition(settings.memory_pool, chat_key),
         )
         SUMMARIES.labels("requested").inc()
-        log.info(
-            "chat %s: summary v%d of %d messages requested (run %s, %s)",
-            chat_key,
-            version,
-            n,
-            run_id,
-            "background" if patient else "beside replies: waited %.0fs" % (time.monotonic() - since),
-        )
+        log.info("chat %s: summary v%d of %d messages requested (run %s)", chat_key, version, n, run_id)
 
     async def store_summary(done: Event) -> None:
         prompt, request = done["prompt"], done["prompt"]["summary"]
@@ -193,10 +190,11 @@ def register(
             text = counter.truncate(text, settings.summary_tokens)
             summary = Summary(request["version"], request["through"], text, counter.count(text), prompt["run_id"])
             await memory.put_summary(chat_id, summary)
-            waiting_since.pop(chat_key, None)
             SUMMARIES.labels("stored").inc()
             log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
-        await maybe_summarize(prompt)  # more may have piled up meanwhile
+        if not reason or done["finish_reason"] == "cancelled":
+            await maybe_summarize(prompt)  # more may have piled up meanwhile, or it gave way: ask again now
+        # otherwise (failed, filtered, stale) the chat's next turn asks again: no loop of failing runs
 
     async def on_completed(done: Event) -> None:
         prompt = done["prompt"]

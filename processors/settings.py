@@ -33,7 +33,6 @@ class ProcessorSettings(StackSettings):
     summarize_keep_tokens: int = 256  # the newest tokens a summary leaves out (the verbatim window keeps them)
     summary_max_tokens: int = 160  # a summary run's answer
     summary_timeout_s: float = 180.0  # a summary run not back by then is tried again
-    summary_patience_s: float = 60.0  # a summary gives way to replies this long, then runs beside them
     # metering
     usage_url: str = ""  # chdb:///path (embedded) or http://host:8123 (ClickHouse server)
     usage_database: str = "parley"

@@ -89,9 +89,15 @@ def test_a_message_that_cannot_fit_is_refused(tok):
 def test_summaries_fold_the_oldest_whole_turns_and_keep_the_newest():
     msgs = [Message(str(new_id()), role, "x", None) for role in ["user", "assistant"] * 6]  # type: ignore[arg-type]
     counts = [100] * 12
-    assert fold(msgs, counts, 1500, 300) == 0  # not over the trigger yet
-    n = fold(msgs, counts, 768, 300)
+    assert fold(msgs, counts, 1500, 300, 4000) == 0  # not over the trigger yet
+    n = fold(msgs, counts, 768, 300, 4000)
     assert n == 8 and msgs[n - 1].role == "assistant"  # the 3 newest fit in 300; the cut moves back to a turn end
+    # A backlog (summaries that could not run for a while) is folded in pieces a summary run's prompt holds:
+    # 150 messages at once had overflowed the small model's context, and the run failed.
+    backlog = [Message(str(new_id()), role, "x", None) for role in ["user", "assistant"] * 75]  # type: ignore[arg-type]
+    n = fold(backlog, [100] * 150, 768, 256, 976)
+    assert n == 8 and backlog[n - 1].role == "assistant"
+    assert fold(backlog, [5000] + [100] * 149, 768, 256, 976) == 6  # cut to 300 tokens: 300 + 6 x 100 fits
 
 
 def test_recall_takes_the_fact_over_earlier_questions_and_repeated_wrong_answers():
