@@ -6,8 +6,10 @@ full history, all in one run.
 Facts are planted at turns 3, 50 and 120; later turns ask about them (probes). A probe hits when the fact is
 in the assembled prompt the model saw (the RunScheduled event's messages: verbatim window, summary or
 retrieved messages), whatever the tiny model answers. Naive cost is the same conversation with its whole
-stored history, counted with the same tokenizer. TTFT is split by whether a summary run was in flight when the
-turn was sent (summaries must never delay a reply). Prints JSON and writes bench/results/memory_long_chat.json.
+stored history, counted with the same tokenizer. TTFT is split, over the turns sent after the first
+summary was asked for, by whether a summary run was in flight when the turn was sent: none; one waiting for
+a quiet engine (a background run gives way to every reply); or one running (started in a quiet moment, or
+after waiting `background_patience_s`). Prints JSON and writes bench/results/memory_long_chat.json.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from infra.stack import Stack
 from processors.settings import ProcessorSettings
 from safety.replay import events
 from topics import tokens
+from topics.limits import BACKGROUND_PRIORITY
 from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, Topic
 from topics.settings import DEFAULT_POOLS
 
@@ -125,6 +128,10 @@ def bands(values: list[float]) -> dict[str, dict[str, float]]:
     return {f"{lo + 1}-{hi}": summary(values[lo:hi]) for lo, hi in BANDS if values[lo:hi]}
 
 
+def ratio(values: list[float], base: list[float]) -> float | None:
+    return round(pct(values, 50) / pct(base, 50), 3) if values and base else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=200)
@@ -165,15 +172,17 @@ def main() -> None:
     by_run = {r["prompt"]["run_id"]: r for r in scheduled}
     done = {d["prompt"]["run_id"]: d for d in completed}
     summaries = sorted((r for r in scheduled if r["prompt"]["summary"]), key=lambda r: r["scheduled_at"])
-    windows = []  # (start ms, end ms) of each summary run
+    waiting, running = [], []  # (from, to) ms: scheduled -> started, started -> ended, of each summary run
     for r in summaries:
         d = done.get(r["prompt"]["run_id"])
         end = d["completed_at"].timestamp() * 1000 if d else float("inf")
-        windows.append((r["scheduled_at"].timestamp() * 1000, end))
+        start = end - d["duration_ms"] if d else float("inf")
+        waiting.append((r["scheduled_at"].timestamp() * 1000, start))
+        running.append((start, end))
 
     # naive cost: the whole stored history (answers as generated) before each turn
     naive_tokens, prompt_tokens, engine_tokens, cached, ttft, hits = [], [], [], [], [], []
-    in_flight, quiet = [], []
+    yielding, beside, quiet, over_budget, pools = [], [], [], 0, {}
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     for turn, item in enumerate(sent, start=1):
         run = by_run[item["run_id"]]
@@ -181,10 +190,19 @@ def main() -> None:
         naive_tokens.append(counter.count_chat([*messages, {"role": "user", "content": item["content"]}]))
         messages += [{"role": "user", "content": item["content"]}, {"role": "assistant", "content": result["content"]}]
         prompt_tokens.append(run["context"]["prompt_tokens"])
+        over_budget += run["context"]["prompt_tokens"] > run["context"]["budget"]
+        pools[run["pool"]] = pools.get(run["pool"], 0) + 1
         engine_tokens.append(result["usage"]["prompt_tokens"])
         cached.append(result["usage"]["cached_tokens"])
         ttft.append(item["ttft_ms"])
-        (in_flight if any(s <= item["sent_at"] <= e for s, e in windows) else quiet).append(item["ttft_ms"])
+        if not waiting or item["sent_at"] < waiting[0][0]:
+            pass  # before the first summary was asked for (no recall yet either): not comparable
+        elif any(s <= item["sent_at"] <= e for s, e in running):
+            beside.append(item["ttft_ms"])
+        elif any(s <= item["sent_at"] <= e for s, e in waiting):
+            yielding.append(item["ttft_ms"])
+        else:
+            quiet.append(item["ttft_ms"])
         if item["probes"]:
             fact_text, key = FACTS[item["probes"]]
             seen = run["messages"]
@@ -205,11 +223,11 @@ def main() -> None:
         "turns": len(sent),
         "max_tokens": args.max_tokens,
         "think_ms": args.think_ms,
-        "pool": "small",
-        "prompt_budget": budget,
-        "context": small.context,
+        "turns_by_pool": pools,
+        "small_pool_prompt_budget": budget,
+        "small_pool_context": small.context,
         "max_prompt_tokens": max(prompt_tokens),
-        "turns_over_budget": sum(p > budget for p in prompt_tokens),
+        "turns_over_their_pools_budget": over_budget,
         "prompt_tokens_equal_engine_count": sum(a == b for a, b in zip(prompt_tokens, engine_tokens, strict=True)),
         "prompt_tokens_by_band": bands(prompt_tokens),
         "prompt_tokens_second_half_spread": max(steady) - min(steady),
@@ -241,11 +259,16 @@ def main() -> None:
                 if w.startswith("summary")
             }
         ),
-        "ttft_ms_summary_in_flight": summary(in_flight) if in_flight else None,
-        "ttft_ms_no_summary_in_flight": summary(quiet) if quiet else None,
-        "ttft_ratio_in_flight_over_quiet_p50": round(pct(in_flight, 50) / pct(quiet, 50), 3)
-        if in_flight and quiet
-        else None,
+        "summary_runs_by_outcome": {
+            reason: sum(done.get(r["prompt"]["run_id"], {}).get("finish_reason") == reason for r in summaries)
+            for reason in ("stop", "length", "cancelled", "content_filter")
+        },
+        "summary_runs_background_priority": sum(r["priority"] <= BACKGROUND_PRIORITY for r in summaries),
+        "ttft_ms_no_summary": summary(quiet) if quiet else None,
+        "ttft_ms_summary_waiting": summary(yielding) if yielding else None,
+        "ttft_ms_summary_running": summary(beside) if beside else None,
+        "ttft_ratio_summary_waiting_over_none_p50": ratio(yielding, quiet),
+        "ttft_ratio_summary_running_over_none_p50": ratio(beside, quiet),
         "probes": len(hits),
         "probe_hit_rate": round(hit_rate, 3),
         "probe_hits_by_source": {
