@@ -182,7 +182,7 @@ def main() -> None:
 
     # naive cost: the whole stored history (answers as generated) before each turn
     naive_tokens, prompt_tokens, engine_tokens, cached, ttft, hits = [], [], [], [], [], []
-    yielding, beside, quiet, over_budget, pools = [], [], [], 0, {}
+    while_waiting, while_running, quiet, over_budget, pools = [], [], [], 0, {}
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     for turn, item in enumerate(sent, start=1):
         run = by_run[item["run_id"]]
@@ -198,9 +198,9 @@ def main() -> None:
         if not waiting or item["sent_at"] < waiting[0][0]:
             pass  # before the first summary was asked for (no recall yet either): not comparable
         elif any(s <= item["sent_at"] <= e for s, e in running):
-            beside.append(item["ttft_ms"])
+            while_running.append(item["ttft_ms"])
         elif any(s <= item["sent_at"] <= e for s, e in waiting):
-            yielding.append(item["ttft_ms"])
+            while_waiting.append(item["ttft_ms"])
         else:
             quiet.append(item["ttft_ms"])
         if item["probes"]:
@@ -265,10 +265,10 @@ def main() -> None:
         },
         "summary_runs_background_priority": sum(r["priority"] <= BACKGROUND_PRIORITY for r in summaries),
         "ttft_ms_no_summary": summary(quiet) if quiet else None,
-        "ttft_ms_summary_waiting": summary(yielding) if yielding else None,
-        "ttft_ms_summary_running": summary(beside) if beside else None,
-        "ttft_ratio_summary_waiting_over_none_p50": ratio(yielding, quiet),
-        "ttft_ratio_summary_running_over_none_p50": ratio(beside, quiet),
+        "ttft_ms_summary_waiting": summary(while_waiting) if while_waiting else None,
+        "ttft_ms_summary_running": summary(while_running) if while_running else None,
+        "ttft_ratio_summary_waiting_over_none_p50": ratio(while_waiting, quiet),
+        "ttft_ratio_summary_running_over_none_p50": ratio(while_running, quiet),
         "probes": len(hits),
         "probe_hit_rate": round(hit_rate, 3),
         "probe_hits_by_source": {

@@ -51,6 +51,7 @@ class Limits:
 class Assembled:
     messages: list[dict[str, str]]
     record: dict[str, Any] = field(default_factory=dict)  # RunScheduled.context: what the model saw
+    largest_dropped: int = 0  # the tokens of the largest earlier turn the window let go (pool choice)
 
 
 class TooLong(Exception):
@@ -209,4 +210,4 @@ def assemble_chat(
         "retrieved_tokens": tokens.count(block) if block else 0,
         "message_tokens": tokens.count(new_message),
     }
-    return Assembled(messages, record)
+    return Assembled(messages, record, max(cost[: len(earlier) - len(kept)], default=0))

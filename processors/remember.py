@@ -172,10 +172,11 @@ def register(
         pending.pop(chat_key, None)
         chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
         text = " ".join(done["content"].split())
+        yielded = done["finish_reason"] == "cancelled"  # stopped for a reply (inference/worker.py)
         reason = None
         if chat is None:
             reason = "the chat is gone"
-        elif done["finish_reason"] == "cancelled":
+        elif yielded:
             reason = "it gave way to a reply; asking again"
         elif done["finish_reason"] not in ("stop", "length") or not text:
             reason = f"the run ended {done['finish_reason']} with {len(text)} characters"
@@ -184,7 +185,7 @@ def register(
         elif chat.memory_changed_at and utc(chat.memory_changed_at).timestamp() * 1000 >= prompt["created_at"]:
             reason = "a message was edited, deleted or the context reset since it began"
         if reason:
-            SUMMARIES.labels("yielded" if done["finish_reason"] == "cancelled" else "discarded").inc()
+            SUMMARIES.labels("yielded" if yielded else "discarded").inc()
             log.info("chat %s: summary v%d discarded: %s", chat_key, request["version"], reason)
         else:
             text = counter.truncate(text, settings.summary_tokens)
@@ -192,7 +193,7 @@ def register(
             await memory.put_summary(chat_id, summary)
             SUMMARIES.labels("stored").inc()
             log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
-        if not reason or done["finish_reason"] == "cancelled":
+        if not reason or yielded:
             await maybe_summarize(prompt)  # more may have piled up meanwhile, or it gave way: ask again now
         # otherwise (failed, filtered, stale) the chat's next turn asks again: no loop of failing runs
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Histogram
 
-from processors.context import Assembled, Limits, TooLong, Turn, assemble_chat, costs, relevant
+from processors.context import Assembled, Limits, TooLong, Turn, assemble_chat, relevant
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from safety.moderator import Moderator
@@ -252,8 +252,7 @@ async def assemble_chat_run(
             continue
         if chosen is None or limits.budget > chosen[1].budget:
             chosen = (name, limits, draft)
-        dropped = earlier[: len(earlier) - len(draft.record["verbatim_ids"])]
-        if prompt["model"] or max(costs(dropped, counter), default=0) <= limits.budget // 2:
+        if prompt["model"] or draft.largest_dropped <= limits.budget // 2:
             chosen = (name, limits, draft)
             break
     if chosen is None:

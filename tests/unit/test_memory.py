@@ -42,6 +42,8 @@ def test_a_growing_conversation_never_exceeds_the_budget_and_flattens(tok):
         done = assemble_chat(SYSTEM, None, history[:n], False, None, "What now?", limits, tok)
         assert done.record["prompt_tokens"] == tok.count_chat(done.messages) <= limits.budget
         counts.append(done.record["prompt_tokens"])
+        dropped = history[: n - len(done.record["verbatim_ids"])]  # the pool choice reads the largest of these
+        assert done.largest_dropped == max(costs(dropped, tok), default=0)
         if previous is not None and done.messages[: len(previous) - 1] != previous[:-1]:
             moves += 1  # the window's start moved: the engine's cached prefix ends after the system prompt
         previous = done.messages
