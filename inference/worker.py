@@ -310,7 +310,10 @@ class Worker:
         )
         coalescer = Coalescer(self.settings.coalesce_ms / 1000)
         guard = None
-        if self.moderator is not None:
+        # A background run (a summary) is never shown, so there is nothing to retract as it streams; what it
+        # puts into later prompts is screened by the scheduler's context guard, and the replies those prompts
+        # produce by this guard. Screening it here only lost summaries to false retractions.
+        if self.moderator is not None and not flight.background:
             policy = self.policies.for_tier(prompt["tier"])
             window = self.settings.moderation_window_tokens
             guard = OutputGuard(self.moderator, policy, flight.stop.set, window, prior.text)

@@ -61,7 +61,13 @@ def test_a_long_chat_stays_in_budget_summarises_in_the_background_and_recalls_an
         done = chat_records(live, RUN_COMPLETED, "RunCompleted", chat_id, timeout_s=5)
         return any(written(d) for d in done)
 
-    assert wait_for(summarised, timeout_s=120), "no summary run completed"
+    if not wait_for(summarised, timeout_s=120):
+        ended = [
+            (d["prompt"]["summary"]["version"], d["finish_reason"], d["content"][:80])
+            for d in chat_records(live, RUN_COMPLETED, "RunCompleted", chat_id)
+            if d["prompt"]["summary"]
+        ]
+        raise AssertionError(f"no summary run completed; summary runs that ended: {ended}")
     probe = chat_turn(client, chat_id, "What is my cat called, and how old is she?", max_tokens=16)
     probe_run = probe[0]["data"]["run_id"]
 
