@@ -31,7 +31,8 @@ up: setup            ## start everything in the background
 down:                ## stop everything (state is kept)
 	@if [ -x $(VENV)/bin/parley ]; then $(VENV)/bin/parley down; fi
 
-test: setup          ## the whole suite against the real services
+test: setup          ## the whole suite against the real services (and the dashboard in headless Chromium)
+	bash infra/local/chromium.sh
 	$(PY) -m pytest
 
 test-unit: $(STAMP)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -116,6 +117,23 @@ def epoch_ms(value: Any) -> int:
     return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
 
 
+@dataclass
+class Timing:
+    """What a run's usage row reports besides tokens: the gaps between its tokens, its wait before serving,
+    and what the output guard did."""
+
+    queue_ms: float = 0.0
+    gaps_ms: list[float] = field(default_factory=list)
+    moderation: str = "passed"
+
+    def itl(self, q: float) -> float:
+        """The q-quantile of the gaps between consecutive tokens (nearest rank; 0 with none) (pure)."""
+        if not self.gaps_ms:
+            return 0.0
+        ranked = sorted(self.gaps_ms)
+        return round(ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))], 3)
+
+
 def completed(
     run: Event,
     text: str,
@@ -125,7 +143,9 @@ def completed(
     duration_ms: float,
     served_by: str,
     error: str | None = None,
+    timing: Timing | None = None,
 ) -> Event:
+    timing = timing or Timing()
     return {
         # One id per run: a RunCompleted published again after a takeover is the same event to every sink.
         "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"parley:run-completed:{run['prompt']['run_id']}")),
@@ -139,6 +159,10 @@ def completed(
         "duration_ms": duration_ms,
         "error_message": error,
         "served_by": served_by,
+        "itl_p50_ms": timing.itl(0.5),
+        "itl_p99_ms": timing.itl(0.99),
+        "queue_ms": timing.queue_ms,
+        "moderation": timing.moderation,
         "completed_at": now_ms(),
     }
 
@@ -282,6 +306,7 @@ class Worker:
             return await self._finish_ended(run, prior)
         started = time.perf_counter()
         age_s = time.time() - epoch_ms(run["scheduled_at"]) / 1000
+        timing = Timing(queue_ms=round(max(0.0, age_s) * 1000, 1))
         if age_s > self.settings.run_deadline_s:
             log.warning("run %s expired: scheduled %.0fs ago, never served", prompt["run_id"], age_s)
             return await self._finish(
@@ -291,10 +316,17 @@ class Worker:
                 outcome=None,
                 started=started,
                 error=("run_expired", "No model server could take this request in time. Please try again."),
+                timing=timing,
             )
         if prior.started and prior.tokens >= prompt["max_tokens"]:  # it had reached its limit when it stopped
             return await self._finish(
-                run, prior, prior.seq + 1, outcome=Outcome(finish_reason="length"), started=started, error=None
+                run,
+                prior,
+                prior.seq + 1,
+                outcome=Outcome(finish_reason="length"),
+                started=started,
+                error=None,
+                timing=timing,
             )
         seq = prior.seq
         if not prior.started:
@@ -317,12 +349,19 @@ class Worker:
             policy = self.policies.for_tier(prompt["tier"])
             window = self.settings.moderation_window_tokens
             guard = OutputGuard(self.moderator, policy, flight.stop.set, window, prior.text)
+        else:
+            timing.moderation = "unscreened"
         last_emit: float | None = None
+        last_piece: float | None = None
         outcome: Outcome | None = None
         failure: tuple[str, str] | None = None
         try:
             async for piece, progress in generate(self.engine, request, flight.stop):
                 outcome = progress
+                arrived = time.perf_counter()
+                if last_piece is not None:
+                    timing.gaps_ms.append((arrived - last_piece) * 1000)
+                last_piece = arrived
                 if guard is not None:
                     guard.feed(piece, prior.tokens + progress.pieces)
                 ready = coalescer.add(piece)
@@ -362,7 +401,9 @@ class Worker:
             if requested is not None:
                 CANCEL_LATENCY.labels(pool).observe(max(0.0, time.time() - requested))
             log.info("run %s cancelled after %d completion tokens", prompt["run_id"], outcome.completion_tokens)
-        return await self._finish(run, prior, seq + 1, outcome=outcome, started=started, error=failure, guard=guard)
+        return await self._finish(
+            run, prior, seq + 1, outcome=outcome, started=started, error=failure, guard=guard, timing=timing
+        )
 
     @staticmethod
     def _retraction(run: Event, seq: int, guard: OutputGuard) -> Event:
@@ -386,6 +427,7 @@ class Worker:
         started: float,
         error: tuple[str, str] | None,
         guard: OutputGuard | None = None,
+        timing: Timing | None = None,
     ) -> Event:
         """Publish the terminal delta and RunCompleted (and the run's output moderation)."""
         pool = self.settings.pool
@@ -396,6 +438,8 @@ class Worker:
         finish = "error" if error else (outcome.finish_reason if outcome else "stop")
         if guard is not None and guard.blocked is not None:
             text, finish = guard.kept(), "content_filter"  # what was retracted is never stored
+            timing = timing or Timing()
+            timing.moderation = f"retracted:{guard.blocked.decision.category}"
         tokens = usage["completion_tokens"]
         if error:
             terminal = delta(run, seq, "error", error_code=error[0], error_message=error[1], tokens=tokens)
@@ -406,7 +450,7 @@ class Worker:
         await self._publish_delta(run, terminal)
         duration_ms = (time.perf_counter() - started) * 1000
         message = error[1] if error else None
-        done = completed(run, text, finish, usage, ttft_ms, duration_ms, self.settings.worker_id, message)
+        done = completed(run, text, finish, usage, ttft_ms, duration_ms, self.settings.worker_id, message, timing)
         await self.producer.send(
             self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=run["prompt"]["chat_id"]
         )
@@ -432,7 +476,8 @@ class Worker:
         usage = terminal["usage"] or {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
         finish = "error" if error else terminal["finish_reason"] or "stop"
         message = terminal["error_message"] if error else None
-        done = completed(run, prior.text, finish, usage, 0.0, 0.0, self.settings.worker_id, message)
+        timing = Timing(moderation="retracted" if finish == "content_filter" else "passed")  # category: in the log
+        done = completed(run, prior.text, finish, usage, 0.0, 0.0, self.settings.worker_id, message, timing)
         await self.producer.send(
             self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=run["prompt"]["chat_id"]
         )

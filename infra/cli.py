@@ -1,4 +1,4 @@
-"""`parley`: bring the local stack up or down, and mint credentials for it."""
+"""`parley`: bring the local stack up or down, mint credentials for it, and reconcile metered usage."""
 
 from __future__ import annotations
 
@@ -107,6 +107,44 @@ def cmd_status(args: argparse.Namespace) -> None:
         print(f"{service.name:18} {state}")
 
 
+def moment(text: str, now_ms: int) -> int:
+    """'2026-11-21T10:00' (UTC unless it says), '90m' / '24h' / '7d' ago, 'now', or epoch milliseconds."""
+    from datetime import UTC, datetime
+
+    units = {"m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    if text == "now":
+        return now_ms
+    if text.isdigit():
+        return int(text)
+    if text[:-1].isdigit() and text[-1] in units:
+        return now_ms - int(text[:-1]) * units[text[-1]]
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO 8601, 24h/7d ago, now, or epoch ms)") from exc
+    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> None:
+    import json
+    import os
+
+    from processors.meter_usage import Prices
+    from processors.reconcile import reconcile
+
+    now = int(time.time() * 1000)
+    since, until = moment(args.since, now), moment(args.until, now)
+    local = Stack(port_base=args.port_base).services()
+    stage = next(s for s in local if s.name == "metering")  # the local stack's metering stage
+    metering = args.metering_url or os.environ.get("PARLEY_METERING_URL") or f"http://127.0.0.1:{stage.port}"
+    bootstrap = args.bootstrap or os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    prices = Prices.load(args.price_table or os.environ.get("PARLEY_PRICE_TABLE", ""))
+    drift = reconcile(bootstrap, args.namespace, metering, since, until, prices, args.repair, not args.quiet)
+    print(json.dumps(drift.summary(), indent=2, default=str))
+    if not drift.zero:
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -136,6 +174,24 @@ def main(argv: list[str] | None = None) -> None:
         if name == "down":
             p.add_argument("--keep-services", action="store_true", help="leave Kafka and Cassandra running")
         p.set_defaults(fn=fn)
+    usage = sub.add_parser("usage", help="metered usage").add_subparsers(dest="usage_command", required=True)
+    rec = usage.add_parser(
+        "reconcile",
+        help="rebuild usage for a time range from the Kafka topics and report drift against ClickHouse "
+        "(exit 2 when there is any)",
+    )
+    rec.add_argument("--since", default="24h", help="ISO 8601 (UTC unless it says), 90m/24h/7d ago, or epoch ms")
+    rec.add_argument("--until", default="now")
+    rec.add_argument("--namespace", default="", help="topic/table prefix (tests use their own)")
+    rec.add_argument("--bootstrap", default="", help="Kafka (default: PARLEY_KAFKA_BOOTSTRAP or 127.0.0.1:9092)")
+    rec.add_argument(
+        "--metering-url", default="", help="the metering stage (default: PARLEY_METERING_URL, else the local stack's)"
+    )
+    rec.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
+    rec.add_argument("--price-table", default="", help="the TOML price table the metering stage uses")
+    rec.add_argument("--repair", action="store_true", help="write the rows missing from ClickHouse")
+    rec.add_argument("--quiet", action="store_true", help="no progress bar")
+    rec.set_defaults(fn=cmd_reconcile)
     args = parser.parse_args(argv)
     args.fn(args)
 

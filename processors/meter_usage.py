@@ -1,15 +1,66 @@
-"""RunCompleted | RunRejected -> ClickHouse usage rows, in batches, one row per run (ReplacingMergeTree by run)."""
+"""RunCompleted | RunRejected -> ClickHouse usage rows, in batches, exactly one row per run.
+
+A batch is written, then its offsets are committed (faust commits acked events); a crash between the two
+delivers the batch again, and `UsageStore.write` skips the runs already stored, so neither the rows nor the
+rollups change. The same row functions rebuild usage from the topics for reconciliation (processors/reconcile.py).
+The embedded engine is owned by this process, so the edge and the CLI read usage through its web views.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import tomllib
 from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
+
+from faust.web import View
+from prometheus_client import Counter, Histogram
 
 from processors.stage import Stage
 from storage.clickhouse import UsageStore
 from topics.codec import Event
 from topics.pipeline import RUN_COMPLETED, RUN_REJECTED
+
+log = logging.getLogger(__name__)
+
+ROWS = Counter("parley_metering_rows_total", "Usage rows", ["outcome"])  # written | already stored
+UNPRICED = Counter("parley_metering_unpriced_runs_total", "Runs of a model missing from the price table", ["model"])
+LAG = Histogram(
+    "parley_metering_lag_seconds",
+    "From a run's end (RunCompleted/RunRejected) to its usage row written",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+)
+PER_MILLION = Decimal(1_000_000)
+DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
+
+
+class Prices:
+    """USD per million tokens per model, from a TOML table (processors/prices.toml)."""
+
+    def __init__(self, table: dict[str, dict[str, float]]) -> None:
+        self.table = {model: {k: Decimal(str(v)) for k, v in p.items()} for model, p in table.items()}
+
+    @classmethod
+    def load(cls, path: str = "") -> Prices:
+        with open(path or DEFAULT_PRICES, "rb") as f:
+            return cls(tomllib.load(f).get("models", {}))
+
+    def cost(self, model: str, prompt: int, cached: int, completion: int) -> Decimal:
+        price = self.table.get(model)
+        if price is None:
+            if model:
+                UNPRICED.labels(model).inc()
+            return Decimal(0)
+        cents = (
+            (prompt - cached) * price.get("prompt", Decimal(0))
+            + cached * price.get("cached", Decimal(0))
+            + completion * price.get("completion", Decimal(0))
+        )
+        return (cents / PER_MILLION).quantize(Decimal("0.000000001"))
 
 
 def _ms(value: datetime | int) -> int:
@@ -20,74 +71,152 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def _row(prompt: Event, **fields: Any) -> dict[str, Any]:
+def kind(prompt: Event) -> str:
+    if prompt.get("summary"):
+        return "summary"
+    return "completion" if prompt.get("messages") else "chat"  # the OpenAI route carries its whole conversation
+
+
+def completed_row(done: Event, prices: Prices) -> dict[str, Any]:
+    prompt, usage = done["prompt"], done["usage"]
     return {
         "run_id": prompt["run_id"],
+        "event_id": done["event_id"],
         "user_id": prompt["user_id"],
         "tier": prompt["tier"],
         "chat_id": prompt["chat_id"],
-        **fields,
+        "kind": kind(prompt),
+        "model": done["model"],
+        "pool": done["pool"],
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"],
+        "cached_tokens": usage["cached_tokens"],
+        "ttft_ms": done["ttft_ms"],
+        "itl_p50_ms": done.get("itl_p50_ms", 0.0),
+        "itl_p99_ms": done.get("itl_p99_ms", 0.0),
+        "queue_ms": done.get("queue_ms", 0.0),
+        "duration_ms": done["duration_ms"],
+        "finish_reason": done["finish_reason"],
+        "moderation": done.get("moderation", "passed"),
+        "cost_usd": str(
+            prices.cost(done["model"], usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"])
+        ),
+        "created_at": _iso(_ms(done["completed_at"])),
     }
-
-
-def completed_row(done: Event) -> dict[str, Any]:
-    usage = done["usage"]
-    return _row(
-        done["prompt"],
-        event_id=done["event_id"],
-        model=done["model"],
-        pool=done["pool"],
-        prompt_tokens=usage["prompt_tokens"],
-        completion_tokens=usage["completion_tokens"],
-        cached_tokens=usage["cached_tokens"],
-        ttft_ms=done["ttft_ms"],
-        duration_ms=done["duration_ms"],
-        finish_reason=done["finish_reason"],
-        created_at=_iso(_ms(done["completed_at"])),
-    )
 
 
 def rejected_row(rejected: Event) -> dict[str, Any]:
     prompt = rejected["prompt"]
-    return _row(
-        prompt,
-        event_id=rejected["event_id"],
-        model=prompt["model"] or "",
-        pool="",
-        prompt_tokens=0,
-        completion_tokens=0,
-        cached_tokens=0,
-        ttft_ms=0.0,
-        duration_ms=0.0,
-        finish_reason=f"rejected:{rejected['code']}",
-        created_at=_iso(_ms(rejected["rejected_at"])),
-    )
+    refused = rejected["code"] == "content_filter"
+    return {
+        "run_id": prompt["run_id"],
+        "event_id": rejected["event_id"],
+        "user_id": prompt["user_id"],
+        "tier": prompt["tier"],
+        "chat_id": prompt["chat_id"],
+        "kind": kind(prompt),
+        "model": prompt["model"] or "",
+        "pool": "",
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "ttft_ms": 0.0,
+        "itl_p50_ms": 0.0,
+        "itl_p99_ms": 0.0,
+        "queue_ms": 0.0,
+        "duration_ms": 0.0,
+        "finish_reason": f"rejected:{rejected['code']}",
+        "moderation": f"refused:{rejected['category'] or 'policy'}" if refused else "passed",
+        "cost_usd": "0",
+        "created_at": _iso(_ms(rejected["rejected_at"])),
+    }
+
+
+def crash_point(faults_dir: str, name: str) -> None:
+    """Tests only: exit at once, as a killed process would, when `faults_dir/name` exists (it is removed first,
+    so the restarted stage runs on). Off unless PARLEY_FAULTS_DIR is set."""
+    if faults_dir and (armed := Path(faults_dir) / name).exists():
+        armed.unlink()
+        log.warning("fault %s: exiting before the offsets are committed", name)
+        os._exit(70)
 
 
 def register(stage: Stage, store: UsageStore) -> None:
     settings = stage.settings
+    prices = Prices.load(settings.price_table)
 
-    async def write(rows: list[dict[str, Any]]) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, store.write, rows)
+    def write(rows: list[dict[str, Any]], ended_ms: list[int]) -> None:
+        written = store.write(rows)
+        ROWS.labels("written").inc(written)
+        ROWS.labels("already stored").inc(len(rows) - written)
+        now = datetime.now(UTC).timestamp()
+        for ms in ended_ms:
+            LAG.observe(max(0.0, now - ms / 1000))
+        if written < len(rows):
+            log.info(
+                "usage: %d of %d rows were already stored (redelivered or replayed)", len(rows) - written, len(rows)
+            )
+        crash_point(settings.faults_dir, "metering-after-write")
 
     async def on_completed(batch: list[Event]) -> None:
-        await write([completed_row(e) for e in batch])
+        rows = [completed_row(e, prices) for e in batch]
+        ended = [_ms(e["completed_at"]) for e in batch]
+        await asyncio.get_running_loop().run_in_executor(None, write, rows, ended)
 
     async def on_rejected(batch: list[Event]) -> None:
-        await write([rejected_row(e) for e in batch])
+        rows = [rejected_row(e) for e in batch]
+        ended = [_ms(e["rejected_at"]) for e in batch]
+        await asyncio.get_running_loop().run_in_executor(None, write, rows, ended)
 
     stage.consume_batches(RUN_COMPLETED, on_completed, settings.meter_batch, settings.meter_batch_s)
     stage.consume_batches(RUN_REJECTED, on_rejected, settings.meter_batch, settings.meter_batch_s)
 
-    # The embedded engine is owned by this process, so the others read usage through these views.
+    async def run(fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
     @stage.app.page("/usage/{user_id}")
     async def totals(web: Any, request: Any, user_id: str) -> Any:
-        result = await asyncio.get_running_loop().run_in_executor(None, store.totals, user_id)
-        return web.json(result)
+        return web.json(await run(store.totals, user_id))
 
     @stage.app.page("/usage-rows/{run_id}")
     async def rows(web: Any, request: Any, run_id: str) -> Any:
         from storage.clickhouse import quote
 
-        found = await asyncio.get_running_loop().run_in_executor(None, store.rows, f"run_id = {quote(run_id)}")
-        return web.json({"data": found})
+        return web.json({"data": await run(store.rows, f"run_id = {quote(run_id)}")})
+
+    @stage.app.page("/usage-range")
+    async def between(web: Any, request: Any) -> Any:
+        """?since=&until= (epoch ms): the stored rows in the range, for reconciliation."""
+        since, until = int(request.query["since"]), int(request.query["until"])
+        return web.json({"data": await run(store.between, since, until)})
+
+    @stage.app.page("/usage-rollup-check")
+    async def rollup_check(web: Any, request: Any) -> Any:
+        """?since=&until= (epoch ms): rollup buckets whose sums differ from the rows'."""
+        since, until = int(request.query["since"]), int(request.query["until"])
+        return web.json({"data": await run(store.rollup_drift, since, until)})
+
+    @stage.app.page("/usage-report")
+    async def report(web: Any, request: Any) -> Any:
+        """?since=&until= (epoch ms)[&user_id=][&source=rollup|usage]: what the dashboard draws."""
+        q = request.query
+        args = (int(q["since"]), int(q["until"]), q.get("user_id") or None, q.get("source", "rollup"))
+        return web.json(await run(store.report, *args))
+
+    @stage.app.page("/usage-rollup-rebuild")
+    class Rebuild(View):
+        async def post(self, request: Any) -> Any:
+            """{"since", "until"} (epoch ms): recompute the rollup buckets of the range from the rows."""
+            body = await request.json()
+            await run(store.rebuild_rollups, int(body["since"]), int(body["until"]))
+            log.info("usage repair: rollups rebuilt for %s..%s", body["since"], body["until"])
+            return self.json({"rebuilt": True})
+
+    @stage.app.page("/usage-repair")
+    class Repair(View):
+        async def post(self, request: Any) -> Any:
+            """{"rows": [...]}: rows rebuilt from the log for runs missing here (reconciliation --repair)."""
+            body = await request.json()
+            written = await run(store.write, body["rows"])
+            log.info("usage repair: %d rows written of %d sent", written, len(body["rows"]))
+            return self.json({"written": written})

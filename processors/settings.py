@@ -38,6 +38,8 @@ class ProcessorSettings(StackSettings):
     usage_database: str = "parley"
     meter_batch: int = 200
     meter_batch_s: float = 0.5
+    price_table: str = ""  # a TOML price table (processors/prices.toml when empty)
+    faults_dir: str = ""  # tests only: a file named after a crash point in this folder makes the stage exit there
 
     def datadir(self, stage: str) -> Path:
         """faust's own data folder, one per replica (out of the source tree)."""

@@ -3,6 +3,12 @@
 - embedded (default): the ClickHouse engine in-process through chdb, tables on disk in the state folder.
   One process owns a chdb data folder at a time, so only the metering stage opens it and serves queries.
 - server: a ClickHouse server through clickhouse-connect (docker-compose, production).
+
+Exactly one row per run: `usage` is a ReplacingMergeTree keyed by (user_id, run_id), and a batch is written
+only for the runs it does not hold yet (`UsageStore.write`), so a redelivered or replayed event changes
+nothing, neither the row nor the rollups that materialized views fill from each insert. Reads of `usage`
+still use FINAL, which also covers two writers racing on one run during a consumer-group rebalance.
+Design: docs/decisions/0009-usage-metering.md.
 """
 
 from __future__ import annotations
@@ -19,34 +25,113 @@ USAGE_COLUMNS = (
     "user_id",
     "tier",
     "chat_id",
+    "kind",
     "model",
     "pool",
     "prompt_tokens",
     "completion_tokens",
     "cached_tokens",
     "ttft_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "queue_ms",
     "duration_ms",
     "finish_reason",
+    "moderation",
+    "cost_usd",
     "created_at",
 )
+# What reconciliation compares between a row rebuilt from Kafka and the stored one.
+COMPARED = ("user_id", "tier", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason")
 
-# ReplacingMergeTree keyed by (user_id, run_id): a replayed or redelivered RunCompleted rewrites the same row,
-# and reads use FINAL, so one run is one row however often its event arrives.
-DDL = (
-    "CREATE DATABASE IF NOT EXISTS {db}",
-    """CREATE TABLE IF NOT EXISTS {db}.usage (
-         run_id String, event_id String, user_id String, tier LowCardinality(String), chat_id String,
-         model LowCardinality(String), pool LowCardinality(String),
-         prompt_tokens UInt32, completion_tokens UInt32, cached_tokens UInt32,
-         ttft_ms Float64, duration_ms Float64, finish_reason LowCardinality(String),
-         created_at DateTime64(3, 'UTC'), inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
-       ) ENGINE = ReplacingMergeTree(inserted_at) ORDER BY (user_id, run_id)""",
+# Columns added after the first release, for tables created before them (ADD COLUMN IF NOT EXISTS).
+ADDED = (
+    "kind LowCardinality(String) DEFAULT 'chat'",
+    "itl_p50_ms Float64",
+    "itl_p99_ms Float64",
+    "queue_ms Float64",
+    "moderation LowCardinality(String) DEFAULT 'passed'",
+    "cost_usd Decimal(18, 9)",
 )
+
+QUANTILES = "0.5, 0.95, 0.99"
+LATENCIES = ("ttft", "itl_p50", "itl_p99", "queue")  # rollup column <- usage column + "_ms"
+
+# Rollups, filled by materialized views on every insert into `usage` (each run arrives there once):
+# hourly by tier, model, kind, finish reason and moderation outcome (the dashboards' time series), and daily
+# per user, tier and model (per-user views and top users). Latency quantiles are t-digest states of the runs
+# that produced a token (a rejected run or one cancelled before its first token has no latency).
+_LATENCY_STATES = ", ".join(f"{c} AggregateFunction(quantilesTDigest({QUANTILES}), Float64)" for c in LATENCIES)
+_SUMS = (
+    "runs SimpleAggregateFunction(sum, UInt64), prompt_tokens SimpleAggregateFunction(sum, UInt64), "
+    "cached_tokens SimpleAggregateFunction(sum, UInt64), completion_tokens SimpleAggregateFunction(sum, UInt64), "
+    "cost_usd SimpleAggregateFunction(sum, Decimal(38, 9))"
+)
+_SUM_SELECT = (
+    "count() AS runs, sum(toUInt64(prompt_tokens)) AS prompt_tokens, sum(toUInt64(cached_tokens)) AS cached_tokens, "
+    "sum(toUInt64(completion_tokens)) AS completion_tokens, sum(toDecimal128(cost_usd, 9)) AS cost_usd"
+)
+_STATE_SELECT = ", ".join(f"quantilesTDigestStateIf({QUANTILES})({c}_ms, ttft_ms > 0) AS {c}" for c in LATENCIES)
+HOURLY_KEY = "hour, tier, model, kind, finish_reason, moderation"
+DAILY_KEY = "user_id, day, tier, model"
+ROLLUPS = {
+    # name: (key columns, the key's SELECT expressions, ORDER BY, bucket function, bucket column)
+    "usage_hourly": (
+        "hour DateTime('UTC'), tier LowCardinality(String), model LowCardinality(String), "
+        "kind LowCardinality(String), finish_reason LowCardinality(String), moderation LowCardinality(String)",
+        "toStartOfHour(created_at) AS hour, tier, model, kind, finish_reason, moderation",
+        HOURLY_KEY,
+        "toStartOfHour",
+        "hour",
+    ),
+    "usage_daily_user": (
+        "user_id String, day Date, tier LowCardinality(String), model LowCardinality(String)",
+        "user_id, toDate(created_at) AS day, tier, model",
+        DAILY_KEY,
+        "toDate",
+        "day",
+    ),
+}
+
+
+def rollup_select(name: str, source: str, where: str = "") -> str:
+    """The SELECT that fills a rollup from usage rows: the materialized view's, and a rebuild's."""
+    _, select, order, _, _ = ROLLUPS[name]
+    return f"SELECT {select}, {_SUM_SELECT}, {_STATE_SELECT} FROM {source}{where} GROUP BY {order}"
+
+
+def ddl(db: str) -> list[str]:
+    statements = [
+        f"CREATE DATABASE IF NOT EXISTS {db}",
+        f"""CREATE TABLE IF NOT EXISTS {db}.usage (
+             run_id String, event_id String, user_id String, tier LowCardinality(String), chat_id String,
+             model LowCardinality(String), pool LowCardinality(String),
+             prompt_tokens UInt32, completion_tokens UInt32, cached_tokens UInt32,
+             ttft_ms Float64, duration_ms Float64, finish_reason LowCardinality(String),
+             created_at DateTime64(3, 'UTC'), inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
+           ) ENGINE = ReplacingMergeTree(inserted_at) ORDER BY (user_id, run_id)""",
+        *(f"ALTER TABLE {db}.usage ADD COLUMN IF NOT EXISTS {column}" for column in ADDED),
+    ]
+    for name, (columns, _, order, _, _) in ROLLUPS.items():
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {db}.{name} ({columns}, {_SUMS}, {_LATENCY_STATES}) "
+            f"ENGINE = AggregatingMergeTree ORDER BY ({order})"
+        )
+        statements.append(
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{name}_mv TO {db}.{name} AS "
+            + rollup_select(name, f"{db}.usage")
+        )
+    return statements
 
 
 def quote(value: str) -> str:
     """A ClickHouse string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def moment(ms: int) -> str:
+    """Epoch milliseconds as a DateTime64(3) literal."""
+    return f"fromUnixTimestamp64Milli({int(ms)}, 'UTC')"
 
 
 class Backend(Protocol):
@@ -63,6 +148,10 @@ class ChdbBackend:
         path.mkdir(parents=True, exist_ok=True)
         self._session: Any = session.Session(str(path))  # type: ignore[no-untyped-call]
         self._lock = threading.Lock()  # one chdb session, used from executor threads
+        # JSON output quotes 64-bit integers and decimals as strings unless told not to (a server's client
+        # returns them as numbers)
+        for setting in ("output_format_json_quote_64bit_integers", "output_format_json_quote_decimals"):
+            self._session.query(f"SET {setting} = 0")  # type: ignore[no-untyped-call]
 
     def command(self, sql: str) -> None:
         with self._lock:
@@ -108,8 +197,8 @@ class UsageStore:
     def __init__(self, backend: Backend, database: str) -> None:
         self.backend = backend
         self.db = database
-        for statement in DDL:
-            backend.command(statement.format(db=database))
+        for statement in ddl(database):
+            backend.command(statement)
 
     @classmethod
     def open(cls, url: str, database: str) -> UsageStore:
@@ -119,23 +208,182 @@ class UsageStore:
         return cls(ServerBackend(url), database)
 
     def write(self, rows: Iterable[dict[str, Any]]) -> int:
-        batch = [{k: r[k] for k in USAGE_COLUMNS} for r in rows]
+        """Insert the rows of runs not stored yet (the last of a run's rows in the batch wins); returns how many.
+
+        One metering consumer owns a run's partition, so checking then inserting does not race in steady
+        state; the check is what keeps the rollups exact when a batch is delivered again after a crash
+        between this write and the offset commit."""
+        batch: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in rows:
+            batch[(r["user_id"], r["run_id"])] = {k: r[k] for k in USAGE_COLUMNS}
+        if not batch:
+            return 0
+        keys = ", ".join(f"({quote(u)}, {quote(r)})" for u, r in batch)
+        stored = self.backend.query(f"SELECT user_id, run_id FROM {self.db}.usage WHERE (user_id, run_id) IN ({keys})")
+        for row in stored:
+            batch.pop((row["user_id"], row["run_id"]), None)
         if batch:
-            self.backend.insert_json(f"{self.db}.usage", batch)
+            self.backend.insert_json(f"{self.db}.usage", list(batch.values()))
         return len(batch)
 
     def rows(self, where: str = "1") -> list[dict[str, Any]]:
         cols = ", ".join(USAGE_COLUMNS)
         return self.backend.query(f"SELECT {cols} FROM {self.db}.usage FINAL WHERE {where} ORDER BY created_at")
 
-    def totals(self, user_id: str) -> dict[str, int]:
+    def between(self, since_ms: int, until_ms: int) -> list[dict[str, Any]]:
+        """The stored rows created in [since, until): what reconciliation compares with the log."""
+        return self.rows(f"created_at >= {moment(since_ms)} AND created_at < {moment(until_ms)}")
+
+    def totals(self, user_id: str) -> dict[str, Any]:
         sql = (
             "SELECT count() AS runs, sum(prompt_tokens) AS prompt_tokens, "
-            "sum(completion_tokens) AS completion_tokens, sum(cached_tokens) AS cached_tokens "
+            "sum(completion_tokens) AS completion_tokens, sum(cached_tokens) AS cached_tokens, "
+            "toFloat64(sum(cost_usd)) AS cost_usd "
             f"FROM {self.db}.usage FINAL WHERE user_id = {quote(user_id)}"
         )
         row = self.backend.query(sql)[0]
-        return {k: int(row[k] or 0) for k in ("runs", "prompt_tokens", "completion_tokens", "cached_tokens")}
+        out: dict[str, Any] = {
+            k: int(row[k] or 0) for k in ("runs", "prompt_tokens", "completion_tokens", "cached_tokens")
+        }
+        out["cost_usd"] = float(row["cost_usd"] or 0.0)
+        return out
+
+    def rollup_drift(self, since_ms: int, until_ms: int) -> list[dict[str, Any]]:
+        """Buckets touched by [since, until) whose rollup sums differ from the rows' (each rollup checked by its
+        own bucket: hour, day); empty when the materialized views saw each run exactly once."""
+        off = []
+        for name, (_, _, _, bucket, column) in ROLLUPS.items():
+            lo, hi = f"{bucket}({moment(since_ms)})", f"{bucket}({moment(until_ms)})"
+            sums = "sum(prompt_tokens) AS p, sum(cached_tokens) AS k, sum(completion_tokens) AS c"
+            sql = (
+                f"SELECT toString(b) AS bucket, u.runs AS usage_runs, r.runs AS rollup_runs, u.p AS usage_prompt, "
+                f"r.p AS rollup_prompt, u.c AS usage_completion, r.c AS rollup_completion FROM "
+                f"(SELECT {bucket}(created_at) AS b, count() AS runs, {sums} FROM {self.db}.usage FINAL "
+                f"WHERE {bucket}(created_at) >= {lo} AND {bucket}(created_at) <= {hi} GROUP BY b) AS u "
+                f"FULL OUTER JOIN (SELECT {column} AS b, sum(runs) AS runs, {sums} FROM {self.db}.{name} "
+                f"WHERE {column} >= {lo} AND {column} <= {hi} GROUP BY b) AS r USING b "
+                "WHERE u.runs != r.runs OR u.p != r.p OR u.k != r.k OR u.c != r.c ORDER BY b"
+            )
+            off += [{"rollup": name, **row} for row in self.backend.query(sql)]
+        return off
+
+    def rebuild_rollups(self, since_ms: int, until_ms: int) -> None:
+        """Recompute every rollup bucket touched by [since, until) from the usage rows (reconciliation --repair,
+        after rows were written back or lost behind the pipeline's back). An operator's tool: runs written
+        while it works may be counted twice or not at all; check again after."""
+        for name, (_, _, _, bucket, column) in ROLLUPS.items():
+            lo, hi = f"{bucket}({moment(since_ms)})", f"{bucket}({moment(until_ms)})"
+            self.backend.command(
+                f"ALTER TABLE {self.db}.{name} DELETE WHERE {column} >= {lo} AND {column} <= {hi} "
+                "SETTINGS mutations_sync = 1"
+            )
+            where = f" WHERE {bucket}(created_at) >= {lo} AND {bucket}(created_at) <= {hi}"
+            self.backend.command(
+                f"INSERT INTO {self.db}.{name} " + rollup_select(name, f"{self.db}.usage FINAL", where)
+            )
+
+    def report(
+        self, since_ms: int, until_ms: int, user_id: str | None = None, source: str = "rollup"
+    ) -> dict[str, Any]:
+        """What the dashboard draws for [since, until): everyone's (from the rollups) or one user's (from the
+        usage rows, which are ordered by user). `source="usage"` computes everyone's from the rows instead:
+        the baseline the dashboard benchmark compares the rollups with."""
+        return Report(self, since_ms, until_ms, user_id, source).build()
 
     def close(self) -> None:
         self.backend.close()
+
+
+class Report:
+    """The dashboard's queries, written once for two sources: the rollups (aggregate states) or the rows."""
+
+    def __init__(self, store: UsageStore, since_ms: int, until_ms: int, user_id: str | None, source: str) -> None:
+        self.store = store
+        self.since, self.until = since_ms, until_ms
+        self.hours = (until_ms - since_ms) / 3_600_000
+        self.rows = user_id is not None or source == "usage"
+        where = f"created_at >= {moment(since_ms)} AND created_at < {moment(until_ms)}"
+        if user_id is not None:
+            where += f" AND user_id = {quote(user_id)}"
+        self.user_id = user_id
+        if self.rows:
+            self.source, self.where, self.time = f"{store.db}.usage FINAL", where, "created_at"
+        else:
+            self.source = f"{store.db}.usage_hourly"
+            self.where = f"hour >= toStartOfHour({moment(since_ms)}) AND hour < {moment(until_ms)}"
+            self.time = "hour"
+
+    def runs(self, condition: str = "1") -> str:
+        return f"countIf({condition})" if self.rows else f"sumIf(runs, {condition})"
+
+    def total(self, column: str) -> str:
+        return f"sum({column})"
+
+    def quantiles(self, name: str) -> str:
+        if self.rows:
+            return f"quantilesTDigestIf({QUANTILES})({name}_ms, ttft_ms > 0)"
+        return f"quantilesTDigestMerge({QUANTILES})({name})"
+
+    def query(self, select: str, group: str = "", order: str = "") -> list[dict[str, Any]]:
+        sql = f"SELECT {select} FROM {self.source} WHERE {self.where}"
+        if group:
+            sql += f" GROUP BY {group}"
+        if order:
+            sql += f" ORDER BY {order}"
+        # `sum(runs) AS runs`: the column, not the alias, inside the aggregate
+        return self.store.backend.query(sql + " SETTINGS prefer_column_name_to_alias = 1")
+
+    def sums(self) -> str:
+        return (
+            f"{self.runs()} AS runs, {self.total('prompt_tokens')} AS prompt_tokens, "
+            f"{self.total('cached_tokens')} AS cached_tokens, {self.total('completion_tokens')} AS completion_tokens, "
+            f"toFloat64({self.total('cost_usd')}) AS cost_usd"
+        )
+
+    def build(self) -> dict[str, Any]:
+        step = "toStartOfHour" if self.hours <= 72 else "toStartOfDay"
+        bucket = f"toUnixTimestamp({step}({self.time})) * 1000"
+        rejected = "startsWith(finish_reason, 'rejected:')"
+        intervened = "moderation NOT IN ('passed', 'unscreened')"
+        latency = ", ".join(f"{self.quantiles(c)} AS {c}" for c in LATENCIES)
+        series = self.query(
+            f"{bucket} AS t, {self.sums()}, {self.runs(rejected)} AS rejected, {self.runs(intervened)} AS "
+            f"interventions, {latency}",
+            "t",
+            "t",
+        )
+        for point in series:
+            for c in LATENCIES:  # [p50, p95, p99]; nan when no run in the bucket produced a token
+                point[c] = [None if v != v else round(float(v), 1) for v in point[c]]
+        report: dict[str, Any] = {
+            "since": self.since,
+            "until": self.until,
+            "user_id": self.user_id,
+            "source": "usage" if self.rows else "rollup",
+            "bucket": "hour" if step == "toStartOfHour" else "day",
+            "totals": (self.query(self.sums()) or [{}])[0],
+            "series": series,
+            "by_tier_model": self.query(f"tier, model, {self.sums()}", "tier, model", "sum(prompt_tokens) DESC"),
+            "outcomes": self.query(f"finish_reason, {self.runs()} AS runs", "finish_reason", f"{self.runs()} DESC"),
+            "safety": self.query(f"moderation, {self.runs()} AS runs", "moderation", f"{self.runs()} DESC"),
+        }
+        if self.user_id is None:
+            report["top_users"] = self.top_users()
+        return report
+
+    def top_users(self) -> list[dict[str, Any]]:
+        db = self.store.db
+        if self.rows:
+            source = f"{db}.usage FINAL WHERE created_at >= {moment(self.since)} AND created_at < {moment(self.until)}"
+            runs = "count()"
+        else:
+            source = (
+                f"{db}.usage_daily_user WHERE day >= toDate({moment(self.since)}) "
+                f"AND day <= toDate({moment(self.until)})"
+            )
+            runs = "sum(runs)"
+        return self.store.backend.query(
+            f"SELECT user_id, {runs} AS runs, sum(prompt_tokens) + sum(completion_tokens) AS tokens, "
+            f"toFloat64(sum(cost_usd)) AS cost_usd FROM {source} GROUP BY user_id ORDER BY tokens DESC LIMIT 10 "
+            "SETTINGS prefer_column_name_to_alias = 1"
+        )

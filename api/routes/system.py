@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
 import httpx
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import FileResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.app import Deps
@@ -11,6 +17,8 @@ from api.auth import CurrentUser
 from api.errors import ApiError
 
 router = APIRouter()
+STATIC = Path(__file__).resolve().parent.parent / "static"
+MAX_REPORT_MS = 92 * 24 * 3_600_000
 
 
 @router.get("/v1/models")
@@ -19,15 +27,20 @@ async def models(deps: Deps, user: CurrentUser) -> dict[str, object]:
     return {"object": "list", "data": data}
 
 
-@router.get("/v1/usage")
-async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
-    """The caller's metered totals (metering) and what their budget lets them spend now (the ledger)."""
+async def metering(deps: Deps, path: str, params: dict[str, str | int] | None = None) -> dict[str, Any]:
+    """A read from the metering stage, which owns the usage tables (the embedded engine is one process's)."""
     try:
-        response = await deps.http.get(f"{deps.settings.metering_url}/usage/{user.user_id}")
+        response = await deps.http.get(f"{deps.settings.metering_url}{path}", params=params, timeout=30)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise ApiError(503, "Usage data is unavailable right now; try again shortly.", "usage_unavailable") from exc
-    totals = response.json()
+    return dict(response.json())
+
+
+@router.get("/v1/usage")
+async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
+    """The caller's metered totals (metering) and what their budget lets them spend now (the ledger)."""
+    totals = await metering(deps, f"/usage/{quote(user.user_id, safe='')}")
     limits = deps.limits.for_user(user.user_id, user.tier)
     remaining, in_flight = await deps.ledger.standing(user.user_id, limits)
     return {
@@ -38,6 +51,7 @@ async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
         "completion_tokens": totals["completion_tokens"],
         "cached_tokens": totals["cached_tokens"],
         "total_tokens": totals["prompt_tokens"] + totals["completion_tokens"],
+        "cost_usd": totals["cost_usd"],
         "remaining_budget": remaining,
         "budget": {
             "budget_tokens": limits.budget_tokens,
@@ -46,6 +60,46 @@ async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
             "max_concurrent": limits.max_concurrent,
         },
     }
+
+
+@router.get("/v1/usage/report")
+async def usage_report(
+    deps: Deps,
+    user: CurrentUser,
+    since: Annotated[int | None, Query(description="epoch ms; default: `until` minus 24 hours")] = None,
+    until: Annotated[int | None, Query(description="epoch ms; default: now")] = None,
+    user_id: Annotated[str | None, Query(description="admins: one user's view; default: everyone")] = None,
+) -> dict[str, object]:
+    """What the usage dashboard draws: totals, time series (tokens, cost, latency percentiles, rejections,
+    safety interventions), by tier and model. An admin sees everyone's, or one user's; anyone else their own."""
+    until = until if until is not None else int(time.time() * 1000)
+    since = since if since is not None else until - 24 * 3_600_000
+    if not 0 < until - since <= MAX_REPORT_MS:
+        raise ApiError(
+            400, "`since` must be before `until`, at most 92 days earlier.", "invalid_request_error", "since"
+        )
+    if not user.admin:
+        if user_id not in (None, user.user_id):
+            raise ApiError(403, "Only an admin can read another user's usage.", "permission_denied", "user_id")
+        user_id = user.user_id
+    params: dict[str, str | int] = {"since": since, "until": until}
+    if user_id is not None:
+        params["user_id"] = user_id
+    return await metering(deps, "/usage-report", params)
+
+
+@router.get("/dashboard", include_in_schema=False)
+async def dashboard() -> FileResponse:
+    """The usage dashboard (charts drawn in the browser from /v1/usage/report; the page asks for a credential)."""
+    return FileResponse(STATIC / "dashboard.html", media_type="text/html")
+
+
+@router.get("/static/{name:path}", include_in_schema=False)
+async def static(name: str) -> FileResponse:
+    path = (STATIC / name).resolve()
+    if not path.is_file() or STATIC.resolve() not in path.parents:
+        raise ApiError(404, "No such file.", "not_found")
+    return FileResponse(path)
 
 
 @router.get("/healthz")

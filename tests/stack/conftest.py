@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -66,6 +68,11 @@ class Live:
     def topic(self, topic: Topic) -> str:
         return named(topic, self.namespace)
 
+    @property
+    def faults(self) -> Path:
+        """Crash points: a file named after one makes the stage that reaches it exit there (PARLEY_FAULTS_DIR)."""
+        return Path(os.environ["PARLEY_FAULTS_DIR"])
+
 
 def _running(script: str) -> bool:
     return subprocess.run(["bash", str(LOCAL / script), "status"], capture_output=True).returncode == 0
@@ -76,8 +83,11 @@ def live() -> Iterator[Live]:
     started_here = [s for s in ("kafka.sh", "cassandra.sh") if not _running(s)]
     # Two edge replicas and two of each processor stage (metering: one, chdb is single-process); two consumers
     # (two engines) in the small pool so one can die, one in the large pool.
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    faults = Path(tempfile.mkdtemp(prefix=f"parley-faults-{namespace}-"))
+    os.environ["PARLEY_FAULTS_DIR"] = str(faults)  # the stages inherit it (processors/meter_usage.crash_point)
     stack = Stack(
-        namespace=f"t{uuid.uuid4().hex[:10]}",
+        namespace=namespace,
         port_base=PORT_BASE,
         replicas=2,
         stages=2,

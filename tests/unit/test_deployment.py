@@ -40,3 +40,15 @@ def test_every_stage_and_store_is_a_service_with_a_healthcheck():
         assert services[f"sglang-{pool}"]["profiles"] == ["gpu"]
         assert "--enable-cache-report" in services[f"sglang-{pool}"]["command"]
         assert services[f"inference-gpu-{pool}"]["environment"]["PARLEY_POOL"] == pool
+
+
+def test_grafana_is_provisioned_with_clickhouse_and_the_usage_dashboard():
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    grafana = services["grafana"]
+    assert "grafana-clickhouse-datasource" in grafana["environment"]["GF_INSTALL_PLUGINS"]
+    mounts = {v.split(":")[1] for v in grafana["volumes"] if v.startswith("./")}
+    assert mounts == {"/etc/grafana/provisioning", "/var/lib/grafana/dashboards"}
+    source = yaml.safe_load((REPO_ROOT / "infra/grafana/provisioning/datasources/clickhouse.yaml").read_text())
+    [ds] = source["datasources"]
+    assert ds["jsonData"]["host"] == "clickhouse" and ds["jsonData"]["port"] == 8123
+    assert "PARLEY_USAGE_URL: http://default:@clickhouse:8123" in COMPOSE.read_text()  # the database it reads
