@@ -302,7 +302,8 @@ class Report:
         self.since, self.until = since_ms, until_ms
         self.hours = (until_ms - since_ms) / 3_600_000
         self.rows = user_id is not None or source == "usage"
-        where = f"created_at >= {moment(since_ms)} AND created_at < {moment(until_ms)}"
+        # hour-aligned like the hourly rollup, so both sources answer for the same runs
+        where = f"created_at >= toStartOfHour({moment(since_ms)}) AND created_at < {moment(until_ms)}"
         if user_id is not None:
             where += f" AND user_id = {quote(user_id)}"
         self.user_id = user_id

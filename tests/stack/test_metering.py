@@ -99,7 +99,7 @@ def metered(live):
 
     assert wait_for(lambda: expired in runs(), 60), "the expired copy never completed"
     ended = runs()
-    until = int(time.time() * 1000) + 1000
+    until = int(time.time() * 1000)  # every run above has ended (its event is on the log) before this
     wait_for(lambda: len(stored_rows(live, client, since, until, user)) >= len(ended), 60)
     time.sleep(2)  # the replays land after the rows they repeat
     return {"user": user, "client": client, "since": since, "until": until, "ended": ended, "expired": expired}
