@@ -355,6 +355,7 @@ def register(
         if not decision.admitted:
             await refuse(prompt, decision.code, decision.message, retry_after_s=decision.retry_after_s)
             return
+        run["scheduled_at"] = int(time.time() * 1000)  # admitted now: assembly and the ledger's wait came before
         pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
         ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
         await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])

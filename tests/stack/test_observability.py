@@ -5,7 +5,7 @@ import httpx
 from topics import tracing
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
 
-from .conftest import chat_turn, for_run, read_topic
+from .conftest import chat_turn, for_run, read_topic, wait_for
 
 
 def test_metrics_on_every_stage(live):
@@ -14,8 +14,9 @@ def test_metrics_on_every_stage(live):
     chat_turn(client, chat["id"], "Hi!", max_tokens=4)
     assert "parley_edge_ttft_seconds" in httpx.get(f"{live.url}/metrics").text
     for stage in ("moderation", "scheduling", "persistence", "metering"):
-        text = httpx.get(f"{live.stage_url(stage)}/metrics").text
-        assert f'parley_stage_events_total{{outcome="ok",stage="{stage}"' in text, stage
+        counted = f'parley_stage_events_total{{outcome="ok",stage="{stage}"'
+        # the turn's events reach the sinks just after its stream ends (metering writes in 0.5 s batches)
+        assert wait_for(lambda s=stage, c=counted: c in httpx.get(f"{live.stage_url(s)}/metrics").text, 10), stage
     text = httpx.get(f"{live.stage_url('inference')}/metrics").text
     assert "parley_inference_ttft_seconds_count" in text and "parley_inference_engine_healthy" in text
 
