@@ -11,6 +11,7 @@ from typing import Annotated
 
 import httpx
 from fastapi import Depends, FastAPI, Request
+from fastapi.staticfiles import StaticFiles
 
 from api import errors
 from api.replies import ReplyHub
@@ -97,4 +98,5 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(system.router)
     app.include_router(admin.router)
     app.include_router(safety.router)
+    app.mount("/static", StaticFiles(directory=system.STATIC), name="static")  # the dashboard's page and Chart.js
     return app

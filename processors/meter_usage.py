@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import tomllib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -23,7 +24,7 @@ from prometheus_client import Counter, Histogram
 from processors.stage import Stage
 from storage.clickhouse import UsageStore
 from topics.codec import Event
-from topics.pipeline import RUN_COMPLETED, RUN_REJECTED
+from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic
 
 log = logging.getLogger(__name__)
 
@@ -77,59 +78,77 @@ def kind(prompt: Event) -> str:
     return "completion" if prompt.get("messages") else "chat"  # the OpenAI route carries its whole conversation
 
 
-def completed_row(done: Event, prices: Prices) -> dict[str, Any]:
-    prompt, usage = done["prompt"], done["usage"]
+def _row(prompt: Event, event_id: str, ended_ms: int, **fields: Any) -> dict[str, Any]:
+    """The fields every usage row takes from the run's prompt, then the rest."""
     return {
         "run_id": prompt["run_id"],
-        "event_id": done["event_id"],
+        "event_id": event_id,
         "user_id": prompt["user_id"],
         "tier": prompt["tier"],
         "chat_id": prompt["chat_id"],
         "kind": kind(prompt),
-        "model": done["model"],
-        "pool": done["pool"],
-        "prompt_tokens": usage["prompt_tokens"],
-        "completion_tokens": usage["completion_tokens"],
-        "cached_tokens": usage["cached_tokens"],
-        "ttft_ms": done["ttft_ms"],
-        "itl_p50_ms": done.get("itl_p50_ms", 0.0),
-        "itl_p99_ms": done.get("itl_p99_ms", 0.0),
-        "queue_ms": done.get("queue_ms", 0.0),
-        "duration_ms": done["duration_ms"],
-        "finish_reason": done["finish_reason"],
-        "moderation": done.get("moderation", "passed"),
-        "cost_usd": str(
+        **fields,
+        "created_at": _iso(ended_ms),
+    }
+
+
+def completed_row(done: Event, prices: Prices) -> dict[str, Any]:
+    prompt, usage = done["prompt"], done["usage"]
+    return _row(
+        prompt,
+        done["event_id"],
+        _ms(done["completed_at"]),
+        model=done["model"],
+        pool=done["pool"],
+        prompt_tokens=usage["prompt_tokens"],
+        completion_tokens=usage["completion_tokens"],
+        cached_tokens=usage["cached_tokens"],
+        ttft_ms=done["ttft_ms"],
+        itl_p50_ms=done.get("itl_p50_ms", 0.0),
+        itl_p99_ms=done.get("itl_p99_ms", 0.0),
+        queue_ms=done.get("queue_ms", 0.0),
+        duration_ms=done["duration_ms"],
+        finish_reason=done["finish_reason"],
+        moderation=done.get("moderation", "passed"),
+        cost_usd=str(
             prices.cost(done["model"], usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"])
         ),
-        "created_at": _iso(_ms(done["completed_at"])),
-    }
+    )
+
+
+NOTHING_SERVED = {
+    "pool": "",
+    "prompt_tokens": 0,
+    "completion_tokens": 0,
+    "cached_tokens": 0,
+    "ttft_ms": 0.0,
+    "itl_p50_ms": 0.0,
+    "itl_p99_ms": 0.0,
+    "queue_ms": 0.0,
+    "duration_ms": 0.0,
+    "cost_usd": "0",
+}
 
 
 def rejected_row(rejected: Event) -> dict[str, Any]:
     prompt = rejected["prompt"]
     refused = rejected["code"] == "content_filter"
-    return {
-        "run_id": prompt["run_id"],
-        "event_id": rejected["event_id"],
-        "user_id": prompt["user_id"],
-        "tier": prompt["tier"],
-        "chat_id": prompt["chat_id"],
-        "kind": kind(prompt),
-        "model": prompt["model"] or "",
-        "pool": "",
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "cached_tokens": 0,
-        "ttft_ms": 0.0,
-        "itl_p50_ms": 0.0,
-        "itl_p99_ms": 0.0,
-        "queue_ms": 0.0,
-        "duration_ms": 0.0,
-        "finish_reason": f"rejected:{rejected['code']}",
-        "moderation": f"refused:{rejected['category'] or 'policy'}" if refused else "passed",
-        "cost_usd": "0",
-        "created_at": _iso(_ms(rejected["rejected_at"])),
-    }
+    return _row(
+        prompt,
+        rejected["event_id"],
+        _ms(rejected["rejected_at"]),
+        **NOTHING_SERVED,
+        model=prompt["model"] or "",
+        finish_reason=f"rejected:{rejected['code']}",
+        moderation=f"refused:{rejected['category'] or 'policy'}" if refused else "passed",
+    )
+
+
+def usage_row(topic: Topic, event: Event, prices: Prices) -> tuple[dict[str, Any], int]:
+    """A RunCompleted's or RunRejected's usage row, and when its run ended (epoch ms)."""
+    if topic is RUN_COMPLETED:
+        return completed_row(event, prices), _ms(event["completed_at"])
+    return rejected_row(event), _ms(event["rejected_at"])
 
 
 def crash_point(faults_dir: str, name: str) -> None:
@@ -158,21 +177,18 @@ def register(stage: Stage, store: UsageStore) -> None:
             )
         crash_point(settings.faults_dir, "metering-after-write")
 
-    async def on_completed(batch: list[Event]) -> None:
-        rows = [completed_row(e, prices) for e in batch]
-        ended = [_ms(e["completed_at"]) for e in batch]
-        await asyncio.get_running_loop().run_in_executor(None, write, rows, ended)
-
-    async def on_rejected(batch: list[Event]) -> None:
-        rows = [rejected_row(e) for e in batch]
-        ended = [_ms(e["rejected_at"]) for e in batch]
-        await asyncio.get_running_loop().run_in_executor(None, write, rows, ended)
-
-    stage.consume_batches(RUN_COMPLETED, on_completed, settings.meter_batch, settings.meter_batch_s)
-    stage.consume_batches(RUN_REJECTED, on_rejected, settings.meter_batch, settings.meter_batch_s)
-
     async def run(fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    def metered(topic: Topic) -> Callable[[list[Event]], Awaitable[None]]:
+        async def on_batch(batch: list[Event]) -> None:
+            rows, ended = zip(*(usage_row(topic, e, prices) for e in batch), strict=True)
+            await run(write, list(rows), list(ended))
+
+        return on_batch
+
+    for topic in (RUN_COMPLETED, RUN_REJECTED):
+        stage.consume_batches(topic, metered(topic), settings.meter_batch, settings.meter_batch_s)
 
     @stage.app.page("/usage/{user_id}")
     async def totals(web: Any, request: Any, user_id: str) -> Any:

@@ -4,9 +4,9 @@ The topics are the record (ARCHITECTURE.md principle 5): every run ends in one R
 the metering stage turns each into a row with the same functions used here. Reconciliation reads both topics
 for a time range (from the offsets Kafka finds for its start, to the end of the log), rebuilds the rows, asks
 the metering stage for the rows it holds in that range, and reports drift: runs missing from ClickHouse, rows
-ClickHouse holds that the log does not, rows whose tokens or outcome differ, and hours whose rollup sums differ
-from the rows. `--repair` sends the missing rows to the metering stage (which writes them like any batch), then
-recomputes the rollup buckets that still differ from the rows.
+ClickHouse holds that the log does not, rows whose tokens or outcome differ, and rollup buckets (hours, days)
+whose sums differ from the rows. `--repair` sends the missing rows to the metering stage (which writes them
+like any batch), then recomputes the rollup buckets that still differ from the rows.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import httpx
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from tqdm import tqdm
 
-from processors.meter_usage import Prices, completed_row, rejected_row
+from processors.meter_usage import Prices, usage_row
 from storage.clickhouse import COMPARED
 from topics import codec
 from topics.errors import PoisonEvent
@@ -38,14 +38,14 @@ class Drift:
     missing: list[str] = field(default_factory=list)  # run ids in the log, not in ClickHouse
     extra: list[str] = field(default_factory=list)  # run ids in ClickHouse, not in the log
     mismatched: list[dict[str, Any]] = field(default_factory=list)
-    rollup_hours: list[dict[str, Any]] = field(default_factory=list)  # hours whose rollup differs from the rows
+    rollup_buckets: list[dict[str, Any]] = field(default_factory=list)  # hours, days: sums unlike the rows
     log_tokens: dict[str, int] = field(default_factory=dict)
     stored_tokens: dict[str, int] = field(default_factory=dict)
     repaired: int = 0
 
     @property
     def zero(self) -> bool:
-        return not (self.missing or self.extra or self.mismatched or self.rollup_hours)
+        return not (self.missing or self.extra or self.mismatched or self.rollup_buckets)
 
     def summary(self, sample: int = 20) -> dict[str, Any]:
         return {
@@ -57,7 +57,7 @@ class Drift:
             "missing": len(self.missing),
             "extra": len(self.extra),
             "mismatched": len(self.mismatched),
-            "rollup_hours_off": len(self.rollup_hours),
+            "rollup_buckets_off": len(self.rollup_buckets),
             "log_tokens": self.log_tokens,
             "stored_tokens": self.stored_tokens,
             "repaired": self.repaired,
@@ -66,7 +66,7 @@ class Drift:
                 "missing": self.missing[:sample],
                 "extra": self.extra[:sample],
                 "mismatched": self.mismatched[:sample],
-                "rollup_hours": self.rollup_hours[:sample],
+                "rollup_buckets": self.rollup_buckets[:sample],
             },
         }
 
@@ -125,9 +125,7 @@ def read_log(
                 except PoisonEvent:
                     bad += 1
                     continue
-                row = completed_row(event, prices) if topic is RUN_COMPLETED else rejected_row(event)
-                ended = event["completed_at" if topic is RUN_COMPLETED else "rejected_at"]
-                ended_ms = int(ended.timestamp() * 1000) if hasattr(ended, "timestamp") else int(ended)
+                row, ended_ms = usage_row(topic, event, prices)
                 if since_ms <= ended_ms < until_ms:
                     rows.setdefault(row["run_id"], row)
     finally:
@@ -190,9 +188,9 @@ def reconcile(
             repaired = int(response.json()["written"])
             drift = compare(log_rows, stored(), since_ms, until_ms)
         drift.repaired = repaired
-        drift.rollup_hours = rollups_off()
-        if repair and drift.rollup_hours:
+        drift.rollup_buckets = rollups_off()
+        if repair and drift.rollup_buckets:
             http.post("/usage-rollup-rebuild", json=params).raise_for_status()
-            drift.rollup_hours = rollups_off()
+            drift.rollup_buckets = rollups_off()
     drift.undecodable = bad
     return drift

@@ -124,6 +124,11 @@ def ddl(db: str) -> list[str]:
     return statements
 
 
+def in_buckets(bucket: str, column: str, since_ms: int, until_ms: int) -> str:
+    """`column` within the buckets (`bucket`: toStartOfHour, toDate) that [since, until) touches."""
+    return f"{column} >= {bucket}({moment(since_ms)}) AND {column} <= {bucket}({moment(until_ms)})"
+
+
 def quote(value: str) -> str:
     """A ClickHouse string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -253,15 +258,16 @@ class UsageStore:
         own bucket: hour, day); empty when the materialized views saw each run exactly once."""
         off = []
         for name, (_, _, _, bucket, column) in ROLLUPS.items():
-            lo, hi = f"{bucket}({moment(since_ms)})", f"{bucket}({moment(until_ms)})"
+            rows = in_buckets(bucket, f"{bucket}(created_at)", since_ms, until_ms)
+            rollup = in_buckets(bucket, column, since_ms, until_ms)
             sums = "sum(prompt_tokens) AS p, sum(cached_tokens) AS k, sum(completion_tokens) AS c"
             sql = (
                 f"SELECT toString(b) AS bucket, u.runs AS usage_runs, r.runs AS rollup_runs, u.p AS usage_prompt, "
                 f"r.p AS rollup_prompt, u.c AS usage_completion, r.c AS rollup_completion FROM "
                 f"(SELECT {bucket}(created_at) AS b, count() AS runs, {sums} FROM {self.db}.usage FINAL "
-                f"WHERE {bucket}(created_at) >= {lo} AND {bucket}(created_at) <= {hi} GROUP BY b) AS u "
+                f"WHERE {rows} GROUP BY b) AS u "
                 f"FULL OUTER JOIN (SELECT {column} AS b, sum(runs) AS runs, {sums} FROM {self.db}.{name} "
-                f"WHERE {column} >= {lo} AND {column} <= {hi} GROUP BY b) AS r USING b "
+                f"WHERE {rollup} GROUP BY b) AS r USING b "
                 "WHERE u.runs != r.runs OR u.p != r.p OR u.k != r.k OR u.c != r.c ORDER BY b"
             )
             off += [{"rollup": name, **row} for row in self.backend.query(sql)]
@@ -272,12 +278,11 @@ class UsageStore:
         after rows were written back or lost behind the pipeline's back). An operator's tool: runs written
         while it works may be counted twice or not at all; check again after."""
         for name, (_, _, _, bucket, column) in ROLLUPS.items():
-            lo, hi = f"{bucket}({moment(since_ms)})", f"{bucket}({moment(until_ms)})"
             self.backend.command(
-                f"ALTER TABLE {self.db}.{name} DELETE WHERE {column} >= {lo} AND {column} <= {hi} "
+                f"ALTER TABLE {self.db}.{name} DELETE WHERE {in_buckets(bucket, column, since_ms, until_ms)} "
                 "SETTINGS mutations_sync = 1"
             )
-            where = f" WHERE {bucket}(created_at) >= {lo} AND {bucket}(created_at) <= {hi}"
+            where = f" WHERE {in_buckets(bucket, f'{bucket}(created_at)', since_ms, until_ms)}"
             self.backend.command(
                 f"INSERT INTO {self.db}.{name} " + rollup_select(name, f"{self.db}.usage FINAL", where)
             )
@@ -317,9 +322,6 @@ class Report:
     def runs(self, condition: str = "1") -> str:
         return f"countIf({condition})" if self.rows else f"sumIf(runs, {condition})"
 
-    def total(self, column: str) -> str:
-        return f"sum({column})"
-
     def quantiles(self, name: str) -> str:
         if self.rows:
             return f"quantilesTDigestIf({QUANTILES})({name}_ms, ttft_ms > 0)"
@@ -336,9 +338,8 @@ class Report:
 
     def sums(self) -> str:
         return (
-            f"{self.runs()} AS runs, {self.total('prompt_tokens')} AS prompt_tokens, "
-            f"{self.total('cached_tokens')} AS cached_tokens, {self.total('completion_tokens')} AS completion_tokens, "
-            f"toFloat64({self.total('cost_usd')}) AS cost_usd"
+            f"{self.runs()} AS runs, sum(prompt_tokens) AS prompt_tokens, sum(cached_tokens) AS cached_tokens, "
+            "sum(completion_tokens) AS completion_tokens, toFloat64(sum(cost_usd)) AS cost_usd"
         )
 
     def build(self) -> dict[str, Any]:
@@ -373,18 +374,14 @@ class Report:
         return report
 
     def top_users(self) -> list[dict[str, Any]]:
-        db = self.store.db
+        """Everyone's heaviest users: from the rows of the report's range, or from the daily per-user rollup
+        (whole days)."""
         if self.rows:
-            source = f"{db}.usage FINAL WHERE created_at >= {moment(self.since)} AND created_at < {moment(self.until)}"
-            runs = "count()"
+            source = f"{self.source} WHERE {self.where}"
         else:
-            source = (
-                f"{db}.usage_daily_user WHERE day >= toDate({moment(self.since)}) "
-                f"AND day <= toDate({moment(self.until)})"
-            )
-            runs = "sum(runs)"
+            source = f"{self.store.db}.usage_daily_user WHERE {in_buckets('toDate', 'day', self.since, self.until)}"
         return self.store.backend.query(
-            f"SELECT user_id, {runs} AS runs, sum(prompt_tokens) + sum(completion_tokens) AS tokens, "
+            f"SELECT user_id, {self.runs()} AS runs, sum(prompt_tokens) + sum(completion_tokens) AS tokens, "
             f"toFloat64(sum(cost_usd)) AS cost_usd FROM {source} GROUP BY user_id ORDER BY tokens DESC LIMIT 10 "
             "SETTINGS prefer_column_name_to_alias = 1"
         )

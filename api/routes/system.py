@@ -94,14 +94,6 @@ async def dashboard() -> FileResponse:
     return FileResponse(STATIC / "dashboard.html", media_type="text/html")
 
 
-@router.get("/static/{name:path}", include_in_schema=False)
-async def static(name: str) -> FileResponse:
-    path = (STATIC / name).resolve()
-    if not path.is_file() or STATIC.resolve() not in path.parents:
-        raise ApiError(404, "No such file.", "not_found")
-    return FileResponse(path)
-
-
 @router.get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}

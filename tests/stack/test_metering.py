@@ -156,7 +156,7 @@ def test_reconciliation_from_the_log_reports_zero_drift(live, metered):
     assert out.returncode == 0, (report, out.stderr[-2000:])
     assert report["drift"] is False and report["missing"] == report["extra"] == report["mismatched"] == 0
     assert report["log_runs"] == report["stored_runs"] >= len(metered["ended"])
-    assert report["rollup_hours_off"] == 0  # the crash and the replays reached no rollup twice
+    assert report["rollup_buckets_off"] == 0  # the crash and the replays reached no rollup twice
 
 
 def test_reconciliation_finds_and_repairs_a_lost_row(live, metered):
@@ -180,7 +180,7 @@ def test_reconciliation_finds_and_repairs_a_lost_row(live, metered):
     args = (BOOTSTRAP, live.namespace, live.stage_url("metering"), metered["since"], metered["until"], Prices.load())
     drift = reconcile(*args, progress=False)
     assert drift.missing == [lost] and not drift.extra and not drift.mismatched
-    assert {off["rollup"] for off in drift.rollup_hours} == {"usage_hourly", "usage_daily_user"}
+    assert {off["rollup"] for off in drift.rollup_buckets} == {"usage_hourly", "usage_daily_user"}
     repaired = reconcile(*args, repair=True, progress=False)
     assert repaired.repaired == 1 and repaired.zero, repaired.summary()
 
