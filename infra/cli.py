@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import signal
 import time
 
@@ -32,28 +33,35 @@ def _stack(args: argparse.Namespace) -> Stack:
     )
 
 
-def cmd_token(args: argparse.Namespace) -> None:
+def local_token(user: str, tier: str, ttl: int, admin: bool = False) -> str:
+    """A credential signed with the local stack's secret."""
     from api.auth import issue
     from api.settings import ApiSettings
 
     settings = ApiSettings()
-    print(
-        issue(
-            settings.jwt_secret.get_secret_value(),
-            args.user,
-            args.tier,
-            settings.jwt_issuer,
-            settings.jwt_audience,
-            args.ttl,
-            admin=args.admin,
-        )
+    secret = settings.jwt_secret.get_secret_value()
+    return issue(secret, user, tier, settings.jwt_issuer, settings.jwt_audience, ttl, admin=admin)
+
+
+def cmd_token(args: argparse.Namespace) -> None:
+    print(local_token(args.user, args.tier, args.ttl, args.admin))
+
+
+def sign_in_links(api_url: str) -> str:
+    """Links that open the chat app (and the usage dashboard) signed in as the local user, for 30 days."""
+    user = getpass.getuser() or "you"
+    chat = local_token(user, "pro", 30 * 86_400)
+    dashboard = local_token(user, "pro", 30 * 86_400, admin=True)
+    return (
+        f"  chat (signed in as {user}): {api_url}/#token={chat}\n"
+        f"  usage dashboard (admin):  {api_url}/dashboard#token={dashboard}"
     )
 
 
 def cmd_up(args: argparse.Namespace) -> None:
     stack = _stack(args)
     stack.up()
-    print(f"Parley is up: {stack.api_url}  (timings: {stack.timings})", flush=True)
+    print(f"Parley is up: {stack.api_url}  (timings: {stack.timings})\n{sign_in_links(stack.api_url)}", flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -72,7 +80,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         stack.up()
         _say(
             f"\nParley is running at {stack.api_url}\n"
-            f"  get a credential:  .venv/bin/parley token --user alice --tier pro\n"
+            f"{sign_in_links(stack.api_url)}\n"
+            f"  another credential: .venv/bin/parley token --user alice --tier pro\n"
             f"  logs:              {stack.state}/logs/{stack.tag}/\n"
             f"Press Ctrl-C to stop everything."
         )

@@ -1,5 +1,6 @@
 """PromptAccepted | RunCompleted | RunRejected -> Cassandra messages (idempotent: keyed by the event's ids).
 PromptModerated | OutputModerated that matched a rule -> the safety decisions admins review.
+Feedback -> the rating shown on the stored answer.
 
 Runs of the stateless OpenAI route (store = false) are not written as messages; they are metered and stay
 in the log. A deleted chat gets no new rows from runs that were still in flight when it was deleted.
@@ -14,7 +15,14 @@ from datetime import UTC, datetime
 from processors.stage import Stage
 from storage.cassandra import Conversations, Message, SafetyDecision
 from topics.codec import Event
-from topics.pipeline import OUTPUT_MODERATED, PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED
+from topics.pipeline import (
+    FEEDBACK,
+    OUTPUT_MODERATED,
+    PROMPT_ACCEPTED,
+    PROMPT_MODERATED,
+    RUN_COMPLETED,
+    RUN_REJECTED,
+)
 
 EXCERPT_CHARS = 300
 
@@ -36,6 +44,7 @@ def assistant_turn(done: Event) -> Message:
         done["prompt"]["run_id"],
         done["model"],
         done["finish_reason"],
+        done["pool"],
     )
 
 
@@ -127,7 +136,15 @@ def register(stage: Stage, conversations: Conversations) -> None:
         if decision := output_decision(moderated):
             await conversations.put_decision(decision)
 
+    async def on_feedback(feedback: Event) -> None:
+        """The latest rating wins (events of one chat arrive in order); a rating of a deleted answer is dropped."""
+        rating = None if feedback["rating"] == "none" else feedback["rating"]
+        chat_id, message_id = uuid.UUID(feedback["chat_id"]), uuid.UUID(feedback["message_id"])
+        if not await conversations.set_feedback(chat_id, message_id, rating):
+            log.info("chat %s: feedback on message %s, which is gone; not stored", chat_id, message_id)
+
     stage.consume(PROMPT_MODERATED, on_moderated)
+    stage.consume(FEEDBACK, on_feedback)
     stage.consume(OUTPUT_MODERATED, on_output_moderated)
     stage.consume(PROMPT_ACCEPTED, on_prompt)
     stage.consume(RUN_COMPLETED, on_completed)

@@ -39,7 +39,7 @@ SCHEMA = (
     # The turns of one chat in order. message_id is the event's id: a replay rewrites the same row.
     """CREATE TABLE IF NOT EXISTS {ks}.messages (
          chat_id timeuuid, message_id timeuuid, role text, content text, created_at timestamp,
-         run_id text, model text, finish_reason text,
+         run_id text, model text, finish_reason text, pool text, feedback text,
          PRIMARY KEY ((chat_id), message_id)) WITH CLUSTERING ORDER BY (message_id ASC)""",
     # Moderation decisions that matched a rule (blocks, warnings, retractions), newest first per UTC day: the
     # admins' review list for false positives. decision_id is the event's id: a redelivery rewrites the row.
@@ -67,12 +67,15 @@ SCHEMA = (
 )
 # Columns added after a table first shipped: (table, column, type), applied when missing.
 # context_from: a reset's marker (earlier messages stay listed but no longer go into prompts); memory_changed_at:
-# when a message was last edited or deleted (a summary begun before it is discarded).
+# when a message was last edited or deleted (a summary begun before it is discarded); pool: the model pool that
+# wrote an answer; feedback: the user's rating of it (up | down).
 COLUMNS_ADDED = (
     ("chats", "last_active_at", "timestamp"),
     ("runs", "finish_reason", "text"),
     ("chats", "context_from", "timeuuid"),
     ("chats", "memory_changed_at", "timestamp"),
+    ("messages", "pool", "text"),
+    ("messages", "feedback", "text"),
 )
 
 
@@ -138,6 +141,8 @@ class Message:
     run_id: str | None = None
     model: str | None = None
     finish_reason: str | None = None
+    pool: str | None = None
+    feedback: str | None = None  # the user's rating of an answer; never written by put_message
 
 
 @dataclass
@@ -210,15 +215,16 @@ class Conversations:
         )
         self._insert_message = p(
             f"INSERT INTO {ks}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
-            "finish_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            "finish_reason, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        columns = "message_id, role, content, created_at, run_id, model, finish_reason"
+        columns = "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback"
         self._list_messages = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? LIMIT ?")
         self._messages_after = p(
             f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? ORDER BY message_id DESC LIMIT ?"
         )
         self._get_message = p(f"SELECT message_id FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._one_message = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+        self._set_feedback = p(f"UPDATE {ks}.messages SET feedback = ? WHERE chat_id = ? AND message_id = ?")
         self._set_content = p(f"UPDATE {ks}.messages SET content = ? WHERE chat_id = ? AND message_id = ?")
         self._delete_message = p(f"DELETE FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._insert_key = p(
@@ -267,6 +273,7 @@ class Conversations:
                 except InvalidRequest as exc:  # another stage starting beside this one added it first
                     if "exist" not in str(exc).lower():  # "already exists", "conflicts with an existing column"
                         raise
+            _usable(session, keyspace, table, column)
         return cls(session, keyspace)
 
     def close(self) -> None:
@@ -410,8 +417,17 @@ class Conversations:
                 message.run_id,
                 message.model,
                 message.finish_reason,
+                message.pool,
             ),
         )
+
+    async def set_feedback(self, chat_id: uuid.UUID, message_id: uuid.UUID, rating: str | None) -> bool:
+        """Record the user's rating of a stored message (None clears it); False when there is no such message
+        (an update would create a row holding only the rating)."""
+        if not await self.has_message(chat_id, message_id):
+            return False
+        await self._run(self._set_feedback, (rating, chat_id, message_id))
+        return True
 
     # -- API keys ----------------------------------------------------------------------------------
     async def create_key(self, user_id: str, tier: str, name: str, key_hash: str, prefix: str) -> ApiKey:
@@ -476,6 +492,20 @@ def _connect(hosts: list[str], port: int, timeout_s: float = 90.0) -> Session:
             time.sleep(1.0)
 
 
+def _usable(session: Session, keyspace: str, table: str, column: str, timeout_s: float = 30.0) -> None:
+    """Wait until a column just added can be queried: while another stage's ALTER is still being applied, the
+    schema tables already list it but a statement naming it fails "Undefined column name"."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            session.execute(f"SELECT {column} FROM {keyspace}.{table} LIMIT 1", timeout=60)
+            return
+        except InvalidRequest:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def utc(value: datetime) -> datetime:
     """The driver returns naive datetimes that are UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
@@ -483,7 +513,15 @@ def utc(value: datetime) -> datetime:
 
 def _message(row: Any) -> Message:
     return Message(
-        str(row.message_id), row.role, row.content, utc(row.created_at), row.run_id, row.model, row.finish_reason
+        str(row.message_id),
+        row.role,
+        row.content,
+        utc(row.created_at),
+        row.run_id,
+        row.model,
+        row.finish_reason,
+        row.pool,
+        row.feedback,
     )
 
 

@@ -95,6 +95,15 @@ MEMORY_CHANGED = Topic(
     CHAT_PARTITIONS,
     "chat_id",
 )
+# Thumbs up/down on answers, from the chat frontend: kept in the log for evals, shown on the stored answer.
+FEEDBACK = Topic(
+    "chat.feedback.v1",
+    "Feedback",
+    "api",
+    ("persistence",),
+    CHAT_PARTITIONS,
+    "chat_id",
+)
 # Commands to a running run (cancel). Every inference consumer reads all of it (no group): control events
 # are rare, and only the consumer holding the run acts (docs/decisions/0004-cancel-and-openai-route.md).
 RUN_CONTROL = Topic(
@@ -158,6 +167,7 @@ TOPICS: tuple[Topic, ...] = (
     RUN_COMPLETED,
     RUN_CONTROL,
     MEMORY_CHANGED,
+    FEEDBACK,
     OUTPUT_MODERATED,
     LIMITS,
     SAFETY_POLICIES,

@@ -9,9 +9,9 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Response
 from prometheus_client import Counter, Gauge, Histogram
@@ -25,7 +25,7 @@ from api.errors import ApiError
 from api.replies import TERMINAL, Reply, parse_cursor
 from storage.cassandra import decode_cursor, encode_cursor, new_id, parse_id, utc
 from topics import codec
-from topics.pipeline import MEMORY_CHANGED, named
+from topics.pipeline import FEEDBACK, MEMORY_CHANGED, named
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -149,8 +149,10 @@ async def export_chats(deps: Deps, user: CurrentUser) -> dict[str, Any]:
 
 @router.get("/{chat_id}")
 async def get_chat(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str, Any]:
-    _, chat = await owned_chat(deps, user, chat_id)
-    return chat_json(chat)
+    """The chat, with `active_run_id` while its latest run is still answering (a reloaded page resumes it)."""
+    parsed, chat = await owned_chat(deps, user, chat_id)
+    run = await deps.conversations.get_run(parsed, uuid.UUID(chat.last_run_id)) if chat.last_run_id else None
+    return {**chat_json(chat), "active_run_id": chat.last_run_id if run and run[1] is None else None}
 
 
 @router.patch("/{chat_id}")
@@ -265,22 +267,37 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
     max_tokens = checked_max_tokens(deps, body.max_tokens)
     checked_model(deps, body.model)
     parsed, chat = await owned_chat(deps, user, chat_id)
-    message = [{"role": "user", "content": body.content}]
-    streams.shed_when_full(deps, user, body.model, message, max_tokens, may_grow=chat.last_run_id is not None)
+    question = Question(str(new_id()), body.content, chat.last_run_id)  # sorts before the answer (the run's id)
+    response, _ = await answer(deps, user, chat, question, max_tokens, body.model)
+    return response
 
-    message_id = str(new_id())  # the user's message sorts before the answer, whose id is the run's
+
+@dataclass(frozen=True)
+class Question:
+    message_id: str
+    content: str
+    prev_run_id: str | None  # the chat's answer before it (the scheduler waits until that one is stored)
+
+
+async def answer(
+    deps: Services, user: Principal, chat: Any, question: Question, max_tokens: int, model: str | None
+) -> tuple[EventSourceResponse, str]:
+    """Publish the question as a new run of the chat and stream its answer: (the SSE response, the run id).
+    Raises the run's 429/400 before any byte of the stream when it is shed or refused."""
+    message = [{"role": "user", "content": question.content}]
+    streams.shed_when_full(deps, user, model, message, max_tokens, may_grow=question.prev_run_id is not None)
     run_id = str(new_id())
     event = convert.prompt_accepted(
         run_id=run_id,
-        chat_id=str(parsed),
+        chat_id=str(chat.chat_id),
         user_id=user.user_id,
         tier=user.tier,
-        message_id=message_id,
-        content=body.content,
+        message_id=question.message_id,
+        content=question.content,
         max_tokens=max_tokens,
-        model=body.model,
+        model=model,
         reply_partition=deps.replies.partition,
-        prev_run_id=chat.last_run_id,
+        prev_run_id=question.prev_run_id,
     )
     live = await streams.start_run(deps, event)
     try:  # recorded before the response starts, so a cancel or a resume finds the run from its first event
@@ -290,8 +307,9 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
         raise
     replies = aiter(streams.live(deps, run_id, deps.replies.partition, live))
     first = await streams.admitted(deps, event, replies, stream_refusals=True)
-    log.info("run %s of chat %s (user %s): %s", run_id, parsed, user.user_id, first.kind)
-    return EventSourceResponse(sse_stream(deps, run_id, streams.prepend(first, replies), live=True), ping=15)
+    log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)
+    stream = sse_stream(deps, run_id, streams.prepend(first, replies), live=True)
+    return EventSourceResponse(stream, ping=15), run_id
 
 
 def checked_max_tokens(deps: Services, requested: int | None) -> int:
@@ -381,3 +399,73 @@ async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -
         deps, run_id=str(uuid.UUID(run_id)), chat_id=str(parsed), user_id=user.user_id, reason="user"
     )
     return {"id": run_id, "object": "run", "status": "cancelling"}
+
+
+class Regenerate(BaseModel):
+    max_tokens: int | None = Field(None, ge=1)
+    model: str | None = None
+
+
+@router.post("/{chat_id}/runs/{run_id}/regenerate")
+async def regenerate(
+    deps: Deps, user: CurrentUser, chat_id: str, run_id: str, body: Regenerate | None = None
+) -> EventSourceResponse:
+    """Answer the chat's latest question again, as a new run streamed like a new message. Only the latest run,
+    once it has ended. The question keeps its place (same message id, so the scheduler's context is what the
+    first answer saw); the old answer is deleted, with its memory, once the new run is admitted."""
+    body = body or Regenerate()
+    max_tokens = checked_max_tokens(deps, body.max_tokens)
+    checked_model(deps, body.model)
+    parsed, partition, finish_reason = await owned_run(deps, user, chat_id, run_id)
+    _, chat = await owned_chat(deps, user, chat_id)
+    old = str(uuid.UUID(run_id))
+    if chat.last_run_id != old:
+        raise ApiError(409, "Only the chat's latest answer can be regenerated.", "not_latest_run")
+    if finish_reason is None:
+        raise ApiError(409, "The run is still answering; stop it first.", "run_in_progress")
+    recent = await deps.conversations.messages_after(parsed, None, 4)  # the newest, oldest first
+    asked = [i for i, m in enumerate(recent) if m.role == "user" and m.run_id == old]
+    if not asked:
+        raise ApiError(409, "The question of this answer is no longer stored.", "question_not_found")
+    at = asked[-1]
+    earlier = recent[at - 1].id if at > 0 else None
+    question = Question(recent[at].id, recent[at].content, earlier)
+    response, new_run = await answer(deps, user, chat, question, max_tokens, body.model)
+    previous = next((m for m in recent if m.id == old), None)
+    if previous is not None:
+        await deps.conversations.delete_message(parsed, uuid.UUID(old))
+        await deps.memory.forget(parsed, uuid.UUID(old))
+        await deps.memory.drop_summaries_covering(parsed, uuid.UUID(old))
+        await memory_changed(deps, parsed, user, "deleted", message_id=old, role="assistant")
+    log.info("chat %s: run %s regenerated as %s by %s", chat_id, old, new_run, user.user_id)
+    return response
+
+
+class NewFeedback(BaseModel):
+    rating: Literal["up", "down"] | None = Field(description="null takes a rating back")
+    comment: str | None = Field(None, max_length=2000)
+
+
+@router.post("/{chat_id}/messages/{message_id}/feedback", status_code=202)
+async def feedback(deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: NewFeedback) -> dict[str, Any]:
+    """Thumbs up or down on an answer: a Feedback event (kept in the log for evals); the persistence stage shows
+    it on the stored answer."""
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    message = await owned_message(deps, parsed, message_id)
+    if message.role != "assistant":
+        raise ApiError(400, "Only an answer can be rated.", "invalid_value", "message_id")
+    event = {
+        "event_id": str(uuid.uuid4()),
+        "chat_id": str(parsed),
+        "user_id": user.user_id,
+        "message_id": message.id,
+        "rating": body.rating or "none",
+        "comment": body.comment,
+        "model": message.model,
+        "at": int(time.time() * 1000),
+    }
+    await deps.producer.send(
+        named(FEEDBACK, deps.settings.namespace), codec.encode(FEEDBACK.schema, event), key=str(parsed)
+    )
+    log.info("chat %s: answer %s rated %s by %s", chat_id, message.id, event["rating"], user.user_id)
+    return {"id": message.id, "object": "feedback", "rating": body.rating}

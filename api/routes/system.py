@@ -37,6 +37,12 @@ async def metering(deps: Deps, path: str, params: dict[str, str | int] | None = 
     return dict(response.json())
 
 
+@router.get("/v1/me")
+async def me(user: CurrentUser) -> dict[str, object]:
+    """Who the credential speaks for (the chat app shows it, and checks a credential with it)."""
+    return {"object": "user", "user_id": user.user_id, "tier": user.tier, "admin": user.admin, "via_key": user.via_key}
+
+
 @router.get("/v1/usage")
 async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
     """The caller's metered totals (metering) and what their budget lets them spend now (the ledger)."""

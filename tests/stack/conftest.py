@@ -193,6 +193,20 @@ def for_run(schema: str, run_id: str):
     return match
 
 
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Headless Chromium from Debian's package (infra/local/chromium.sh), driven by Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
 def wait_for(fn, timeout_s: float = 30.0, interval_s: float = 0.25):
     deadline = time.monotonic() + timeout_s
     while True:

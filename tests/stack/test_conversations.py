@@ -82,3 +82,35 @@ def test_export_has_every_chat_with_its_messages_and_nothing_of_others(live):
     exported = next(c for c in body["chats"] if c["id"] == first["id"])
     assert [m["role"] for m in exported["messages"]] == ["user", "assistant"]
     assert exported["messages"][0]["content"] == "Export me."
+
+
+def test_regenerate_and_feedback_are_for_the_latest_finished_answer_of_ones_own_chat(live):
+    token = live.token()
+    with live.client(token) as client, live.client(live.token()) as stranger:
+        chat = client.post("/v1/chats").json()["id"]
+        first = chat_turn(client, chat, "Say hi.", max_tokens=8)[0]["data"]["run_id"]
+        second = chat_turn(client, chat, "Say bye.", max_tokens=8)[0]["data"]["run_id"]
+        assert wait_for(lambda: client.get(f"/v1/chats/{chat}").json()["active_run_id"] is None)
+
+        stale = client.post(f"/v1/chats/{chat}/runs/{first}/regenerate")
+        assert stale.status_code == 409 and stale.json()["error"]["code"] == "not_latest_run"
+        foreign = stranger.post(f"/v1/chats/{chat}/runs/{second}/regenerate")
+        assert foreign.status_code == 404
+
+        stored = wait_for(lambda: len(m := client.get(f"/v1/chats/{chat}/messages").json()["data"]) == 4 and m)
+        question = next(m for m in stored if m["role"] == "user")
+        wrong = client.post(f"/v1/chats/{chat}/messages/{question['id']}/feedback", json={"rating": "up"})
+        assert wrong.status_code == 400
+        bad = client.post(f"/v1/chats/{chat}/messages/{second}/feedback", json={"rating": "sideways"})
+        assert bad.status_code == 400 and "error" in bad.json()
+        assert stranger.post(f"/v1/chats/{chat}/messages/{second}/feedback", json={"rating": "up"}).status_code == 404
+
+        def feedback_of(message_id):
+            return next(m for m in client.get(f"/v1/chats/{chat}/messages").json()["data"] if m["id"] == message_id)[
+                "feedback"
+            ]
+
+        for rating in ("down", None):  # rated, then taken back
+            rated = client.post(f"/v1/chats/{chat}/messages/{second}/feedback", json={"rating": rating})
+            assert rated.status_code == 202
+            assert wait_for(lambda rating=rating: feedback_of(second) == rating)

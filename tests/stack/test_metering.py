@@ -185,40 +185,33 @@ def test_reconciliation_finds_and_repairs_a_lost_row(live, metered):
     assert repaired.repaired == 1 and repaired.zero, repaired.summary()
 
 
-def test_the_dashboard_draws_the_rows_in_a_real_browser(live, metered):
-    from playwright.sync_api import sync_playwright
-
+def test_the_dashboard_draws_the_rows_in_a_real_browser(live, metered, chromium):
     admin = live.token(user=f"admin-{uuid.uuid4().hex[:6]}", admin=True)
     own = live.token(user=metered["user"])
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        page = browser.new_page(viewport={"width": 1400, "height": 1300})
-        page.goto(f"{live.url}/dashboard#token={admin}")
-        page.wait_for_selector("body[data-ready='1']", timeout=30_000)
-        everyone = int(page.inner_text("#c-runs").replace(",", ""))
-        assert everyone >= len(metered["ended"])
-        assert page.is_visible("#user-filter") and page.locator("#top tr").count() >= 1
-        drawn = page.evaluate(
-            """() => [...document.querySelectorAll('canvas')].map(c => {
-                 const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-                 let ink = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) ink++;
-                 return [c.id, ink]; })"""
-        )
-        assert all(ink > 500 for _, ink in drawn), drawn  # every chart drew axes, bars or lines
-        page.screenshot(path=str(SCREENSHOTS / "dashboard-admin.png"), full_page=True)
+    page = chromium.new_page(viewport={"width": 1400, "height": 1300})
+    page.goto(f"{live.url}/dashboard#token={admin}")
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    everyone = int(page.inner_text("#c-runs").replace(",", ""))
+    assert everyone >= len(metered["ended"])
+    assert page.is_visible("#user-filter") and page.locator("#top tr").count() >= 1
+    drawn = page.evaluate(
+        """() => [...document.querySelectorAll('canvas')].map(c => {
+             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+             let ink = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) ink++;
+             return [c.id, ink]; })"""
+    )
+    assert all(ink > 500 for _, ink in drawn), drawn  # every chart drew axes, bars or lines
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-admin.png"), full_page=True)
 
-        # the user's own view: their runs only, no user picker, no top users
-        page.goto(f"{live.url}/dashboard#token={own}")
-        page.reload()
-        page.wait_for_selector("body[data-ready='1']", timeout=30_000)
-        assert int(page.inner_text("#c-runs")) == len(metered["ended"])
-        assert not page.is_visible("#user-filter") and not page.is_visible("#top-panel")
-        page.screenshot(path=str(SCREENSHOTS / "dashboard-user.png"), full_page=True)
-        browser.close()
+    # the user's own view: their runs only, no user picker, no top users
+    page.goto(f"{live.url}/dashboard#token={own}")
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    assert int(page.inner_text("#c-runs")) == len(metered["ended"])
+    assert not page.is_visible("#user-filter") and not page.is_visible("#top-panel")
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-user.png"), full_page=True)
+    page.close()
     assert (SCREENSHOTS / "dashboard-admin.png").stat().st_size > 20_000
 
 

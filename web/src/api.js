@@ -1,0 +1,111 @@
+// The edge's HTTP interface, for the app: JSON calls and SSE streams, errors as ApiError (OpenAI-shaped bodies).
+
+export class ApiError extends Error {
+  constructor(status, code, message, retryAfter = null) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.retryAfter = retryAfter; // seconds, from a 429's Retry-After
+  }
+}
+
+/** An ApiError from a failed response (the edge answers {"error": {"message", "code", ...}}). */
+export async function errorOf(response) {
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    body = null;
+  }
+  const error = body && body.error ? body.error : {};
+  const retry = Number.parseInt(response.headers.get("retry-after") || "", 10);
+  return new ApiError(
+    response.status,
+    error.code || `http_${response.status}`,
+    error.message || `The server answered ${response.status}.`,
+    Number.isFinite(retry) ? retry : null,
+  );
+}
+
+export class Api {
+  constructor(token, { base = "", fetch: fetcher = globalThis.fetch.bind(globalThis) } = {}) {
+    this.token = token;
+    this.base = base;
+    this.fetch = fetcher;
+  }
+
+  headers(extra = {}) {
+    return { Authorization: `Bearer ${this.token}`, ...extra };
+  }
+
+  async call(method, path, body = undefined) {
+    const init = { method, headers: this.headers() };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await this.fetch(this.base + path, init);
+    if (!response.ok) throw await errorOf(response);
+    return response.status === 204 ? null : response.json();
+  }
+
+  /** An open SSE response (status 200), or an ApiError. */
+  async stream(method, path, { body, lastEventId, signal } = {}) {
+    const headers = this.headers({ Accept: "text/event-stream" });
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (lastEventId) headers["Last-Event-ID"] = lastEventId;
+    const init = { method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body) };
+    const response = await this.fetch(this.base + path, init);
+    if (!response.ok) throw await errorOf(response);
+    return response;
+  }
+
+  me() {
+    return this.call("GET", "/v1/me");
+  }
+  chats(cursor = null, limit = 20) {
+    const query = new URLSearchParams({ limit: String(limit) });
+    if (cursor) query.set("cursor", cursor);
+    return this.call("GET", `/v1/chats?${query}`);
+  }
+  chat(id) {
+    return this.call("GET", `/v1/chats/${id}`);
+  }
+  newChat(title) {
+    return this.call("POST", "/v1/chats", { title });
+  }
+  rename(id, title) {
+    return this.call("PATCH", `/v1/chats/${id}`, { title });
+  }
+  remove(id) {
+    return this.call("DELETE", `/v1/chats/${id}`);
+  }
+  /** Every message of a chat, oldest first (the edge pages them 100 at a time). */
+  async messages(id) {
+    const all = [];
+    let cursor = null;
+    do {
+      const query = new URLSearchParams({ limit: "100" });
+      if (cursor) query.set("cursor", cursor);
+      const page = await this.call("GET", `/v1/chats/${id}/messages?${query}`);
+      all.push(...page.data);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return all;
+  }
+  cancel(chatId, runId) {
+    return this.call("POST", `/v1/chats/${chatId}/runs/${runId}/cancel`);
+  }
+  feedback(chatId, messageId, rating) {
+    return this.call("POST", `/v1/chats/${chatId}/messages/${messageId}/feedback`, { rating });
+  }
+  send(chatId, content, signal) {
+    return this.stream("POST", `/v1/chats/${chatId}/messages`, { body: { content }, signal });
+  }
+  regenerate(chatId, runId, signal) {
+    return this.stream("POST", `/v1/chats/${chatId}/runs/${runId}/regenerate`, { body: {}, signal });
+  }
+  events(chatId, runId, lastEventId, signal) {
+    return this.stream("GET", `/v1/chats/${chatId}/runs/${runId}/events`, { lastEventId, signal });
+  }
+}
