@@ -3,7 +3,7 @@
 FROM node:20-slim AS web
 WORKDIR /web
 COPY web/package.json web/package-lock.json ./
-RUN npm ci --no-audit --no-fund
+RUN npm ci --ignore-scripts --no-audit --no-fund
 COPY web/build.mjs web/index.html ./
 COPY web/src ./src
 RUN npm run build

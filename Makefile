@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The chat app: npm packages from the registry (cached under .local-infra), bundled by esbuild into web/dist.
+# --ignore-scripts: no package runs code at install (esbuild's postinstall only checks its platform binary).
 $(WEB_DEPS): web/package.json web/package-lock.json
-	cd web && npm ci --no-audit --no-fund --cache ../.local-infra/npm-cache
+	cd web && npm ci --ignore-scripts --no-audit --no-fund --cache ../.local-infra/npm-cache
 	touch $@
 
 $(WEB_APP): $(WEB_DEPS) web/build.mjs web/index.html $(wildcard web/src/*)
@@ -60,7 +61,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check api processors inference topics storage infra safety
 	$(VENV)/bin/mypy
 
-bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory (JSON in bench/results/)
+bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
@@ -69,6 +70,7 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/safety_latency.py
 	$(PY) bench/safety_false_retractions.py
 	$(PY) bench/memory_long_chat.py
+	$(PY) bench/frontend.py
 
 safety-heads: $(STAMP)  ## retrain the safety heads from the bundled datasets; held-out figures in bench/results/safety_eval.json
 	$(VENV)/bin/pip install -q -e '.[train]'

@@ -33,7 +33,7 @@ from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from safety.moderator import Moderator
 from safety.policy import PolicyView
-from storage.cassandra import MIN_ID, Conversations
+from storage.cassandra import MIN_ID, Conversations, Message
 from storage.ledger import Ledger
 from storage.memory import Memory
 from topics import tokens
@@ -205,6 +205,18 @@ class ContextGuard:
         return out, withheld
 
 
+def conversation_turns(rows: list[Message], before: int) -> list[Turn]:
+    """The stored messages a prompt may carry (pure): those with text, earlier than the new message (a uuid1
+    time), and answered. A question the pipeline turned away (refused by moderation, over capacity or budget)
+    is left out together with its stored notice, which no model wrote: a retried question is not seen twice."""
+    unanswered = {m.run_id for m in rows if m.role == "assistant" and m.model is None and m.run_id}
+    return [
+        Turn(m.id, m.role, m.content)
+        for m in rows
+        if m.content and uuid.UUID(m.id).time < before and m.run_id not in unanswered
+    ]
+
+
 async def assemble_chat_run(
     prompt: Event,
     conversations: Conversations,
@@ -232,7 +244,7 @@ async def assemble_chat_run(
         rows = await conversations.messages_after(chat_id, after, settings.recent_messages)
         older = older or len(rows) >= settings.recent_messages
         before = uuid.UUID(prompt["message_id"]).time
-        earlier = [Turn(m.id, m.role, m.content) for m in rows if m.content and uuid.UUID(m.id).time < before]
+        earlier = conversation_turns(rows, before)
         earlier, flagged = await guard.turns(earlier, tier)
         withheld += flagged
     refused: TooLong | None = None

@@ -283,7 +283,7 @@ def test_over_capacity_says_when_to_retry_and_keeps_the_message(live, chromium, 
     page.wait_for_selector("#send:not([disabled])", timeout=60_000)
     page.press("#composer-input", "Enter")
     b = answer_when(page, lambda a: a["run"] != running["run"] and finished(a))
-    assert b["status"] == "done" and b["text"]
+    assert b["status"] == "done" and b["text"] == stored_answer(client, chat_of(page), b["run"])["content"]
 
 
 def test_a_refused_message_is_shown_as_a_refusal(live, chromium, user):

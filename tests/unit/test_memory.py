@@ -1,5 +1,7 @@
 """Prompt assembly within a budget, with the serving model's own tokenizer (pure: no services)."""
 
+import uuid
+
 import pytest
 
 from processors.context import Limits, TooLong, Turn, assemble_chat, costs, window
@@ -128,3 +130,26 @@ def test_recall_takes_the_fact_over_earlier_questions_and_repeated_wrong_answers
     assert len({texts[i] for i in picked}) == len(picked)  # a repeated text counts once
     assert 5 not in relevant(query, texts, vectors, k=6, floor=0.35, weight=0.4)  # unrelated: below the floor
     assert relevant(query, [], vectors[:0], k=3, floor=0.35, weight=0.4) == []
+
+
+def test_a_turned_away_question_and_its_notice_stay_out_of_the_prompt():
+    from processors.schedule_run import conversation_turns
+
+    def msg(role, run, content, model="smollm2"):
+        return Message(str(new_id()), role, content, None, run, model if role == "assistant" else None)  # type: ignore[arg-type]
+
+    rows = [
+        msg("user", "r1", "Hi"),
+        msg("assistant", "r1", "Hello!"),
+        msg("user", "r2", "Say hello."),
+        msg("assistant", "r2", "You have 1 requests in progress ...", model=None),  # a 429 the scheduler stored
+        msg("user", "r3", "Say hello."),
+        msg("assistant", "r3", ""),  # an answer with no text
+    ]
+    now = new_id().time
+    assert [(t.role, t.content) for t in conversation_turns(rows, now)] == [
+        ("user", "Hi"),
+        ("assistant", "Hello!"),
+        ("user", "Say hello."),
+    ]
+    assert [t.id for t in conversation_turns(rows, uuid.UUID(rows[2].id).time)] == [rows[0].id, rows[1].id]

@@ -141,7 +141,10 @@ function startRename(item, chat) {
       try {
         await guarded(() => state.api.rename(chat.id, title));
         chat.title = title;
-        if (chat.id === state.chatId) $("#chat-title").textContent = title;
+        if (chat.id === state.chatId) {
+          $("#chat-title").textContent = title;
+          document.title = `${title} · Parley`;
+        }
       } catch (error) {
         showBanner(`Could not rename the chat: ${error.message}`);
       }
@@ -200,6 +203,7 @@ function newChat({ push = true } = {}) {
   state.messages = [];
   if (push) history.pushState(null, "", "/");
   $("#chat-title").textContent = "New chat";
+  document.title = "Parley";
   renderConversation();
   renderChats();
   $("#composer-input").focus();
@@ -451,6 +455,7 @@ async function send(text) {
       chatId = state.chatId = chat.id;
       history.pushState(null, "", `/c/${chat.id}`);
       $("#chat-title").textContent = chat.title;
+      document.title = `${chat.title} · Parley`;
       renderChats();
     } catch (error) {
       showBanner(`Could not start a chat: ${error.message}`);
