@@ -304,7 +304,7 @@ def test_old_chats_page_open_rate_regenerate_rename_and_delete(live, chromium, u
 
     page = open_app(chromium, live, token)
     items = page.locator("#chat-list li")
-    assert items.count() == 20 and page.is_visible("#more-chats")  # newest first, a page at a time
+    assert wait_for(lambda: items.count() == 20) and page.is_visible("#more-chats")  # newest first, a page at a time
     assert items.first.get_attribute("data-chat-id") == chat
     page.click("#more-chats")
     wait_for(lambda: items.count() == 23)
@@ -323,12 +323,8 @@ def test_old_chats_page_open_rate_regenerate_rename_and_delete(live, chromium, u
     page.click(".msg.assistant .regenerate")
     again = answer_when(page, lambda a: a["run"] != run and finished(a))
     assert again["status"] == "done"
-    stored = wait_for(
-        lambda: (
-            (data := client.get(f"/v1/chats/{chat}/messages").json()["data"])
-            and run not in [m["id"] for m in data]
-            and data
-        )
+    stored = wait_for(  # the old answer goes at once; the new one is stored a moment after its stream ended
+        lambda: (data := messages(client, chat)) and [m["id"] for m in data][1:] == [again["run"]] and data
     )
     assert stored and [m["role"] for m in stored] == ["user", "assistant"] and stored[1]["id"] == again["run"]
     assert stored[1]["content"] == again["text"] and page.locator(".msg.user").count() == 1
