@@ -31,8 +31,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from api.auth import issue  # noqa: E402
-from api.settings import ApiSettings  # noqa: E402
+from infra.cli import local_token  # noqa: E402
 from infra.stack import Stack  # noqa: E402
 
 PORT_BASE = 19400
@@ -56,11 +55,6 @@ LAST = """() => { const el = [...document.querySelectorAll('.msg.assistant')].at
 
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 1) if values else float("nan")
-
-
-def token(user: str) -> str:
-    s = ApiSettings()
-    return issue(s.jwt_secret.get_secret_value(), user, "pro", s.jwt_issuer, s.jwt_audience, 3600)
 
 
 def api_first_token_ms(client: httpx.Client) -> tuple[float, float]:
@@ -132,7 +126,7 @@ def main() -> None:
     stack.up()
     try:
         user = f"bench-web-{uuid.uuid4().hex[:6]}"
-        credential = token(user)
+        credential = local_token(user, "pro", 3600)
         client = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {credential}"}, timeout=120)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)

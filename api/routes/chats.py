@@ -228,16 +228,21 @@ async def edit_message(
     return convert.message_json(replace(message, content=body.content))
 
 
+async def forget_message(deps: Services, chat_id: uuid.UUID, user: Principal, message: Any) -> None:
+    """Delete a stored message with its embedding and every summary that covers it, and tell the memory stage."""
+    mid = uuid.UUID(message.id)
+    await deps.conversations.delete_message(chat_id, mid)
+    await deps.memory.forget(chat_id, mid)
+    await deps.memory.drop_summaries_covering(chat_id, mid)
+    await memory_changed(deps, chat_id, user, "deleted", message_id=message.id, role=message.role)
+
+
 @router.delete("/{chat_id}/messages/{message_id}", status_code=204)
 async def delete_message(deps: Deps, user: CurrentUser, chat_id: str, message_id: str) -> Response:
     """Delete a message, with its embedding and every summary that covers it."""
     parsed, _ = await owned_chat(deps, user, chat_id)
     message = await owned_message(deps, parsed, message_id)
-    mid = uuid.UUID(message.id)
-    await deps.conversations.delete_message(parsed, mid)
-    await deps.memory.forget(parsed, mid)
-    await deps.memory.drop_summaries_covering(parsed, mid)
-    await memory_changed(deps, parsed, user, "deleted", message_id=message.id, role=message.role)
+    await forget_message(deps, parsed, user, message)
     log.info("chat %s: message %s deleted by %s", chat_id, message.id, user.user_id)
     return Response(status_code=204)
 
@@ -357,14 +362,14 @@ async def sse_stream(
             deps.replies.close(run_id)
 
 
-async def owned_run(deps: Services, user: Principal, chat_id: str, run_id: str) -> tuple[uuid.UUID, int, str | None]:
-    """(chat id, reply partition, finish reason) of a run of one of the caller's chats; otherwise 404."""
-    parsed, _ = await owned_chat(deps, user, chat_id)
+async def owned_run(deps: Services, user: Principal, chat_id: str, run_id: str) -> tuple[Any, int, str | None]:
+    """(the chat, reply partition, finish reason) of a run of one of the caller's chats; otherwise 404."""
+    parsed, chat = await owned_chat(deps, user, chat_id)
     run = parse_id(run_id)
     state = await deps.conversations.get_run(parsed, run) if run else None
     if state is None:
         raise ApiError(404, f"No run found with id '{run_id}' in this chat.", "run_not_found")
-    return parsed, state[0], state[1]
+    return chat, state[0], state[1]
 
 
 @router.get("/{chat_id}/runs/{run_id}/events")
@@ -392,11 +397,11 @@ async def run_events(
 @router.post("/{chat_id}/runs/{run_id}/cancel", status_code=202)
 async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -> dict[str, Any]:
     """Stop a run between decode steps; it completes with finish_reason "cancelled", its partial answer stored."""
-    parsed, _, finish_reason = await owned_run(deps, user, chat_id, run_id)
+    chat, _, finish_reason = await owned_run(deps, user, chat_id, run_id)
     if finish_reason is not None:
         raise ApiError(409, f"The run already finished ({finish_reason}).", "run_already_finished")
     await streams.request_cancel(
-        deps, run_id=str(uuid.UUID(run_id)), chat_id=str(parsed), user_id=user.user_id, reason="user"
+        deps, run_id=str(uuid.UUID(run_id)), chat_id=str(chat.chat_id), user_id=user.user_id, reason="user"
     )
     return {"id": run_id, "object": "run", "status": "cancelling"}
 
@@ -416,8 +421,8 @@ async def regenerate(
     body = body or Regenerate()
     max_tokens = checked_max_tokens(deps, body.max_tokens)
     checked_model(deps, body.model)
-    parsed, partition, finish_reason = await owned_run(deps, user, chat_id, run_id)
-    _, chat = await owned_chat(deps, user, chat_id)
+    chat, _, finish_reason = await owned_run(deps, user, chat_id, run_id)
+    parsed = chat.chat_id
     old = str(uuid.UUID(run_id))
     if chat.last_run_id != old:
         raise ApiError(409, "Only the chat's latest answer can be regenerated.", "not_latest_run")
@@ -433,10 +438,7 @@ async def regenerate(
     response, new_run = await answer(deps, user, chat, question, max_tokens, body.model)
     previous = next((m for m in recent if m.id == old), None)
     if previous is not None:
-        await deps.conversations.delete_message(parsed, uuid.UUID(old))
-        await deps.memory.forget(parsed, uuid.UUID(old))
-        await deps.memory.drop_summaries_covering(parsed, uuid.UUID(old))
-        await memory_changed(deps, parsed, user, "deleted", message_id=old, role="assistant")
+        await forget_message(deps, parsed, user, previous)
     log.info("chat %s: run %s regenerated as %s by %s", chat_id, old, new_run, user.user_id)
     return response
 

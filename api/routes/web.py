@@ -16,7 +16,7 @@ NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Parley</title>
 
 def page(request: Request) -> Response:
     """The app's one page; it never caches (its assets have content-hashed names and cache forever)."""
-    index = Path(request.app.state.settings.web_dir) / "index.html"
+    index: Path = request.app.state.settings.web_dir / "index.html"
     if not index.is_file():
         return HTMLResponse(NOT_BUILT, status_code=503)
     return FileResponse(index, media_type="text/html", headers={"Cache-Control": "no-cache"})

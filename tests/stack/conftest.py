@@ -20,8 +20,7 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from api.auth import issue
-from api.settings import ApiSettings
+from infra.cli import local_token
 from infra.stack import LOCAL, Stack
 from topics.pipeline import Topic, named
 
@@ -39,16 +38,7 @@ class Live:
         return self.stack.namespace
 
     def token(self, user: str | None = None, tier: str = "pro", ttl: int = 3600, admin: bool = False) -> str:
-        s = ApiSettings()
-        return issue(
-            s.jwt_secret.get_secret_value(),
-            user or f"u-{uuid.uuid4().hex[:8]}",
-            tier,
-            s.jwt_issuer,
-            s.jwt_audience,
-            ttl,
-            admin=admin,
-        )
+        return local_token(user or f"u-{uuid.uuid4().hex[:8]}", tier, ttl, admin)
 
     def client(self, token: str | None = None, replica: int = 0) -> httpx.Client:
         """A client of one edge replica (replica 1 listens on port base + 100, with its own reply partition)."""

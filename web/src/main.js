@@ -6,7 +6,7 @@ import { Api, ApiError } from "./api.js";
 import { follow } from "./follow.js";
 import { drawIcons, icon } from "./icons.js";
 import { toHtml } from "./markdown.js";
-import { fromMessage, isFinished, newRun } from "./run.js";
+import { fromMessage, isFinished, newRun, toMessage } from "./run.js";
 
 const TOKEN_KEY = "parley.token";
 const THEME_KEY = "parley.theme";
@@ -380,7 +380,8 @@ async function rate(message, rating, button) {
  */
 async function stream(chatId, open, { runId = null, onRefused = null } = {}) {
   const controller = new AbortController();
-  const live = { chatId, run: newRun(runId), controller, el: answerElement(newRun(runId)), announcer: new Announcer() };
+  const start = newRun(runId);
+  const live = { chatId, run: start, controller, el: answerElement(start), announcer: new Announcer() };
   state.live = live;
   $("#messages").querySelector(".empty")?.remove();
   $("#messages").append(live.el);
@@ -421,10 +422,7 @@ async function stream(chatId, open, { runId = null, onRefused = null } = {}) {
   state.live = null;
   setStreaming(false);
   showConnection("live");
-  const message = { id: run.runId, role: "assistant", content: run.text, run_id: run.runId, model: run.model,
-    pool: run.pool, finish_reason: run.finishReason, feedback: null };
-  if (run.status === "refused") message.content = run.moderation?.message || "";
-  if (run.status === "error") message.content = run.error?.message || "";
+  const message = toMessage(run);
   state.messages.push(message);
   drawAnswer(live.el, run, message, true);
   const left = live.announcer.rest(run.text);

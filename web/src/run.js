@@ -94,3 +94,18 @@ export function fromMessage(message) {
   // A run the pipeline refused or that failed (over budget, over capacity, expired): the stored text says why.
   return { ...base, text: "", status: "error", error: { code: reason, message: message.content } };
 }
+
+/** A finished answer as the message it is stored as (what fromMessage reads back): an answer's id is its run's. */
+export function toMessage(run) {
+  const notice = run.status === "refused" ? run.moderation?.message : run.status === "error" ? run.error?.message : null;
+  return {
+    id: run.runId,
+    role: "assistant",
+    content: notice === null ? run.text : notice || "",
+    run_id: run.runId,
+    model: run.model,
+    pool: run.pool,
+    finish_reason: run.finishReason,
+    feedback: null,
+  };
+}

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { apply, fromMessage, isFinished, newRun, seen } from "../src/run.js";
+import { apply, fromMessage, isFinished, newRun, seen, toMessage } from "../src/run.js";
 import { completed, started, token } from "./helpers.js";
 
 const play = (events, run = newRun()) => events.reduce(apply, run);
@@ -56,4 +56,15 @@ test("stored answers render like live ones", () => {
   assert.deepEqual([retracted.status, retracted.text, retracted.moderation.action], ["done", "Partial", "retract"]);
   const rejected = fromMessage({ ...base, model: null, content: "Too many at once.", finish_reason: "concurrency_limit_exceeded" });
   assert.deepEqual([rejected.status, rejected.error.message], ["error", "Too many at once."]);
+});
+
+test("a finished live answer becomes the message it is stored as, and reads back alike", () => {
+  const done = play([...started("r1", 0), token("r1", 2, "Hi."), completed("r1", 3)]);
+  assert.deepEqual(toMessage(done), { id: "r1", role: "assistant", content: "Hi.", run_id: "r1", model: "m", pool: "small", finish_reason: "stop", feedback: null });
+  const refusal = { event: "moderation", id: "r:2:9", data: { run_id: "r2", action: "refused", category: "weapons", message: "No." } };
+  const refused = toMessage(play([refusal]));
+  assert.deepEqual([refused.content, refused.finish_reason, refused.model], ["No.", "content_filter", null]);
+  assert.equal(fromMessage(refused).status, "refused");
+  const failed = toMessage(play([{ event: "error", id: null, data: { run_id: "r3", code: "timeout", message: "No progress." } }]));
+  assert.equal(failed.content, "No progress.");
 });
