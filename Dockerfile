@@ -14,6 +14,7 @@ COPY pyproject.toml ./
 COPY api ./api
 COPY processors ./processors
 COPY inference ./inference
+COPY registry ./registry
 COPY topics ./topics
 COPY storage ./storage
 COPY schemas ./schemas

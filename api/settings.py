@@ -12,7 +12,9 @@ from topics.settings import StackSettings, local_jwt_secret
 class ApiSettings(StackSettings):
     host: str = "127.0.0.1"
     port: int = 8000
-    reply_partition: int = Field(0, description="The reply partition this replica owns (one per replica).")
+    edge_session_timeout_s: float = Field(
+        10.0, description="A replica silent this long loses its reply partitions to the others (for new runs)."
+    )
     jwt_secret: SecretStr = Field(default_factory=local_jwt_secret)
     jwt_issuer: str = "parley-local"
     jwt_audience: str = "parley"

@@ -18,7 +18,7 @@ from api import convert
 from api.app import Services
 from api.auth import Principal
 from api.errors import ApiError
-from api.replies import TERMINAL, LiveRun, Replay, Reply, parse_cursor
+from api.replies import HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
 from topics import codec
 from topics.admission import at_the_door, capacity_message, estimate_tokens
 from topics.codec import Event
@@ -63,6 +63,8 @@ async def live(deps: Services, run_id: str, partition: int, run: LiveRun) -> Asy
                 reply = await asyncio.wait_for(run.queue.get(), timeout)
             except TimeoutError:
                 raise StreamTimeout(f"No progress on this run for {timeout:.0f}s.") from None
+        if reply.kind == HANDOFF:
+            continue  # this replica no longer reads the run's partition: the rest comes from the log
         timeout = deps.settings.stream_idle_timeout_s
         last = reply.cursor
         yield reply
@@ -177,9 +179,17 @@ async def prepend(first: Reply, rest: AsyncIterator[Reply]) -> AsyncIterator[Rep
         yield reply
 
 
+def reply_partition(deps: Services) -> int:
+    """The reply partition a new run's stream is read from: one this replica holds (503 while it holds none)."""
+    try:
+        return deps.replies.pick()
+    except NoReplyPartition as exc:
+        raise ApiError(503, f"{exc}; retry shortly.", "edge_not_ready", headers={"Retry-After": "1"}) from None
+
+
 async def start_run(deps: Services, event: Event) -> LiveRun:
     """Publish an accepted prompt, registered with the hub first so none of its replies can be missed."""
-    run = deps.replies.open(event["run_id"])
+    run = deps.replies.open(event["run_id"], event["reply_partition"])
     tracer = trace.get_tracer("parley-api")
     try:
         with tracer.start_as_current_span("accept prompt", kind=trace.SpanKind.PRODUCER) as span:

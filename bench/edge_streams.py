@@ -94,7 +94,7 @@ def serve(kind: str, port: int, namespace: str, partition: int, records: int, in
         from api.settings import ApiSettings
 
         settings = ApiSettings(namespace=namespace, kafka_bootstrap=BOOTSTRAP)
-        hub = ReplyHub(BOOTSTRAP, namespace, partition)
+        hub = ReplyHub(BOOTSTRAP, namespace, group=f"{namespace}.bench-edges")  # the bench's replicas' group
         deps = SimpleNamespace(settings=settings, replies=hub)
 
         async def begin() -> None:
@@ -103,9 +103,13 @@ def serve(kind: str, port: int, namespace: str, partition: int, records: int, in
 
         starters.append(begin)
 
+        @app.get("/partitions")
+        async def partitions() -> list[int]:
+            return list(hub.partitions)
+
         @app.get("/stream/{run_id}")
-        async def edge_stream(run_id: str) -> EventSourceResponse:
-            live = hub.open(run_id)
+        async def edge_stream(run_id: str, partition: int) -> EventSourceResponse:
+            live = hub.open(run_id, partition)
             replies = streams.live(deps, run_id, partition, live)  # type: ignore[arg-type]
             return EventSourceResponse(sse_stream(deps, run_id, replies, live=True), ping=15)  # type: ignore[arg-type]
 
@@ -234,11 +238,23 @@ async def clients(urls: list[str], go: Any) -> tuple[list[float], int, int]:
     return delays, state["open"], state["delivered"]
 
 
+def partitions_held(ports: list[int], total: int) -> list[list[int]]:
+    """The reply partitions each edge replica holds, once their group has split all `total` among them."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        owned = [httpx.get(f"http://127.0.0.1:{port}/partitions").json() for port in ports]
+        if sorted(p for mine in owned for p in mine) == list(range(total)):
+            return owned
+        time.sleep(0.2)
+    raise RuntimeError(f"the edge replicas did not split the reply partitions: {owned}")
+
+
 def measure(kind: str, n: int, args: argparse.Namespace, namespace: str) -> dict[str, Any]:
     proc = start_server(kind, PORT, namespace, 0, args)
     try:
-        runs = [(str(uuid.uuid1()), 0) for _ in range(n)]
-        urls = [f"http://127.0.0.1:{PORT}/stream/{run_id}" for run_id, _ in runs]
+        partition = partitions_held([PORT], args.reply_partitions)[0][0] if kind == "edge" else 0
+        runs = [(str(uuid.uuid1()), partition) for _ in range(n)]
+        urls = [f"http://127.0.0.1:{PORT}/stream/{run_id}?partition={p}" for run_id, p in runs]
         if kind == "edge":
             go = lambda: feed(namespace, runs, args.records, args.interval_ms / 1000)  # noqa: E731
         else:
@@ -266,8 +282,13 @@ def measure(kind: str, n: int, args: argparse.Namespace, namespace: str) -> dict
 def fan_out(replicas: int, streams_total: int, args: argparse.Namespace, namespace: str) -> dict[str, Any]:
     procs = [start_server("edge", PORT + r, namespace, r, args) for r in range(replicas)]
     try:
-        runs = [(str(uuid.uuid1()), i % replicas) for i in range(streams_total)]
-        urls = [f"http://127.0.0.1:{PORT + p}/stream/{run_id}" for run_id, p in runs]
+        owned = partitions_held([PORT + r for r in range(replicas)], args.reply_partitions)
+        replica_of = [i % replicas for i in range(streams_total)]  # stream i on replica i % n, one of its partitions
+        runs = [(str(uuid.uuid1()), owned[r][i // replicas % len(owned[r])]) for i, r in enumerate(replica_of)]
+        urls = [
+            f"http://127.0.0.1:{PORT + r}/stream/{run}?partition={p}"
+            for (run, p), r in zip(runs, replica_of, strict=True)
+        ]
         before = sum(read_counter(PORT + r) for r in range(replicas))
         go = lambda: feed(namespace, runs, args.records, args.interval_ms / 1000)  # noqa: E731
         _, _, delivered = asyncio.run(clients(urls, go))
@@ -302,17 +323,26 @@ def main() -> None:
     parser.add_argument("--namespace", default="")
     parser.add_argument("--partition", type=int, default=0)
     args = parser.parse_args()
+    from registry.store import InProcess
+    from topics import codec
+
+    # The registry's rules in this process: ids follow the schemas' content, so the feeder and the servers agree
+    # without a registry service (this bench measures the edge).
+    codec.use(codec.Schemas(InProcess())).register_all()
     if args.serve:
         serve(args.serve, args.port, args.namespace, args.partition, args.records, args.interval_ms / 1000)
         return
 
     from tqdm import tqdm
 
+    from infra.stack import Stack
     from topics.kafka import ensure_topics
 
     subprocess.run(["bash", str(ROOT / "infra/local/kafka.sh"), "start"], check=True)
     namespace = f"bench{uuid.uuid4().hex[:8]}"
-    ensure_topics(BOOTSTRAP, namespace)
+    settings = Stack(namespace=namespace).settings
+    ensure_topics(BOOTSTRAP, namespace, settings.layout)
+    args.reply_partitions = settings.reply_partitions
     sizes = [int(s) for s in args.streams.split(",")]
     rows = []
     with tqdm(total=2 * len(sizes) + 2, desc="edge streams", file=sys.stderr) as bar:

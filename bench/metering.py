@@ -35,6 +35,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from infra.stack import Stack  # noqa: E402
 from storage.clickhouse import UsageStore  # noqa: E402
 from topics import codec  # noqa: E402
 from topics.kafka import ensure_topics  # noqa: E402
@@ -138,7 +139,7 @@ def publish(namespace: str, events: list[dict[str, Any]]) -> None:
 
 def ingest(scratch: Path, n: int, batch: int | None) -> dict[str, Any]:
     namespace = f"benchmeter{uuid.uuid4().hex[:8]}"
-    ensure_topics(BOOTSTRAP, namespace)
+    ensure_topics(BOOTSTRAP, namespace, Stack(namespace=namespace).settings.layout)
     now = int(time.time() * 1000)
     publish(namespace, [event(i, now) for i in range(n)])
     stage = Stage(namespace, scratch / namespace, batch)
@@ -163,7 +164,7 @@ def ingest(scratch: Path, n: int, batch: int | None) -> dict[str, Any]:
 
 def lag(scratch: Path, n: int) -> dict[str, Any]:
     namespace = f"benchmeter{uuid.uuid4().hex[:8]}"
-    ensure_topics(BOOTSTRAP, namespace)
+    ensure_topics(BOOTSTRAP, namespace, Stack(namespace=namespace).settings.layout)
     stage = Stage(namespace, scratch / namespace)
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 0})
     topic = named(RUN_COMPLETED, namespace)

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from inference.engine import Engine, OpenAIStreamEngine
 from inference.settings import InferenceSettings
 from inference.worker import Worker
+from registry import client as registry
 from topics.settings import state_dir
 
 log = logging.getLogger("inference")
@@ -31,6 +32,7 @@ def main() -> None:
     settings = InferenceSettings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    registry.connect(settings.schema_registry_url)
     if settings.engine != "llamacpp":  # sglang (GPU) or any OpenAI-style server someone else runs
         asyncio.run(amain(settings, settings.engine_url, None))
         return

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import getpass
 import signal
+import sys
 import time
 
-from infra.stack import Stack
+from infra.stack import CLUSTER, SINGLE_NODE, Stack
 
 
 def workers(text: str) -> dict[str, int]:
@@ -24,12 +25,15 @@ def workers(text: str) -> dict[str, int]:
 
 
 def _stack(args: argparse.Namespace) -> Stack:
+    """The stack the arguments name. A cluster runs two edge replicas and two consumers per pool unless told."""
+    cluster = args.cluster
     return Stack(
         namespace=args.namespace,
         port_base=args.port_base,
-        replicas=args.replicas,
+        replicas=args.replicas or (2 if cluster else 1),
         stages=args.stages,
-        workers=args.workers,
+        workers=args.workers or ({"small": 2, "large": 2} if cluster else {"small": 1, "large": 1}),
+        topology=CLUSTER if cluster else SINGLE_NODE,
     )
 
 
@@ -109,11 +113,33 @@ def cmd_down(args: argparse.Namespace) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> None:
+    import json
+
+    rows = _stack(args).status()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        state = f"running pid {row['pid']}" if row["pid"] else "stopped"
+        print(f"{row['name']:24} {row['role']:15} {row['address']:18} {state}")
+
+
+def cmd_topics(args: argparse.Namespace) -> None:
+    """Create the pipeline's topics, or grow their partitions, from the settings (PARLEY_* or the stack's)."""
+    import json
+
+    from topics.kafka import ensure_topics, grow_topics
+
     stack = _stack(args)
-    running = stack.pids()
-    for service in stack.services():
-        state = f"running pid {running[service.name]}" if service.name in running else "stopped"
-        print(f"{service.name:18} {state}")
+    settings = stack.settings.model_copy(
+        update={k: v for k, v in (("chat_partitions", args.chat), ("reply_partitions", args.reply)) if v}
+    )
+    if args.topics_command == "grow":
+        grown = grow_topics(settings.kafka_bootstrap, settings.namespace, settings.layout)
+        print(json.dumps({"grown": grown}, indent=2))
+        print("restart the stages, consumers and edges one at a time to read the new partitions now", file=sys.stderr)
+    else:
+        print(json.dumps({"created": ensure_topics(settings.kafka_bootstrap, settings.namespace, settings.layout)}))
 
 
 def moment(text: str, now_ms: int) -> int:
@@ -147,6 +173,13 @@ def cmd_reconcile(args: argparse.Namespace) -> None:
     stage = next(s for s in local if s.name == "metering")  # the local stack's metering stage
     metering = args.metering_url or os.environ.get("PARLEY_METERING_URL") or f"http://127.0.0.1:{stage.port}"
     bootstrap = args.bootstrap or os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    from registry import client as registry
+
+    registry.connect(
+        args.registry_url
+        or os.environ.get("PARLEY_SCHEMA_REGISTRY_URL")
+        or Stack(port_base=args.port_base).registry_url
+    )
     prices = Prices.load(args.price_table or os.environ.get("PARLEY_PRICE_TABLE", ""))
     drift = reconcile(bootstrap, args.namespace, metering, since, until, prices, args.repair, not args.quiet)
     print(json.dumps(drift.summary(), indent=2, default=str))
@@ -172,17 +205,41 @@ def main(argv: list[str] | None = None) -> None:
         p = sub.add_parser(name, help=text)
         p.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
         p.add_argument("--port-base", type=int, default=8000)
-        p.add_argument("--replicas", type=int, default=1, help="edge replicas (ports base, base+100, ...)")
+        p.add_argument(
+            "--cluster",
+            action="store_true",
+            help="3 Kafka brokers and 3 Cassandra nodes (127.0.0.11-13) keeping 3 copies; 2 edges, 2 consumers a pool",
+        )
+        p.add_argument("--replicas", type=int, default=0, help="edge replicas (ports base, base+100, ...); default 1")
         p.add_argument("--stages", type=int, default=1, help="replicas of each processor stage")
         p.add_argument(
             "--workers",
             type=workers,
-            default={"small": 1, "large": 1},
-            help="inference consumers per pool, e.g. small=2,large=1 (each with its own engine)",
+            default=None,
+            help="inference consumers per pool, e.g. small=2,large=1 (each with its own engine); default 1 each",
         )
         if name == "down":
             p.add_argument("--keep-services", action="store_true", help="leave Kafka and Cassandra running")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="a JSON list: name, role, pid, address, broker_id")
         p.set_defaults(fn=fn)
+    topics = sub.add_parser("topics", help="the pipeline's Kafka topics").add_subparsers(
+        dest="topics_command", required=True
+    )
+    for name, text in (
+        ("create", "create every topic and dead-letter topic that is missing (partitions and copies from settings)"),
+        ("grow", "raise the partition counts of existing topics to --chat / --reply (or the settings')"),
+    ):
+        p = topics.add_parser(name, help=text)
+        p.add_argument("--namespace", default="")
+        p.add_argument("--port-base", type=int, default=8000)
+        p.add_argument("--cluster", action="store_true", help="the local cluster's brokers")
+        p.add_argument("--replicas", type=int, default=0, help=argparse.SUPPRESS)
+        p.add_argument("--stages", type=int, default=1, help=argparse.SUPPRESS)
+        p.add_argument("--workers", type=workers, default=None, help=argparse.SUPPRESS)
+        p.add_argument("--chat", type=int, default=0, help="partitions of every chat-keyed topic")
+        p.add_argument("--reply", type=int, default=0, help="partitions of the reply topics (edge replicas)")
+        p.set_defaults(fn=cmd_topics)
     usage = sub.add_parser("usage", help="metered usage").add_subparsers(dest="usage_command", required=True)
     rec = usage.add_parser(
         "reconcile",
@@ -197,6 +254,11 @@ def main(argv: list[str] | None = None) -> None:
         "--metering-url", default="", help="the metering stage (default: PARLEY_METERING_URL, else the local stack's)"
     )
     rec.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
+    rec.add_argument(
+        "--registry-url",
+        default="",
+        help="the schema registry (default: PARLEY_SCHEMA_REGISTRY_URL, else the local stack's)",
+    )
     rec.add_argument("--price-table", default="", help="the TOML price table the metering stage uses")
     rec.add_argument("--repair", action="store_true", help="write the rows missing from ClickHouse")
     rec.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -2,11 +2,14 @@
 
 Each process gets its settings through PARLEY_* environment variables, its log under <state>/logs and a
 pid file under <state>/run. A stack runs under a namespace (topic prefix, keyspace, consumer groups) and a
-port base, so a test stack can run beside `make up` without touching it.
+port base, so a test stack can run beside `make up` without touching it. It runs on a topology: one Kafka
+broker and one Cassandra node keeping one copy (the default), or a local cluster of three of each, on
+127.0.0.11-13, keeping three copies (`parley up --cluster`; docs/decisions/0011-replicated-data-plane.md).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -14,17 +17,144 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from topics.settings import REPO_ROOT, state_dir
+from topics.settings import REPO_ROOT, StackSettings, state_dir
 
 LOCAL = REPO_ROOT / "infra" / "local"
 # Sequences each pool's engine keeps in flight: many short ones, or few long ones (the same KV memory).
 POOL_SLOTS = {"small": 8, "large": 2}
+
+
+@dataclass(frozen=True)
+class Node:
+    """One Kafka broker or Cassandra node, run by its infra/local script with `env`."""
+
+    role: str  # kafka-broker | cassandra-node
+    index: int  # 1, 2, ...: the broker's node id
+    host: str
+    port: int
+    env: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return f"{'kafka' if self.role == 'kafka-broker' else 'cassandra'}-{self.index}"
+
+    @property
+    def script(self) -> Path:
+        return LOCAL / ("kafka.sh" if self.role == "kafka-broker" else "cassandra.sh")
+
+    def sh(self, *args: str) -> None:
+        _sh(self.script, *args, env=self.env)
+
+    def pid(self) -> int | None:
+        found = subprocess.run(
+            ["bash", str(self.script), "pid"], env={**os.environ, **self.env}, capture_output=True, text=True
+        ).stdout.strip()
+        return int(found) if found.isdigit() else None
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a stack's Kafka brokers and Cassandra nodes run (one of each per loopback address) and so how many
+    copies of every record they keep: every topic and the keyspace get one copy per address, a write needs a
+    majority of them (min.insync.replicas, LOCAL_QUORUM)."""
+
+    hosts: tuple[str, ...] = ("127.0.0.1",)
+    folder: str = ""  # under the state folder; "" keeps the single node's kafka/ and cassandra/
+
+    @property
+    def copies(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def majority(self) -> int:
+        return self.copies // 2 + 1
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return ",".join(f"{host}:9092" for host in self.hosts)
+
+    def settings(self) -> dict[str, object]:
+        """The settings (topics/settings.py StackSettings) of every process on this topology."""
+        return {
+            "kafka_bootstrap": self.kafka_bootstrap,
+            "kafka_replication_factor": self.copies,
+            "kafka_min_insync_replicas": self.majority,
+            "cassandra_hosts": ",".join(self.hosts),
+            "cassandra_replication": {"datacenter1": self.copies},
+        }
+
+    def env(self) -> dict[str, str]:
+        return {f"PARLEY_{k.upper()}": v if isinstance(v, str) else json.dumps(v) for k, v in self.settings().items()}
+
+    def brokers(self, state: Path) -> list[Node]:
+        if not self.folder:
+            return [Node("kafka-broker", 1, self.hosts[0], 9092, {})]
+        voters = ",".join(f"{i}@{host}:9093" for i, host in enumerate(self.hosts, 1))
+        cluster_id = _kafka_cluster_id(state / self.folder)
+        return [
+            Node(
+                "kafka-broker",
+                i,
+                host,
+                9092,
+                {
+                    "KAFKA_NAME": f"{self.folder}/kafka-{i}",
+                    "KAFKA_HOST": host,
+                    "KAFKA_NODE_ID": str(i),
+                    "KAFKA_VOTERS": voters,
+                    "KAFKA_REPLICATION": str(self.copies),
+                    "KAFKA_CLUSTER_ID": cluster_id,
+                    "KAFKA_HEAP": "384m",
+                },
+            )
+            for i, host in enumerate(self.hosts, 1)
+        ]
+
+    def cassandra_nodes(self) -> list[Node]:
+        if not self.folder:
+            return [Node("cassandra-node", 1, self.hosts[0], 9042, {})]
+        step = 2**64 // self.copies  # an even share of the Murmur3 ring each
+        return [
+            Node(
+                "cassandra-node",
+                i,
+                host,
+                9042,
+                {
+                    "CASSANDRA_NAME": f"{self.folder}/cassandra-{i}",
+                    "CASSANDRA_HOST": host,
+                    "CASSANDRA_SEEDS": self.hosts[0],
+                    "CASSANDRA_INITIAL_TOKEN": str(-(2**63) + (i - 1) * step),
+                    "CASSANDRA_HEAP": "512m",
+                },
+            )
+            for i, host in enumerate(self.hosts, 1)
+        ]
+
+    def nodes(self, state: Path) -> list[Node]:
+        return [*self.brokers(state), *self.cassandra_nodes()]
+
+
+SINGLE_NODE = Topology()
+ROLES = {"api": "edge", "inference": "inference", "registry": "schema-registry"}  # by module; the rest are stages
+CLUSTER = Topology(("127.0.0.11", "127.0.0.12", "127.0.0.13"), "cluster")
+
+
+def _kafka_cluster_id(folder: Path) -> str:
+    """Every broker of a cluster is formatted with one id (22 characters of URL-safe base64), made once."""
+    path = folder / "kafka-cluster-id"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+    return path.read_text().strip()
 
 
 @dataclass(frozen=True)
@@ -47,6 +177,7 @@ class Stack:
     replicas: int = 1  # edge replicas, each on its own port and reply partition
     stages: int = 1  # replicas of each processor stage (metering: one with the embedded engine)
     workers: dict[str, int] = field(default_factory=lambda: {"small": 1, "large": 1})  # inference consumers per pool
+    topology: Topology = SINGLE_NODE
     state: Path = field(default_factory=state_dir)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -57,6 +188,10 @@ class Stack:
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port_base}"
+
+    @property
+    def registry_url(self) -> str:
+        return f"http://127.0.0.1:{self.port_base + 81}"
 
     def _path(self, kind: str, name: str) -> Path:
         folder = self.state / kind / self.tag
@@ -69,9 +204,13 @@ class Stack:
             "LOCAL_INFRA_STATE": str(self.state),
             "PARLEY_METERING_URL": f"http://127.0.0.1:{self.port_base + 13}",
             "PARLEY_USAGE_URL": f"chdb://{self.state / 'clickhouse' / self.tag}",
+            "PARLEY_SCHEMA_REGISTRY_URL": self.registry_url,
+            **self.topology.env(),
         }
         py = sys.executable
-        out = []
+        # The schema registry first: every other process registers its record types at start-up.
+        registry = {**base, "PARLEY_REGISTRY_PORT": str(self.port_base + 81)}
+        out = [Service("schema-registry", (py, "-m", "registry"), registry, self.port_base + 81, "/healthz")]
         for replica in range(self.stages):
             for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering", "memory")):
                 if replica and stage == "metering":
@@ -115,7 +254,6 @@ class Stack:
                     {
                         **base,
                         "PARLEY_PORT": str(port),
-                        "PARLEY_REPLY_PARTITION": str(replica),
                     },
                     port,
                     "/healthz",
@@ -136,10 +274,23 @@ class Stack:
         self.timings[name] = round(time.perf_counter() - started, 2)
 
     def infrastructure(self) -> None:
-        self._step("kafka", lambda: _sh(LOCAL / "kafka.sh", "start"))
-        self._step("cassandra", lambda: _sh(LOCAL / "cassandra.sh", "start"))
+        """Every broker at once (a quorum forms only once a majority is up); the first Cassandra node (the seed),
+        then the others together."""
+        brokers, nodes = self.topology.brokers(self.state), self.topology.cassandra_nodes()
+        self._step("kafka", lambda: _each(brokers, "start"))
+
+        def cassandra() -> None:
+            _each(nodes[:1], "start")
+            _each(nodes[1:], "start")
+
+        self._step("cassandra", cassandra)
         self._step("llama-server build", lambda: _sh(LOCAL / "build-llama-server.sh"))
         self._step("tokenizers", self._tokenizers)
+
+    @property
+    def settings(self) -> StackSettings:
+        """The shared settings every process of this stack runs with."""
+        return StackSettings().model_copy(update={"namespace": self.namespace, **self.topology.settings()})
 
     def _tokenizers(self) -> None:
         """Rebuild each pool's tokenizer from its model file once, before the stages that count with it start
@@ -154,9 +305,13 @@ class Stack:
     def topics(self) -> None:
         from topics.kafka import ensure_topics
 
-        self._step(
-            "topics", lambda: ensure_topics(os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092"), self.namespace)
-        )
+        settings = self.settings
+        self._step("topics", lambda: ensure_topics(settings.kafka_bootstrap, self.namespace, settings.layout))
+
+    def schema(self) -> None:
+        from storage.schema import migrate
+
+        self._step("schema", lambda: migrate(self.settings.cassandra))
 
     def start(self) -> None:
         for service in self.services():
@@ -203,6 +358,7 @@ class Stack:
     def up(self) -> None:
         self.infrastructure()
         self.topics()
+        self.schema()
         self.start()
         self.wait_ready()
         self._path("run", "timings.json").write_text(json.dumps(self.timings, indent=2))
@@ -213,8 +369,30 @@ class Stack:
 
     def down(self) -> None:
         self.stop()
-        _sh(LOCAL / "cassandra.sh", "stop")
-        _sh(LOCAL / "kafka.sh", "stop")
+        _each(self.topology.cassandra_nodes(), "stop")
+        _each(self.topology.brokers(self.state), "stop")
+
+    def status(self) -> list[dict[str, object]]:
+        """Every process of the stack: brokers, Cassandra nodes, the pipeline's processes and their engines."""
+        rows: list[dict[str, object]] = []
+        for node in self.topology.nodes(self.state):
+            row: dict[str, object] = {"name": node.name, "role": node.role, "pid": node.pid()}
+            row["address"] = f"{node.host}:{node.port}"
+            if node.role == "kafka-broker":
+                row["broker_id"] = node.index
+            rows.append(row)
+        running = self.pids()
+        for service in self.services():
+            role = ROLES.get(service.argv[-1], "stage")
+            pid = running.get(service.name)
+            rows.append({"name": service.name, "role": role, "pid": pid, "address": f"127.0.0.1:{service.port}"})
+            if role == "inference":
+                engine = _child(pid, "llama-server") if pid else None
+                port = int(service.env["PARLEY_LLAMA_PORT"])
+                rows.append(
+                    {"name": f"engine-{service.name}", "role": "engine", "pid": engine, "address": f"127.0.0.1:{port}"}
+                )
+        return rows
 
     def pids(self) -> dict[str, int]:
         found = {}
@@ -225,9 +403,29 @@ class Stack:
         return found
 
 
-def _sh(script: Path, *args: str) -> None:
+def _sh(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     """Progress of the infra scripts goes to stderr, so tools that print JSON keep a clean stdout."""
-    subprocess.run(["bash", str(script), *args], check=True, stdout=sys.stderr)
+    subprocess.run(["bash", str(script), *args], check=True, stdout=sys.stderr, env={**os.environ, **(env or {})})
+
+
+def _each(nodes: list[Node], command: str) -> None:
+    """Run one script command on several nodes at once; raises the first failure."""
+    with ThreadPoolExecutor(max(1, len(nodes))) as pool:
+        for done in [pool.submit(node.sh, command) for node in nodes]:
+            done.result()
+
+
+def _child(pid: int, command: str) -> int | None:
+    """The pid of a direct child of `pid` whose executable is named `command` (an engine under its consumer)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            name = Path(f"/proc/{stat.parent.name}/exe").resolve().name
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid) and name == command:
+            return int(stat.parent.name)
+    return None
 
 
 def _listening(port: int) -> bool:

@@ -7,6 +7,7 @@ import sys
 
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
+from registry import client as registry
 
 STAGES = ("moderation", "scheduling", "persistence", "metering", "memory")
 
@@ -31,7 +32,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from topics.admission import PoolView
         from topics.limits import LimitsView
 
-        conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)
+        conversations = Conversations.connect(settings.cassandra)
         ledger = Ledger(conversations.session, settings.keyspace_name, settings.run_deadline_s)
         limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
         pools = PoolView(settings.kafka_bootstrap, settings.namespace)
@@ -46,7 +47,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from processors import persist_turn
         from storage.cassandra import Conversations
 
-        conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)
+        conversations = Conversations.connect(settings.cassandra)
         persist_turn.register(stage, conversations)
     elif name == "metering":
         from processors import meter_usage
@@ -59,7 +60,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from storage.cassandra import Conversations
         from storage.memory import Memory
 
-        conversations = Conversations.connect(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace_name)
+        conversations = Conversations.connect(settings.cassandra)
         memory = Memory(conversations.session, settings.keyspace_name)
         remember.register(stage, conversations, memory, Encoder(), settings)
     else:
@@ -74,6 +75,7 @@ def main() -> None:
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     name = sys.argv[1]
+    registry.connect(settings.schema_registry_url)
     stage = build(name, settings)
     sys.argv = [sys.argv[0], "worker"]  # faust's Worker reads argv
     stage.run()

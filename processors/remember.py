@@ -160,7 +160,7 @@ def register(
             RUN_SCHEDULED[settings.memory_pool],
             run,
             key=chat_key,
-            partition=home_partition(settings.memory_pool, chat_key),
+            partition=home_partition(chat_key, settings.layout.partitions(RUN_SCHEDULED[settings.memory_pool])),
         )
         SUMMARIES.labels("requested").inc()
         log.info("chat %s: summary v%d of %d messages requested (run %s)", chat_key, version, n, run_id)

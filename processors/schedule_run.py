@@ -352,9 +352,10 @@ def register(
         tiers = limits.tiers_for(user, tier)
         mine = tiers[tier]
         chat_id = prompt["chat_id"]
-        placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), chat_id, tier, tiers)
+        counts = pools.partitions
+        placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), chat_id, tier, tiers, counts)
         if before is not None:  # admitted (and charged) before a crash: schedule it whatever the load now
-            placement = Placement(run["pool"], placement.wait_s, home_partition(run["pool"], chat_id))
+            placement = Placement(run["pool"], placement.wait_s, home_partition(chat_id, counts[run["pool"]]))
         if placement.pool is None:
             message = capacity_message(run["model"], placement.wait_s)
             await refuse(prompt, "over_capacity", message, retry_after_s=placement.retry_after_s)

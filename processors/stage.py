@@ -68,6 +68,7 @@ class Stage:
             topic_disable_leader=True,
             topic_allow_declare=False,  # topics are declared before start (parley topics)
             producer_acks=-1,
+            topic_replication_factor=settings.kafka_replication_factor,  # faust's own topics, if it makes any
             producer_partitioner=None,
             consumer_auto_offset_reset="earliest",
             broker_commit_every=100,
@@ -91,7 +92,7 @@ class Stage:
             return web.json(body, status=200 if assigned else 503)
 
     def topic(self, topic: Topic) -> TopicT:
-        return self._raw(named(topic, self.settings.namespace), topic.partitions)
+        return self._raw(named(topic, self.settings.namespace), self.settings.layout.partitions(topic))
 
     def dlq(self, topic: Topic) -> TopicT:
         return self._raw(dead_letter_name(topic, self.settings.namespace), 1)

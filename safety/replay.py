@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from registry import client as registry
 from safety.policy import Decision, Policy, decide
 from topics import codec
 from topics.codec import Event
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--show", type=int, default=20, help="changed decisions to list")
     args = parser.parse_args()
     settings = StackSettings()
+    registry.connect(settings.schema_registry_url)
     namespace = settings.namespace if args.namespace is None else args.namespace
     policy = Policy(**json.loads(open(args.policy).read()))
     report: dict[str, Any] = {"policy_version": policy.version}

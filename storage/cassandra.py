@@ -12,16 +12,16 @@ from dataclasses import astuple, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cassandra import InvalidRequest
-from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture, Session
-from cassandra.policies import DCAwareRoundRobinPolicy
+from cassandra import ConsistencyLevel, InvalidRequest
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, ResponseFuture, Session
+from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy, TokenAwarePolicy, WriteType
 from cassandra.query import BatchStatement, PreparedStatement
+
+from topics.settings import CassandraSettings
 
 log = logging.getLogger(__name__)
 
 SCHEMA = (
-    """CREATE KEYSPACE IF NOT EXISTS {ks}
-       WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}""",
     # Ownership and metadata of one chat.
     """CREATE TABLE IF NOT EXISTS {ks}.chats (
          chat_id timeuuid PRIMARY KEY, user_id text, title text, created_at timestamp, last_run_id text,
@@ -253,8 +253,10 @@ class Conversations:
         )
 
     @classmethod
-    def connect(cls, hosts: str, port: int, keyspace: str) -> Conversations:
-        session = _connect(hosts.split(","), port)
+    def connect(cls, settings: CassandraSettings) -> Conversations:
+        session = _connect(settings)
+        keyspace = settings.keyspace
+        ensure_keyspace(session, settings)
         for statement in SCHEMA:
             session.execute(statement.format(ks=keyspace), timeout=60)
         # The columns are read with an ordinary query rather than the driver's schema metadata: its refresh
@@ -274,6 +276,7 @@ class Conversations:
                     if "exist" not in str(exc).lower():  # "already exists", "conflicts with an existing column"
                         raise
             _usable(session, keyspace, table, column)
+        agree(session)
         return cls(session, keyspace)
 
     def close(self) -> None:
@@ -470,17 +473,68 @@ def _key(row: Any) -> ApiKey:
     return ApiKey(str(row.key_id), row.name, row.prefix, row.tier, utc(row.created_at), revoked)
 
 
-def _connect(hosts: list[str], port: int, timeout_s: float = 90.0) -> Session:
+def replication(settings: CassandraSettings) -> dict[str, str]:
+    """The keyspace's replication map: a copy count per datacenter (NetworkTopologyStrategy)."""
+    return {"class": "org.apache.cassandra.locator.NetworkTopologyStrategy"} | {
+        dc: str(copies) for dc, copies in sorted(settings.replication.items())
+    }
+
+
+def ensure_keyspace(session: Session, settings: CassandraSettings) -> None:
+    """Create the keyspace with the configured replication, or change an existing keyspace's replication to it
+    (Cassandra then needs `nodetool repair` on each node to copy existing rows to their new replicas)."""
+    wanted = replication(settings)
+    literal = ", ".join(f"'{k}': '{v}'" for k, v in wanted.items())
+    session.execute(f"CREATE KEYSPACE IF NOT EXISTS {settings.keyspace} WITH replication = {{{literal}}}", timeout=60)
+    row = session.execute(
+        "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = %s", (settings.keyspace,), timeout=60
+    ).one()
+    if row is not None and dict(row.replication) != wanted:
+        log.warning("keyspace %s: replication %s -> %s; run a repair", settings.keyspace, row.replication, wanted)
+        session.execute(f"ALTER KEYSPACE {settings.keyspace} WITH replication = {{{literal}}}", timeout=60)
+
+
+class FailoverRetry(RetryPolicy):  # type: ignore[misc]
+    """The driver's retries, plus: a logged batch whose batchlog write timed out is tried again up to 6 times
+    (each waits the server's 2 s write timeout). Right after a node dies, until the others' failure detectors
+    convict it (about 10 s, longer on a busy machine), a coordinator still picks it as one of the two batchlog
+    replicas, and on three nodes the only other one is needed too; nothing of the batch was applied, so
+    trying again is safe. (The cluster's Cassandra failover test saw POST /v1/chats answer 500 without it.)
+    An unavailable coordinator is left for the next host twice."""
+
+    BATCHLOG_TRIES = 6
+
+    def on_write_timeout(self, query: Any, consistency: int, write_type: str, *args: Any, **kwargs: Any) -> Any:
+        retry_num = kwargs.get("retry_num", args[-1] if args else 0)
+        if write_type == WriteType.BATCH_LOG and retry_num < self.BATCHLOG_TRIES:
+            return self.RETRY, consistency
+        return super().on_write_timeout(query, consistency, write_type, *args, **kwargs)
+
+    def on_unavailable(self, query: Any, consistency: int, *args: Any, **kwargs: Any) -> Any:
+        retry_num = kwargs.get("retry_num", args[-1] if args else 0)
+        return (self.RETRY_NEXT_HOST, consistency) if retry_num < 2 else (self.RETHROW, None)
+
+
+def _connect(settings: CassandraSettings, timeout_s: float = 90.0) -> Session:
     """Connect, retrying while a node that has just started (or is swamped by every stage connecting at once
-    on a small machine) does not answer yet. A failed connect shuts its Cluster down, so each try builds one."""
+    on a small machine) does not answer yet. A failed connect shuts its Cluster down, so each try builds one.
+    Every statement runs at the configured consistency (LOCAL_QUORUM: a write is acknowledged by a majority of
+    the local datacenter's copies, so it survives losing one), compare-and-set at LOCAL_SERIAL."""
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.datacenter)),
+        consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
+        serial_consistency_level=ConsistencyLevel.name_to_value[settings.serial_consistency],
+        retry_policy=FailoverRetry(),
+        request_timeout=10,
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         cluster = Cluster(
-            hosts,
-            port=port,
+            list(settings.hosts),
+            port=settings.port,
             connect_timeout=10,
             protocol_version=5,
-            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         )
         try:
             return cluster.connect()
@@ -490,6 +544,13 @@ def _connect(hosts: list[str], port: int, timeout_s: float = 90.0) -> Session:
                 raise
             log.info("Cassandra not reachable yet (%s); retrying", exc)
             time.sleep(1.0)
+
+
+def agree(session: Session, timeout_s: float = 60.0) -> None:
+    """Wait until every node has the same schema: a table one node has just created is not yet known to the
+    others, and a statement prepared there fails "table ... does not exist" (seen on the 3-node cluster)."""
+    if not session.cluster.control_connection.wait_for_schema_agreement(wait_time=timeout_s):
+        raise RuntimeError(f"Cassandra nodes did not agree on the schema within {timeout_s:.0f}s")
 
 
 def _usable(session: Session, keyspace: str, table: str, column: str, timeout_s: float = 30.0) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement
 
-from storage.cassandra import wait
+from storage.cassandra import agree, wait
 from topics.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ class Ledger:
         self.deadline_ms = int(run_deadline_s * 1000)
         ks = keyspace
         session.execute(SCHEMA.format(ks=ks), timeout=60)
+        agree(session)
         p = session.prepare
         self._account = p(f"SELECT used, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1")
         self._run = p(f"SELECT estimate, settled, scheduled FROM {ks}.budgets WHERE user_id = ? AND run_id = ?")

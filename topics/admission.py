@@ -89,9 +89,10 @@ def estimated_wait(load: EngineLoad, tier: str, tiers: dict[str, Limits]) -> flo
     return behind_me * load.mean_run_s / max(1, capacity)
 
 
-def home_partition(pool: str, chat_id: str) -> int:
-    """The partition of a chat's runs in a pool while its engine has room (stable across processes)."""
-    return zlib.crc32(chat_id.encode()) % RUN_SCHEDULED[pool].partitions
+def home_partition(chat_id: str, partitions: int) -> int:
+    """The partition of a chat's runs in a pool while its engine has room (stable across processes), of the
+    pool topic's `partitions`."""
+    return zlib.crc32(chat_id.encode()) % partitions
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,12 @@ def soonest(engines: list[EngineLoad], tier: str, tiers: dict[str, Limits]) -> t
     return min(waits, key=lambda w: w[0]) if waits else None
 
 
-def route(pool: str, engines: list[EngineLoad], chat_id: str, tier: str, tiers: dict[str, Limits]) -> Placement:
+def route(
+    pool: str, engines: list[EngineLoad], chat_id: str, tier: str, tiers: dict[str, Limits], partitions: int
+) -> Placement:
     """The partition a run goes to in a pool, and its wait there (pure): home while its engine is within the
     tier's bound, else a partition of the engine with the shortest wait. No engine reporting: not judged."""
-    home = home_partition(pool, chat_id)
+    home = home_partition(chat_id, partitions)
     owner = next((e for e in engines if home in e.partitions), None)
     home_wait = estimated_wait(owner, tier, tiers) if owner is not None else math.inf
     if home_wait <= tiers[tier].max_queue_wait_s:
@@ -133,13 +136,14 @@ def place(
     chat_id: str,
     tier: str,
     tiers: dict[str, Limits],
+    partitions: dict[str, int],
 ) -> Placement:
     """The pool and partition a run goes to (pure): the pool chosen for it while one of its engines can start
     it within its tier's bound; under pressure, a smaller pool that holds it (tiers that may degrade);
     otherwise none, with when to retry. A pool with no live status (consumers starting) is not judged: the run
     goes to its home partition there and waits in Kafka."""
     limits = tiers[tier]
-    first = route(wanted, loads.get(wanted, []), chat_id, tier, tiers)
+    first = route(wanted, loads.get(wanted, []), chat_id, tier, tiers, partitions[wanted])
     if first.wait_s <= limits.max_queue_wait_s:
         return first
     best = first.wait_s
@@ -147,7 +151,7 @@ def place(
         for pool in smaller:
             if pool not in loads:
                 continue
-            other = route(pool, loads[pool], chat_id, tier, tiers)
+            other = route(pool, loads[pool], chat_id, tier, tiers, partitions[pool])
             if other.wait_s <= limits.max_queue_wait_s:
                 return Placement(pool, other.wait_s, other.partition, degraded_from=wanted)
             best = min(best, other.wait_s)
@@ -232,6 +236,7 @@ class PoolView(TopicTable):
             consumer_config(bootstrap, f"{namespace or 'parley'}.placements", **{"enable.partition.eof": False})
         )
         self._follower = ConsumerThread(self._runs, "placements", self._follow)
+        self.partitions: dict[str, int] = {}  # pool -> partitions of its scheduled-runs topic, read at start
 
     def start(self, timeout_s: float = 30.0) -> None:
         super().start(timeout_s)
@@ -239,6 +244,7 @@ class PoolView(TopicTable):
         for topic in self._topics:
             metadata = until_ready(f"placements {topic}", partial(self._runs.list_topics, topic, timeout=10))
             assignment += [TopicPartition(topic, p, OFFSET_END) for p in metadata.topics[topic].partitions]
+            self.partitions[self._topics[topic]] = len(metadata.topics[topic].partitions)
         self._follower.start(assignment)
 
     def _follow(self) -> None:

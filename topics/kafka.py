@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
 from topics import tracing
-from topics.pipeline import TOPICS, Topic, dead_letter_name, named
+from topics.pipeline import TOPICS, Layout, Topic, dead_letter_name, named
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,10 +48,17 @@ class ConsumerThread:
         self.consumer.close()
 
 
+DELIVERY_TIMEOUT_MS = 30_000  # a record not acknowledged by then fails (librdkafka's default is 5 minutes)
+
+
 def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
-        "enable.idempotence": True,  # acks=all, no duplicates from producer retries
+        # Long enough for a leader election after a broker dies (seconds), short enough that a client whose
+        # request the log cannot take (too few copies in sync) gets an error instead of a hang.
+        "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
+        "enable.idempotence": True,  # no duplicates from producer retries
+        "acks": "all",  # acknowledged once every in-sync copy has it (at least min.insync.replicas)
         "linger.ms": 2,
         # The same partitioner as aiokafka/faust (murmur2), so a chat_id lands on one partition whoever writes.
         "partitioner": "murmur2_random",
@@ -70,18 +77,21 @@ def consumer_config(bootstrap: str, group: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def ensure_topics(bootstrap: str, namespace: str, topics: tuple[Topic, ...] = TOPICS) -> list[str]:
-    """Create every pipeline topic and its dead-letter topic if missing; returns the names created."""
+def ensure_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic, ...] = TOPICS) -> list[str]:
+    """Create every pipeline topic and its dead-letter topic if missing, with the layout's partitions and
+    replication; returns the names created."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=10).topics)
     wanted: list[NewTopic] = []
     for topic in topics:
         for name, parts, config in (
-            (named(topic, namespace), topic.partitions, dict(topic.config)),
-            (dead_letter_name(topic, namespace), 1, {}),
+            (named(topic, namespace), layout.partitions(topic), layout.config(topic)),
+            (dead_letter_name(topic, namespace), 1, layout.config()),
         ):
             if name not in existing:
-                wanted.append(NewTopic(name, num_partitions=parts, replication_factor=1, config=config))
+                wanted.append(
+                    NewTopic(name, num_partitions=parts, replication_factor=layout.replication_factor, config=config)
+                )
     created = []
     for name, future in admin.create_topics(wanted).items() if wanted else ():
         try:
@@ -91,6 +101,26 @@ def ensure_topics(bootstrap: str, namespace: str, topics: tuple[Topic, ...] = TO
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
     return created
+
+
+def grow_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic, ...] = TOPICS) -> dict[str, int]:
+    """Raise every topic's partition count to the layout's (Kafka never lowers one); returns {name: new count}
+    of the topics grown. Chat-keyed topics all grow to one count, so a chat's events still meet on matching
+    partitions. A chat whose key now hashes to a new partition continues there: its turn in flight during the
+    change may be handled beside, not after, the one before (docs/decisions/0011-replicated-data-plane.md)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    current = admin.list_topics(timeout=10).topics
+    wanted = {
+        named(t, namespace): layout.partitions(t)
+        for t in topics
+        if named(t, namespace) in current and len(current[named(t, namespace)].partitions) < layout.partitions(t)
+    }
+    for name, future in (
+        admin.create_partitions([NewPartitions(n, c) for n, c in wanted.items()]).items() if wanted else ()
+    ):
+        future.result()
+        log.info("%s: %d partitions", name, wanted[name])
+    return wanted
 
 
 def dead_letter(

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Conversation topics are keyed by chat_id and share one partition count along the path, so one chat's
-# events stay in order on matching partitions. Reply topics are partitioned by edge replica instead:
-# a run names the reply partition its edge replica reads (docs/decisions/0002-reply-partitions.md).
-CHAT_PARTITIONS = 4
-REPLY_PARTITIONS = 8
+# How a topic is partitioned. Conversation topics are keyed by chat_id and share one partition count along the
+# path, so one chat's events stay in order on matching partitions. Reply topics are partitioned by edge replica
+# instead: a run names the reply partition its edge replica reads (docs/decisions/0002-reply-partitions.md).
+# Tables and status topics have one partition, read whole. The counts come from settings (Layout).
+CHAT = "chat"
+REPLY = "reply"
+SINGLE = "single"
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,7 @@ class Topic:
     schema: str
     producer: str
     consumers: tuple[str, ...]
-    partitions: int
+    scale: str  # CHAT | REPLY | SINGLE
     key: str  # "chat_id", "reply_partition", or the row key of a table topic
     config: tuple[tuple[str, str], ...] = ()  # broker topic settings (a table topic is compacted)
 
@@ -30,12 +32,33 @@ class Topic:
         return f"{self.name}.dlq"
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How many partitions each kind of topic has and how many copies of each Kafka keeps, from settings
+    (docs/decisions/0011-replicated-data-plane.md). The defaults are production's: three copies, two of which
+    must have a record before it is acknowledged; 12 chat partitions (up to 12 consumers per pool and 12
+    replicas per stage) and 32 reply partitions (up to 32 edge replicas). The single-node stack sets 1 and 1."""
+
+    chat_partitions: int = 12
+    reply_partitions: int = 32
+    replication_factor: int = 3
+    min_insync_replicas: int = 2
+
+    def partitions(self, topic: Topic) -> int:
+        return {CHAT: self.chat_partitions, REPLY: self.reply_partitions}.get(topic.scale, 1)
+
+    def config(self, topic: Topic | None = None) -> dict[str, str]:
+        """Broker settings of a topic (None: a dead-letter topic): durability first, then the topic's own."""
+        durable = {"min.insync.replicas": str(self.min_insync_replicas), "unclean.leader.election.enable": "false"}
+        return {**durable, **dict(topic.config if topic else ())}
+
+
 PROMPT_ACCEPTED = Topic(
     "chat.prompt-accepted.v1",
     "PromptAccepted",
     "api",
     ("moderation", "persistence"),
-    CHAT_PARTITIONS,
+    CHAT,
     "chat_id",
 )
 PROMPT_MODERATED = Topic(
@@ -43,7 +66,7 @@ PROMPT_MODERATED = Topic(
     "PromptModerated",
     "moderation",
     ("scheduling", "persistence"),
-    CHAT_PARTITIONS,
+    CHAT,
     "chat_id",
 )
 # Model pools: each has its own scheduled-runs topic, read by that pool's inference consumers as one group.
@@ -54,7 +77,7 @@ POOLS = ("small", "large")
 
 def _scheduled(pool: str) -> Topic:
     name = f"chat.run-scheduled-{pool}.v1"
-    return Topic(name, "RunScheduled", "scheduling", ("inference",), CHAT_PARTITIONS, "chat_id")
+    return Topic(name, "RunScheduled", "scheduling", ("inference",), CHAT, "chat_id")
 
 
 RUN_SCHEDULED = {pool: _scheduled(pool) for pool in POOLS}
@@ -63,7 +86,7 @@ RUN_REJECTED = Topic(
     "RunRejected",
     "scheduling",
     ("api", "persistence", "metering"),
-    REPLY_PARTITIONS,
+    REPLY,
     "reply_partition",
 )
 # A run's reply stream: written by the inference consumer serving it, and opened by the scheduler's `queued`
@@ -73,7 +96,7 @@ TOKEN_DELTA = Topic(
     "TokenDelta",
     "inference",
     ("api",),
-    REPLY_PARTITIONS,
+    REPLY,
     "reply_partition",
 )
 RUN_COMPLETED = Topic(
@@ -81,7 +104,7 @@ RUN_COMPLETED = Topic(
     "RunCompleted",
     "inference",
     ("persistence", "metering", "scheduling", "memory"),
-    CHAT_PARTITIONS,
+    CHAT,
     "chat_id",
 )
 # Edits, deletes and context resets of a chat's messages, for the memory stage (which re-embeds, forgets and
@@ -92,7 +115,7 @@ MEMORY_CHANGED = Topic(
     "MemoryChanged",
     "api",
     ("memory",),
-    CHAT_PARTITIONS,
+    CHAT,
     "chat_id",
 )
 # Thumbs up/down on answers, from the chat frontend: kept in the log for evals, shown on the stored answer.
@@ -101,7 +124,7 @@ FEEDBACK = Topic(
     "Feedback",
     "api",
     ("persistence",),
-    CHAT_PARTITIONS,
+    CHAT,
     "chat_id",
 )
 # Commands to a running run (cancel). Every inference consumer reads all of it (no group): control events
@@ -111,7 +134,7 @@ RUN_CONTROL = Topic(
     "RunControl",
     "api",
     ("inference",),
-    CHAT_PARTITIONS,
+    CHAT,
     "chat_id",
 )
 
@@ -123,7 +146,7 @@ LIMITS = Topic(
     "LimitsChanged",
     "api",
     ("scheduling", "inference"),
-    1,
+    SINGLE,
     "tier:<name> | user:<id>",
     (("cleanup.policy", "compact"),),
 )
@@ -133,7 +156,7 @@ SAFETY_POLICIES = Topic(
     "SafetyPolicy",
     "api",
     ("moderation", "scheduling", "inference"),
-    1,
+    SINGLE,
     "<tier> | *",
     (("cleanup.policy", "compact"),),
 )
@@ -143,7 +166,7 @@ OUTPUT_MODERATED = Topic(
     "OutputModerated",
     "inference",
     ("persistence",),
-    CHAT_PARTITIONS,
+    CHAT,
     "chat_id",
 )
 # Each inference consumer's load, every quarter second: what the scheduler's bounded queues and the edge's
@@ -153,7 +176,7 @@ POOL_STATUS = Topic(
     "PoolStatus",
     "inference",
     ("scheduling", "api"),
-    1,
+    SINGLE,
     "worker_id",
     (("retention.ms", str(3600_000)),),
 )

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from topics.pipeline import Layout
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,14 +55,40 @@ DEFAULT_POOLS = {
 }
 
 
+@dataclass(frozen=True)
+class CassandraSettings:
+    """Where Cassandra is and how many copies of a row must answer: what storage/ connects with."""
+
+    hosts: tuple[str, ...]
+    port: int
+    keyspace: str
+    datacenter: str
+    replication: dict[str, int]
+    consistency: str  # reads and writes
+    serial_consistency: str  # lightweight transactions (IF ...)
+
+
 class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARLEY_", frozen=True, extra="ignore")
 
     kafka_bootstrap: str = "127.0.0.1:9092"
+    schema_registry_url: str = "http://127.0.0.1:8081"
     namespace: str = Field("", description="Prefix of every topic, consumer group and keyspace.")
+    # Replication and partitioning (docs/decisions/0011-replicated-data-plane.md). The defaults are a
+    # production cluster's; the single-node local stack sets 1 copy in its environment (infra/stack.py).
+    kafka_replication_factor: int = 3
+    kafka_min_insync_replicas: int = 2
+    chat_partitions: int = 12
+    reply_partitions: int = 32
     cassandra_hosts: str = "127.0.0.1"
     cassandra_port: int = 9042
     keyspace: str = "parley"
+    cassandra_datacenter: str = Field("datacenter1", description="This process's local datacenter.")
+    cassandra_replication: dict[str, int] = Field(
+        default_factory=lambda: {"datacenter1": 3}, description="Copies of every row per datacenter."
+    )
+    cassandra_consistency: str = "LOCAL_QUORUM"
+    cassandra_serial_consistency: str = "LOCAL_SERIAL"  # the ledger's compare-and-set
     log_level: str = "INFO"
     pools: dict[str, Pool] = Field(default_factory=lambda: dict(DEFAULT_POOLS))
     default_pool: str = "small"
@@ -69,6 +98,24 @@ class StackSettings(BaseSettings):
         """Every model id served, the default pool's first."""
         ids = [self.pools[self.default_pool].model] + [p.model for p in self.pools.values()]
         return tuple(dict.fromkeys(ids))
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(
+            self.chat_partitions, self.reply_partitions, self.kafka_replication_factor, self.kafka_min_insync_replicas
+        )
+
+    @property
+    def cassandra(self) -> CassandraSettings:
+        return CassandraSettings(
+            hosts=tuple(h.strip() for h in self.cassandra_hosts.split(",") if h.strip()),
+            port=self.cassandra_port,
+            keyspace=self.keyspace_name,
+            datacenter=self.cassandra_datacenter,
+            replication=dict(self.cassandra_replication),
+            consistency=self.cassandra_consistency,
+            serial_consistency=self.cassandra_serial_consistency,
+        )
 
     @property
     def keyspace_name(self) -> str:

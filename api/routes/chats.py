@@ -291,7 +291,7 @@ async def answer(
     Raises the run's 429/400 before any byte of the stream when it is shed or refused."""
     message = [{"role": "user", "content": question.content}]
     streams.shed_when_full(deps, user, model, message, max_tokens, may_grow=question.prev_run_id is not None)
-    run_id = str(new_id())
+    run_id, partition = str(new_id()), streams.reply_partition(deps)
     event = convert.prompt_accepted(
         run_id=run_id,
         chat_id=str(chat.chat_id),
@@ -301,16 +301,16 @@ async def answer(
         content=question.content,
         max_tokens=max_tokens,
         model=model,
-        reply_partition=deps.replies.partition,
+        reply_partition=partition,
         prev_run_id=question.prev_run_id,
     )
     live = await streams.start_run(deps, event)
     try:  # recorded before the response starts, so a cancel or a resume finds the run from its first event
-        await deps.conversations.open_run(chat, uuid.UUID(run_id), deps.replies.partition)
+        await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
     except Exception:
         deps.replies.close(run_id)
         raise
-    replies = aiter(streams.live(deps, run_id, deps.replies.partition, live))
+    replies = aiter(streams.live(deps, run_id, partition, live))
     first = await streams.admitted(deps, event, replies, stream_refusals=True)
     log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)
     stream = sse_stream(deps, run_id, streams.prepend(first, replies), live=True)

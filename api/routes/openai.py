@@ -116,6 +116,7 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
     checked_model(deps, body.model)
     streams.shed_when_full(deps, user, body.model, messages, max_tokens, may_grow=False)  # the prompt is all here
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
+    partition = streams.reply_partition(deps)
     event = convert.prompt_accepted(
         run_id=run_id,
         chat_id=chat_id,
@@ -125,14 +126,14 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
         content=messages[-1]["content"],
         max_tokens=max_tokens,
         model=body.model,
-        reply_partition=deps.replies.partition,
+        reply_partition=partition,
         prev_run_id=None,
         messages=messages,
         temperature=body.temperature,
         store=False,
     )
     live = await streams.start_run(deps, event)
-    replies = aiter(streams.live(deps, run_id, deps.replies.partition, live))
+    replies = aiter(streams.live(deps, run_id, partition, live))
     reply = await streams.admitted(deps, event, replies, stream_refusals=False)
     handed_over = ended = False
     try:

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import httpx
 from fastapi import APIRouter, Query, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.app import Deps
@@ -101,8 +101,12 @@ async def dashboard() -> FileResponse:
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz(deps: Deps) -> Response:
+    """Ready once this replica holds reply partitions (while its group rebalances, or as a standby with none:
+    503); which it holds is in the body."""
+    owned = list(deps.replies.partitions)
+    body = {"status": "ok" if owned else "no_reply_partition", "reply_partitions": owned}
+    return JSONResponse(body, status_code=200 if owned else 503)
 
 
 @router.get("/metrics")

@@ -8,13 +8,19 @@
 #      CASSANDRA_JMX_PORT (unset = no JMX/nodetool) CASSANDRA_HEAP (1g)
 #      CASSANDRA_JAVA_HOME (else JAVA_HOME/PATH/usr/lib/jvm; must be Java 11 or 17 for 5.0)
 #      CASSANDRA_START_TIMEOUT (180) CASSANDRA_ROOT_LOG_LEVEL (WARN) LOCAL_INFRA_STATE
+#   One node of a cluster (infra/stack.py starts three, each on its own loopback address and the same ports):
+#      CASSANDRA_NAME (cassandra: the state folder) CASSANDRA_HOST (127.0.0.1: listen and client address)
+#      CASSANDRA_SEEDS (this host) CASSANDRA_INITIAL_TOKEN (unset: the single node's own choice)
 set -euo pipefail
 SVC=cassandra
 # shellcheck source=infra/local/_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/_lib.sh"
 
 CASSANDRA_VERSION="${CASSANDRA_VERSION:-5.0.8}"
-CASSANDRA_HOST=127.0.0.1            # listen_address/rpc_address are fixed in cassandra.yaml
+CASSANDRA_HOST="${CASSANDRA_HOST:-127.0.0.1}"
+CASSANDRA_NAME="${CASSANDRA_NAME:-cassandra}"
+CASSANDRA_SEEDS="${CASSANDRA_SEEDS:-$CASSANDRA_HOST}"
+CASSANDRA_INITIAL_TOKEN="${CASSANDRA_INITIAL_TOKEN:-}"
 CASSANDRA_PORT="${CASSANDRA_PORT:-9042}"
 CASSANDRA_STORAGE_PORT="${CASSANDRA_STORAGE_PORT:-7000}"
 CASSANDRA_JMX_PORT="${CASSANDRA_JMX_PORT:-}"
@@ -23,7 +29,7 @@ CASSANDRA_START_TIMEOUT="${CASSANDRA_START_TIMEOUT:-180}"
 CASSANDRA_ROOT_LOG_LEVEL="${CASSANDRA_ROOT_LOG_LEVEL:-WARN}"
 
 SRC="$LI_DIR/cassandra"
-HOME_DIR="$STATE_ROOT/cassandra"
+HOME_DIR="$STATE_ROOT/$CASSANDRA_NAME"
 LIB="$CACHE_ROOT/cassandra-lib"; DATA="$HOME_DIR/data"; LOGS="$HOME_DIR/logs"; RUN="$HOME_DIR/run"; TMPD="$HOME_DIR/tmp"
 PIDF="$RUN/cassandra.pid"; OUT="$LOGS/cassandra.out"
 MARKER="-Dlocal.infra.service=cassandra:$HOME_DIR"
@@ -91,6 +97,17 @@ cmd_start() {
   # cassandra-env.sh always adds the jamm agent; optional since jamm falls back to Unsafe without it
   [ -n "$jamm" ] && extra+=("-javaagent:$jamm")
   [ -n "$CASSANDRA_JMX_PORT" ] && extra+=("-Dcassandra.jmx.local.port=$CASSANDRA_JMX_PORT")
+  # This node's copy of the config: its addresses and seeds, everything else as in the shared file.
+  sed -e "s/^listen_address: .*/listen_address: $CASSANDRA_HOST/" \
+      -e "s/^rpc_address: .*/rpc_address: $CASSANDRA_HOST/" \
+      -e "s/- seeds: .*/- seeds: \"$CASSANDRA_SEEDS\"/" \
+      "$SRC/cassandra.yaml" > "$RUN/cassandra.yaml"
+  # A node of a fresh cluster takes its place in the ring at once (no data to stream yet); the caller spreads
+  # the ring's tokens evenly. Restarted later, a node keeps the tokens it saved.
+  if [ -n "$CASSANDRA_INITIAL_TOKEN" ]; then
+    printf 'initial_token: %s\nauto_bootstrap: false\n' "$CASSANDRA_INITIAL_TOKEN" >> "$RUN/cassandra.yaml"
+    extra+=("-Dcassandra.ring_delay_ms=3000")
+  fi
 
   log "starting Cassandra $CASSANDRA_VERSION with $JAVA (Java $(java_major "$JAVA"))"
   launch "$PIDF" "$OUT" "$MARKER" \
@@ -106,7 +123,7 @@ cmd_start() {
       "${JPMS[@]}" \
       ${extra[@]+"${extra[@]}"} \
       -Dcassandra-foreground=yes \
-      -Dcassandra.config="file://$SRC/cassandra.yaml" \
+      -Dcassandra.config="file://$RUN/cassandra.yaml" \
       -Dcassandra.storagedir="$DATA" \
       -Dcassandra.logdir="$LOGS" \
       -Dcassandra.triggers_dir="$RUN/triggers" \
@@ -124,6 +141,7 @@ cmd_start() {
 
 cmd_stop()   { with_lock "$RUN/lock"; stop_pid "$PIDF" "$MARKER" 60; }
 cmd_status() { if is_running "$PIDF" "$MARKER"; then echo "running pid=$(cat "$PIDF") cql=$CASSANDRA_HOST:$CASSANDRA_PORT"; else echo stopped; return 3; fi; }
+cmd_pid()    { is_running "$PIDF" "$MARKER" && cat "$PIDF"; }
 cmd_logs()   { tail -n "${1:-200}" "$OUT"; }
 cmd_reset()  { cmd_stop; rm -rf "$DATA" "$LOGS" "$RUN" "$TMPD"; log "data wiped (jars kept in $LIB)"; }
 
@@ -133,6 +151,7 @@ case "${1:-}" in
   stop) cmd_stop ;;
   restart) cmd_stop; cmd_start ;;
   status) cmd_status ;;
+  pid) cmd_pid ;;
   logs) shift; cmd_logs "$@" ;;
   reset) cmd_reset ;;
   *) echo "usage: $0 fetch|start|stop|restart|status|logs [N]|reset" >&2; exit 2 ;;

@@ -10,6 +10,10 @@
 # Env: KAFKA_VERSION (4.3.1) KAFKA_HOST (127.0.0.1) KAFKA_PORT (9092) KAFKA_CONTROLLER_PORT (9093)
 #      KAFKA_HEAP (512m) KAFKA_JAVA_HOME (else JAVA_HOME/PATH; needs 17+) KAFKA_START_TIMEOUT (90)
 #      KAFKA_ROOT_LOG_LEVEL (WARN) KAFKA_CLUSTER_ID (random) LOCAL_INFRA_STATE (<repo>/.local-infra)
+#   One node of a cluster (infra/stack.py starts three): KAFKA_NAME (kafka: the state folder under
+#      LOCAL_INFRA_STATE) KAFKA_NODE_ID (1) KAFKA_VOTERS (id@host:port,...; default this node alone)
+#      KAFKA_REPLICATION (1: copies of the internal topics and the default for new ones; min ISR is a
+#      majority of them), and every node formatted with the same KAFKA_CLUSTER_ID
 set -euo pipefail
 SVC=kafka
 # shellcheck source=infra/local/_lib.sh
@@ -22,9 +26,14 @@ KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
 KAFKA_HEAP="${KAFKA_HEAP:-512m}"
 KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
 KAFKA_ROOT_LOG_LEVEL="${KAFKA_ROOT_LOG_LEVEL:-WARN}"
+KAFKA_NAME="${KAFKA_NAME:-kafka}"
+KAFKA_NODE_ID="${KAFKA_NODE_ID:-1}"
+KAFKA_VOTERS="${KAFKA_VOTERS:-${KAFKA_NODE_ID}@${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}}"
+KAFKA_REPLICATION="${KAFKA_REPLICATION:-1}"
+KAFKA_MIN_ISR=$((KAFKA_REPLICATION / 2 + 1))
 
 SRC="$LI_DIR/kafka"
-HOME_DIR="$STATE_ROOT/kafka"
+HOME_DIR="$STATE_ROOT/$KAFKA_NAME"
 LIB="$CACHE_ROOT/kafka-lib"; DATA="$HOME_DIR/data"; LOGS="$HOME_DIR/logs"; RUN="$HOME_DIR/run"; TMPD="$HOME_DIR/tmp"
 CONF="$RUN/server.properties"; PIDF="$RUN/kafka.pid"; OUT="$LOGS/kafka.out"
 MARKER="-Dlocal.infra.service=kafka:$HOME_DIR"
@@ -36,13 +45,13 @@ cmd_fetch() {
 }
 
 write_config() {
-  # Static single-voter quorum (controller.quorum.voters) => format WITHOUT --standalone.
-  # (The 4.x sample config/server.properties uses controller.quorum.bootstrap.servers instead,
-  #  which requires `kafka-storage format --standalone`.)
+  # Static quorum (controller.quorum.voters) => format WITHOUT --standalone: every node of a cluster is a
+  # broker and a controller, and names the same voters. (The 4.x sample config/server.properties uses
+  # controller.quorum.bootstrap.servers instead, which requires `kafka-storage format --standalone`.)
   cat > "$CONF" <<PROPS
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+node.id=${KAFKA_NODE_ID}
+controller.quorum.voters=${KAFKA_VOTERS}
 controller.listener.names=CONTROLLER
 listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
 advertised.listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT}
@@ -50,18 +59,23 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=${DATA}
 
-# single node: every internal topic must have RF 1 / min ISR 1
+# Copies: the internal topics (consumer offsets, transactions) and new topics get KAFKA_REPLICATION copies, a
+# write needs a majority of them in sync, and a replica that fell behind never becomes leader (no unclean
+# election: an acknowledged record is never dropped). A single node: 1 and 1.
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+default.replication.factor=${KAFKA_REPLICATION}
+min.insync.replicas=${KAFKA_MIN_ISR}
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=${KAFKA_REPLICATION}
+offsets.topic.num.partitions=$([ "$KAFKA_REPLICATION" -gt 1 ] && echo 12 || echo 1)
+transaction.state.log.replication.factor=${KAFKA_REPLICATION}
+transaction.state.log.min.isr=${KAFKA_MIN_ISR}
 transaction.state.log.num.partitions=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=${KAFKA_REPLICATION}
+share.coordinator.state.topic.min.isr=${KAFKA_MIN_ISR}
 share.coordinator.state.topic.num.partitions=1
+# A broker stopped with SIGTERM hands its leaderships over first (a rolling restart loses nothing in flight).
+controlled.shutdown.enable=true
 
 # test/dev friendliness
 group.initial.rebalance.delay.ms=0
@@ -128,6 +142,7 @@ cmd_start() {
 
 cmd_stop()   { with_lock "$RUN/lock"; stop_pid "$PIDF" "$MARKER" 30; }
 cmd_status() { if is_running "$PIDF" "$MARKER"; then echo "running pid=$(cat "$PIDF") bootstrap=$KAFKA_HOST:$KAFKA_PORT"; else echo stopped; return 3; fi; }
+cmd_pid()    { is_running "$PIDF" "$MARKER" && cat "$PIDF"; }
 cmd_logs()   { tail -n "${1:-200}" "$OUT"; }
 cmd_reset()  { cmd_stop; rm -rf "$DATA" "$LOGS" "$RUN" "$TMPD"; log "data wiped (jars kept in $LIB)"; }
 
@@ -137,6 +152,7 @@ case "${1:-}" in
   stop) cmd_stop ;;
   restart) cmd_stop; cmd_start ;;
   status) cmd_status ;;
+  pid) cmd_pid ;;
   logs) shift; cmd_logs "$@" ;;
   reset) cmd_reset ;;
   *) echo "usage: $0 fetch|start|stop|restart|status|logs [N]|reset" >&2; exit 2 ;;

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from infra.cli import local_token
 from infra.stack import LOCAL, Stack
+from registry import client as registry
 from topics.pipeline import Topic, named
 
 PORT_BASE = int(os.environ.get("PARLEY_TEST_PORT_BASE", "18000"))
@@ -84,6 +85,7 @@ def live() -> Iterator[Live]:
         workers={"small": 2, "large": 1},
     )
     stack.up()
+    registry.connect(stack.registry_url)  # the tests decode what the stages wrote
     try:
         yield Live(stack, stack.api_url)
     finally:

@@ -15,7 +15,7 @@ from topics.pipeline import TOKEN_DELTA
 
 from .conftest import BOOTSTRAP
 
-PARTITION = 7  # a reply partition no edge replica of the test stack reads
+PARTITION = 7  # a reply partition this test's own hub reads (in a group of its own, beside the stack's edges)
 RECORDS = 60
 
 
@@ -40,12 +40,13 @@ def record(run_id: str, seq: int, kind: str, **fields) -> bytes:
 
 async def test_an_overflowing_stream_catches_up_from_the_log_with_no_gap(live):
     settings = ApiSettings(namespace=live.namespace, kafka_bootstrap=BOOTSTRAP)
-    hub = ReplyHub(BOOTSTRAP, live.namespace, PARTITION, buffer=4)
+    hub = ReplyHub(BOOTSTRAP, live.namespace, buffer=4, group=f"{live.namespace}.test-backpressure")
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, hub.start, loop)
     try:
         run_id = str(new_id())
-        run = hub.open(run_id)
+        assert PARTITION in hub.partitions
+        run = hub.open(run_id, PARTITION)
         producer = Producer({"bootstrap.servers": BOOTSTRAP})
         topic = live.topic(TOKEN_DELTA)
         producer.produce(topic, record(run_id, 0, "started"), partition=PARTITION)

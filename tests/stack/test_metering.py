@@ -148,7 +148,8 @@ def test_every_run_is_exactly_one_row_with_the_tokens_of_its_event(live, metered
 def test_reconciliation_from_the_log_reports_zero_drift(live, metered):
     out = subprocess.run(
         [sys.executable, "-m", "infra.cli", "usage", "reconcile", "--quiet", "--namespace", live.namespace,
-         "--metering-url", live.stage_url("metering"), "--since", str(metered["since"]),
+         "--metering-url", live.stage_url("metering"), "--registry-url", live.stack.registry_url,
+         "--since", str(metered["since"]),
          "--until", str(metered["until"])],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip

@@ -8,6 +8,7 @@ from topics.settings import DEFAULT_POOLS
 
 FREE, PRO = DEFAULT_TIERS["free"], DEFAULT_TIERS["pro"]
 TIERS = dict(DEFAULT_TIERS)
+PARTS = {"small": 4, "large": 4}  # partitions of each pool's scheduled-runs topic
 HOUR_MS = 3_600_000
 
 
@@ -74,7 +75,7 @@ def engine(running, queued, slots=8, mean=2.0, partitions=(0, 1, 2, 3)):
 
 def chat_at_home(pool, partition):
     """A chat id whose home partition in `pool` is `partition`."""
-    return next(c for c in (f"chat-{i}" for i in range(10_000)) if home_partition(pool, c) == partition)
+    return next(c for c in (f"chat-{i}" for i in range(10_000)) if home_partition(c, PARTS[pool]) == partition)
 
 
 def test_pool_load_counts_only_fresh_healthy_consumers_engine_by_engine():
@@ -103,23 +104,23 @@ def test_a_run_goes_home_while_its_engine_has_room_else_to_the_engine_that_can_s
     busy = engine({"pro": 8}, {"pro": 2}, partitions=(0, 2))  # 0.75 s of queue
     idle = engine({"pro": 3}, {}, partitions=(1, 3))
     even, odd = chat_at_home("small", 2), chat_at_home("small", 3)
-    assert place("small", [], {"small": [busy, idle]}, odd, "pro", TIERS).partition == 3
-    moved = place("small", [], {"small": [busy, idle]}, even, "pro", TIERS)
+    assert place("small", [], {"small": [busy, idle]}, odd, "pro", TIERS, PARTS).partition == 3
+    moved = place("small", [], {"small": [busy, idle]}, even, "pro", TIERS, PARTS)
     assert moved.pool == "small" and moved.partition in idle.partitions and moved.wait_s == 0.0
     full = engine({"pro": 8}, {"pro": 2}, partitions=idle.partitions)
-    refused = place("small", [], {"small": [busy, full]}, even, "pro", TIERS)
+    refused = place("small", [], {"small": [busy, full]}, even, "pro", TIERS, PARTS)
     assert refused.pool is None and refused.retry_after_s >= 1  # the pool's free slot total says nothing here
-    assert place("small", [], {}, even, "pro", TIERS).partition == 2  # no status yet: not judged, goes home
+    assert place("small", [], {}, even, "pro", TIERS, PARTS).partition == 2  # no status yet: not judged, goes home
 
 
 def test_over_its_bound_a_free_run_is_degraded_to_a_smaller_pool_and_a_pro_run_is_refused_with_retry_after():
     busy = engine({"pro": 2}, {"pro": 6}, slots=2, mean=4.0)
     idle = engine({}, {}, mean=1.0)
     loads = {"large": [busy], "small": [idle]}
-    free_run = place("large", ["small"], loads, "c1", "free", TIERS)
+    free_run = place("large", ["small"], loads, "c1", "free", TIERS, PARTS)
     assert (free_run.pool, free_run.degraded_from) == ("small", "large")
-    assert free_run.partition == home_partition("small", "c1")
-    pro_run = place("large", ["small"], loads, "c1", "pro", TIERS)
+    assert free_run.partition == home_partition("c1", PARTS["small"])
+    pro_run = place("large", ["small"], loads, "c1", "pro", TIERS, PARTS)
     assert pro_run.pool is None and pro_run.retry_after_s and pro_run.retry_after_s >= 1
 
 
@@ -132,7 +133,7 @@ def test_the_edge_sheds_only_what_no_pool_the_run_could_reach_has_room_for():
 
     shed = door(None, 100, False, {"small": [full], "large": [idle]}, "pro")
     assert shed is not None and shed.pool is None and shed.retry_after_s >= 1
-    assert place("small", [], {"small": [full], "large": [idle]}, "c1", "pro", TIERS).pool is None  # agreed
+    assert place("small", [], {"small": [full], "large": [idle]}, "c1", "pro", TIERS, PARTS).pool is None  # agreed
     assert door(None, 100, False, {"small": [full, idle]}, "pro") is None  # one engine of the pool has room
     assert door(None, 100, True, {"small": [full], "large": [idle]}, "pro") is None  # history may need large
     assert door(None, 3000, False, {"small": [full], "large": [idle]}, "pro") is None  # too long for small

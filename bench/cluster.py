@@ -1,0 +1,247 @@
+"""The replicated data plane against the single node, in one run, and failover on the local cluster.
+
+1. For the single-node stack and then the 3-broker, 3-node cluster (same pipeline: two edges, two consumers
+   per pool): start time and resident memory of every process, pipeline-added time to first token (the same
+   prompt straight to the engine and through the pipeline, in random order, as bench/pipeline_ttft.py), and
+   aggregate tokens/s with 8 chats answering at once.
+2. On the cluster, while 3 chats stream: kill -9 the broker leading the reply partitions the edge reads, and
+   time the next token delivered after the kill and the longest pause in delivery (then restart it and wait
+   until every partition is in sync again); and kill -9 a Cassandra node and time until a chat turn sent just
+   after the kill is stored.
+
+Prints JSON and writes bench/results/cluster.json.
+Usage: python bench/cluster.py [--pairs 30] [--kills 10] [--node-kills 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+from confluent_kafka.admin import AdminClient
+from inference_pools import via_pipeline
+from pipeline_ttft import engine_ttft, pipeline_ttft, rss_mb, summary
+from tqdm import tqdm
+
+from infra.cli import local_token
+from infra.stack import CLUSTER, SINGLE_NODE, Stack, Topology
+from processors.settings import ProcessorSettings
+from topics.pipeline import TOKEN_DELTA, named
+
+PORT_BASE = 38000
+STORY = "Write a long story about a lighthouse keeper and a storm at sea."
+
+
+def memory(stack: Stack) -> dict[str, float]:
+    """Resident MB of every process of the stack (engines counted under their own row)."""
+    rows = {row["name"]: round(rss_mb(int(row["pid"])), 1) for row in stack.status() if row["pid"]}
+    rows["total"] = round(sum(rows.values()), 1)
+    return rows
+
+
+def added_ttft(stack: Stack, client: httpx.Client, pairs: int) -> dict[str, object]:
+    engine, url = httpx.Client(timeout=120), stack.engine_url()
+    system = ProcessorSettings().system_prompt
+    rng = random.Random(7)
+    added, through, alone = [], [], []
+    for i in tqdm(range(pairs), desc=f"ttft pairs ({stack.tag})", unit="pair", mininterval=5):
+        content = f"Name a fruit. ({i})"
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": content}]
+        chat = client.post("/v1/chats").json()["id"]
+        engine_ttft(engine, url, messages, 16)  # both find the prompt in the engine's cache
+        if rng.random() < 0.5:
+            e = engine_ttft(engine, url, messages, 16)
+            p = pipeline_ttft(client, chat, content, 16)
+        else:
+            p = pipeline_ttft(client, chat, content, 16)
+            e = engine_ttft(engine, url, messages, 16)
+        added.append(p - e)
+        through.append(p)
+        alone.append(e)
+    return {"pipeline_added_ms": summary(added), "pipeline_ms": summary(through), "engine_ms": summary(alone)}
+
+
+async def eight_at_once(api_url: str, token: str, rounds: int) -> dict[str, object]:
+    headers = {"Authorization": f"Bearer {token}"}
+    per_round = []
+    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=300) as api:
+        for r in range(rounds):
+            started = time.perf_counter()
+            runs = await asyncio.gather(*(via_pipeline(api, f"{STORY} ({r}.{i})", 96) for i in range(8)))
+            per_round.append(sum(tokens for _, _, tokens in runs) / (time.perf_counter() - started))
+    return {"tokens_per_s_median": round(statistics.median(per_round), 1), "rounds": [round(x, 1) for x in per_round]}
+
+
+def measure(topology: Topology, args: argparse.Namespace) -> tuple[Stack, dict[str, Any]]:
+    stack = Stack(
+        namespace=f"bench{uuid.uuid4().hex[:6]}",
+        port_base=PORT_BASE,
+        replicas=2,
+        workers={"small": 2, "large": 2},
+        topology=topology,
+    )
+    started = time.perf_counter()
+    stack.up()
+    result: dict[str, Any] = {"start_s": round(time.perf_counter() - started, 1), "start_steps_s": stack.timings}
+    token = local_token("bench", "pro", 3600)
+    client = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+    for _ in range(3):  # warm-up
+        pipeline_ttft(client, client.post("/v1/chats").json()["id"], "Hi.", 16)
+    result["ttft"] = added_ttft(stack, client, args.pairs)
+    result["eight_chats"] = asyncio.run(eight_at_once(stack.api_url, token, args.rounds))
+    time.sleep(2)
+    result["rss_mb"] = memory(stack)
+    return stack, result
+
+
+class Streams:
+    """Chat turns, `concurrency` at a time, each noting when its tokens arrived."""
+
+    def __init__(self, stack: Stack, concurrency: int = 3) -> None:
+        self.stack, self.concurrency = stack, concurrency
+        self.token_times: list[float] = []
+        self.failures: list[str] = []
+        self._running = True
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(concurrency)]
+
+    def __enter__(self) -> Streams:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def _loop(self) -> None:
+        client = httpx.Client(
+            base_url=self.stack.api_url,
+            headers={"Authorization": f"Bearer {local_token(f'b-{uuid.uuid4().hex[:6]}', 'pro', 3600)}"},
+            timeout=httpx.Timeout(60, read=120),
+        )
+        while self._running:
+            try:
+                chat = client.post("/v1/chats").json()["id"]
+                body = {"content": STORY, "max_tokens": 200}
+                with client.stream("POST", f"/v1/chats/{chat}/messages", json=body) as response:
+                    for line in response.iter_lines():
+                        if line == "event: token":
+                            self.token_times.append(time.monotonic())
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.5)
+
+    def after(self, moment: float) -> list[float]:
+        return sorted(t for t in self.token_times if t > moment)
+
+    def __exit__(self, *exc: object) -> None:
+        self._running = False
+        for thread in self._threads:
+            thread.join(180)
+
+
+def broker_kills(stack: Stack, kills: int) -> dict[str, object]:
+    admin = AdminClient({"bootstrap.servers": CLUSTER.kafka_bootstrap})
+    replies = named(TOKEN_DELTA, stack.namespace)
+    owned = httpx.get(f"{stack.api_url}/healthz").json()["reply_partitions"]
+    next_token, pauses = [], []
+    with Streams(stack) as streams:
+        for _ in tqdm(range(kills), desc="broker kills", unit="kill"):
+            time.sleep(3)
+            leaders = admin.list_topics(replies, timeout=10).topics[replies].partitions
+            leader = Counter(leaders[p].leader for p in owned).most_common(1)[0][0]
+            node = next(b for b in CLUSTER.brokers(stack.state) if b.index == leader)
+            killed = time.monotonic()
+            os.kill(node.pid() or 0, signal.SIGKILL)
+            deadline = killed + 60
+            while not streams.after(killed) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(15)  # delivery while the broker stays down
+            times = [killed, *streams.after(killed)]
+            next_token.append(round(times[1] - killed, 3) if len(times) > 1 else None)
+            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+            pauses.append(round(max(gaps), 3) if gaps else None)
+            node.sh("start")
+            while not all(
+                len(p.isrs) == 3 for t in admin.list_topics(timeout=10).topics.values() for p in t.partitions.values()
+            ):
+                time.sleep(0.5)
+    seen = [x for x in next_token if x is not None]
+    longest = [x for x in pauses if x is not None]
+    return {
+        "kills": kills,
+        "next_token_after_kill_s": {"p50": statistics.median(seen), "max": max(seen), "all": next_token},
+        "longest_pause_after_kill_s": {"p50": statistics.median(longest), "max": max(longest), "all": pauses},
+        "stream_failures": streams.failures,
+    }
+
+
+def node_kills(stack: Stack, kills: int) -> dict[str, object]:
+    token = local_token(f"b-{uuid.uuid4().hex[:6]}", "pro", 3600)
+    client = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+    stored_after = []
+    for i in tqdm(range(kills), desc="cassandra node kills", unit="kill"):
+        node = CLUSTER.cassandra_nodes()[1 + i % 2]  # not the seed
+        killed = time.monotonic()
+        os.kill(node.pid() or 0, signal.SIGKILL)
+        chat = client.post("/v1/chats").json()["id"]
+        with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": "Say hi.", "max_tokens": 8}) as r:
+            for _ in r.iter_lines():
+                pass
+        while len(client.get(f"/v1/chats/{chat}/messages").json()["data"]) < 2:
+            time.sleep(0.02)
+        stored_after.append(round(time.monotonic() - killed, 3))
+        node.sh("start")
+    return {"kills": kills, "turn_stored_after_kill_s": {"p50": statistics.median(stored_after), "all": stored_after}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--node-kills", type=int, default=3)
+    args = parser.parse_args()
+    stack, single = measure(SINGLE_NODE, args)
+    stack.stop()  # the pipeline; the single node's Kafka and Cassandra may serve a `make up` stack too
+    stack, cluster = measure(CLUSTER, args)
+    try:
+        brokers = broker_kills(stack, args.kills)
+        nodes = node_kills(stack, args.node_kills)
+    finally:
+        stack.down()
+
+    def ratio(path: tuple[str, ...]) -> float:
+        a, b = cluster, single
+        for key in path:
+            a, b = a[key], b[key]
+        return round(a / b, 2)
+
+    result = {
+        "benchmark": "cluster",
+        "single_node": single,
+        "cluster": cluster,
+        "cluster_over_single": {
+            "pipeline_added_ttft_p50": ratio(("ttft", "pipeline_added_ms", "p50")),
+            "pipeline_added_ttft_p99": ratio(("ttft", "pipeline_added_ms", "p99")),
+            "tokens_per_s_8_chats": ratio(("eight_chats", "tokens_per_s_median")),
+            "rss_total": ratio(("rss_mb", "total")),
+        },
+        "broker_failover": brokers,
+        "cassandra_failover": nodes,
+    }
+    out = Path(__file__).parent / "results" / "cluster.json"
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

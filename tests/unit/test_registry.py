@@ -1,0 +1,89 @@
+"""The schema registry's rules and the wire format: ids from content, compatibility enforced, each record
+naming its writer's schema, old records decoded through the writer's schema, unknown ids refused as poison."""
+
+import io
+import json
+import struct
+
+import fastavro
+import pytest
+
+from registry.store import Incompatible, InProcess, Store, canonical
+from topics import codec
+from topics.errors import PoisonEvent
+
+from .test_schemas import RELEASED, raw, sample
+
+
+def released_record(name: str) -> dict:
+    named: dict = {}
+    for dep in ("Usage", "ChatMessage", "PromptAccepted"):
+        sample(raw(RELEASED, dep), named)
+    return sample(raw(RELEASED, name), named)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RELEASED.glob("*.avsc")))
+def test_a_record_written_with_each_released_schema_decodes_with_todays_through_its_id(name, schema_registry):
+    writer = codec.expanded(name, RELEASED)
+    schema_id = schema_registry.registry.register(f"released-test.{name}", writer)
+    record = released_record(name)
+    buf = io.BytesIO()
+    buf.write(struct.pack(">bI", 0, schema_id))
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(json.loads(writer)), record)
+    decoded = codec.decode(name, buf.getvalue())
+    for field in raw(RELEASED, name)["fields"]:  # every released field reads back; fields added since take defaults
+        value = decoded[field["name"]]
+        value = int(value.timestamp() * 1000) if hasattr(value, "timestamp") else value  # timestamp-millis
+        if not isinstance(record[field["name"]], dict):
+            assert value == record[field["name"]], field["name"]
+    added = {f["name"] for f in raw(codec.SCHEMA_DIR, name)["fields"]} - set(record)
+    assert added <= set(decoded)
+
+
+def test_every_record_names_its_writer_schema_and_the_id_follows_the_content():
+    record = released_record("PromptAccepted")
+    payload = codec.encode("PromptAccepted", record)
+    assert payload[0] == 0
+    schema_id = codec.writer_id(payload)
+    other = InProcess()  # another registry replica, or tomorrow's: the same schema gets the same id
+    assert other.register(codec.subject("PromptAccepted"), codec.expanded("PromptAccepted")) == schema_id
+    assert json.loads(other.fetch(schema_id))["name"] == "PromptAccepted"
+    assert codec.subject("PromptAccepted") == "parley.events.PromptAccepted"
+
+
+def test_the_expanded_schema_stands_alone():
+    import avro.schema
+
+    for name in codec.schemas():
+        avro.schema.parse(codec.expanded(name))  # every named type it uses is defined in it
+
+
+def test_registration_enforces_backward_compatibility():
+    store = InProcess()
+    base = json.loads(codec.expanded("RunCompleted"))
+    first = store.register("s", json.dumps(base))
+    assert store.register("s", json.dumps(base)) == first  # the same schema again: the same id, no new version
+    optional = {**base, "fields": [*base["fields"], {"name": "extra", "type": ["null", "string"], "default": None}]}
+    second = store.register("s", json.dumps(optional))
+    assert second != first and store.store.versions["s"] == [first, second]
+    required = {**base, "fields": [*base["fields"], {"name": "needed", "type": "string"}]}
+    with pytest.raises(Incompatible, match="needed"):
+        store.register("s", json.dumps(required))
+    store.store.levels["s"] = "NONE"
+    assert store.register("s", json.dumps(required)) not in (first, second)
+
+
+def test_colliding_ids_take_the_next_free_one():
+    store = Store()
+    text = canonical('{"type": "string"}')
+    taken = store.new_id(text)
+    store.by_id[taken] = canonical('{"type": "int"}')
+    assert store.new_id(text) == taken % 0x7FFF_FFFF + 1
+
+
+def test_unknown_ids_and_foreign_bytes_are_poison_with_the_reason():
+    body = codec.encode("PromptAccepted", released_record("PromptAccepted"))[5:]
+    with pytest.raises(PoisonEvent, match="unknown schema id 2147483000"):
+        codec.decode("PromptAccepted", struct.pack(">bI", 0, 2_147_483_000) + body)
+    with pytest.raises(PoisonEvent, match="wire format"):
+        codec.decode("PromptAccepted", b"\x01\x00\x00\x00\x01" + body)
