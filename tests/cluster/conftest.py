@@ -124,7 +124,14 @@ class Stream:
 
     @property
     def text(self) -> str:
-        return "".join(e["data"]["delta"] for e in self.events if e["event"] == "token")
+        """The answer as a client shows it: the deltas, less what a retraction took back (never stored)."""
+        text = ""
+        for event in self.events:
+            if event["event"] == "token":
+                text += event["data"]["delta"]
+            elif event["event"] == "moderation" and event["data"].get("action") == "retract":
+                text = text[: event["data"]["retract_from"]]
+        return text
 
     def _run(self) -> None:
         try:
