@@ -113,6 +113,7 @@ class Topology:
                     "KAFKA_REPLICATION": str(self.copies),
                     "KAFKA_CLUSTER_ID": cluster_id,
                     "KAFKA_HEAP": "384m",
+                    "KAFKA_START_TIMEOUT": "240",  # a restart under load replays the whole metadata log
                 },
             )
             for i, host in enumerate(self.hosts, 1)
@@ -141,6 +142,11 @@ class Topology:
 
     def nodes(self, state: Path) -> list[Node]:
         return [*self.brokers(state), *self.cassandra_nodes()]
+
+    def wipe(self, state: Path) -> None:
+        """Stop every node and delete its data (a test or benchmark starts from an empty cluster: a broker
+        restarted over the partitions of many earlier runs took over 90 s to replay its metadata)."""
+        _each(self.nodes(state), "reset")
 
 
 SINGLE_NODE = Topology()

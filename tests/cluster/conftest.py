@@ -83,12 +83,14 @@ def cluster() -> Iterator[Cluster]:
         workers={"small": 2, "large": 2},
         topology=CLUSTER,
     )
+    CLUSTER.wipe(stack.state)  # an empty cluster: what CI gets, and restarts stay quick
     try:
         stack.up()
         registry.connect(stack.registry_url)
         yield Cluster(stack)
     finally:
-        stack.down()
+        stack.stop()
+        CLUSTER.wipe(stack.state)
 
 
 @dataclass
