@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from cassandra import OperationTimedOut, RequestExecutionException
+from cassandra.cluster import NoHostAvailable
 from confluent_kafka import KafkaException
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -66,6 +68,15 @@ def install(app: FastAPI) -> None:
         log.warning("Kafka did not acknowledge %s %s: %s", request.method, request.url.path, exc)
         message = "The event log is unavailable right now; retry shortly."
         return JSONResponse(body(503, message, "log_unavailable"), 503, headers={"Retry-After": "5"})
+
+    async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        """Too few Cassandra replicas answered in time (nodes down or overloaded): retryable, like the log's."""
+        log.warning("Cassandra did not answer %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        message = "The conversation store is unavailable right now; retry shortly."
+        return JSONResponse(body(503, message, "store_unavailable"), 503, headers={"Retry-After": "5"})
+
+    for kind in (OperationTimedOut, RequestExecutionException, NoHostAvailable):
+        app.add_exception_handler(kind, store_unavailable)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

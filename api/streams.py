@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
+from confluent_kafka import KafkaException
 from opentelemetry import trace
 from prometheus_client import Counter
 
@@ -82,7 +83,21 @@ async def from_log(
     settings = deps.settings
     reader = Replay(settings.kafka_bootstrap, settings.namespace, partition, run_id)
     try:
-        await loop.run_in_executor(None, reader.seek, since_ms(run_id), after)
+        deadline = loop.time() + settings.first_event_timeout_s
+        while True:  # the partition's leader may be moving (a broker died): ask again until it answers
+            try:
+                await loop.run_in_executor(None, reader.seek, since_ms(run_id), after)
+                break
+            except KafkaException as exc:
+                if loop.time() > deadline:
+                    raise StreamTimeout("The log did not answer where this run's records are.") from None
+                log.info(
+                    "run %s: the log did not answer a seek on reply partition %d (%s); asking again",
+                    run_id,
+                    partition,
+                    exc,
+                )
+                await asyncio.sleep(1.0)
         deadline = loop.time() + settings.first_event_timeout_s
         while True:
             try:

@@ -9,7 +9,7 @@
    until every partition is in sync again); and kill -9 a Cassandra node and time until a chat turn sent just
    after the kill is stored.
 
-Prints JSON and writes bench/results/cluster.json.
+Prints JSON and writes bench/results/cluster.json after every phase (`complete` is true once all ran).
 Usage: python bench/cluster.py [--pairs 30] [--kills 10] [--node-kills 3]
 """
 
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from cassandra.cluster import Cluster as CqlCluster
 from confluent_kafka.admin import AdminClient
 from inference_pools import via_pipeline
 from pipeline_ttft import engine_ttft, pipeline_ttft, rss_mb, summary
@@ -175,9 +176,12 @@ def broker_kills(stack: Stack, kills: int) -> dict[str, object]:
             gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
             pauses.append(round(max(gaps), 3) if gaps else None)
             node.sh("start")
+            rejoined = time.monotonic() + 240
             while not all(
                 len(p.isrs) == 3 for t in admin.list_topics(timeout=10).topics.values() for p in t.partitions.values()
             ):
+                if time.monotonic() > rejoined:
+                    raise RuntimeError(f"broker {node.index} did not rejoin every partition's in-sync set")
                 time.sleep(0.5)
     seen = [x for x in next_token if x is not None]
     longest = [x for x in pauses if x is not None]
@@ -189,26 +193,61 @@ def broker_kills(stack: Stack, kills: int) -> dict[str, object]:
     }
 
 
+def stored_turn(client: httpx.Client) -> None:
+    """One chat turn, returning once both of its messages are stored; raises httpx.HTTPError on a refusal."""
+    created = client.post("/v1/chats")
+    created.raise_for_status()
+    chat = created.json()["id"]
+    with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": "Say hi.", "max_tokens": 8}) as r:
+        r.raise_for_status()
+        for _ in r.iter_lines():
+            pass
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listed = client.get(f"/v1/chats/{chat}/messages")
+        listed.raise_for_status()
+        if len(listed.json()["data"]) >= 2:
+            return
+        time.sleep(0.02)
+    raise httpx.HTTPError(f"chat {chat}: the turn was not stored within 60 s")
+
+
+def all_nodes_up(timeout_s: float = 180) -> bool:
+    """Every Cassandra node is up as the cluster itself sees it (the driver follows the nodes' gossip)."""
+    session = CqlCluster([n.host for n in CLUSTER.cassandra_nodes()], protocol_version=5).connect()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(host.is_up for host in session.cluster.metadata.all_hosts()):
+                return True
+            time.sleep(0.5)
+        return False
+    finally:
+        session.cluster.shutdown()
+
+
 def node_kills(stack: Stack, kills: int) -> dict[str, object]:
+    """Kill -9 a Cassandra node (not the seed), time until a chat turn sent right after is stored, count what
+    was refused meanwhile, restart the node and wait until the cluster sees it up again."""
     token = local_token(f"b-{uuid.uuid4().hex[:6]}", "pro", 3600)
     client = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
     stored_after, refused = [], []
     for i in tqdm(range(kills), desc="cassandra node kills", unit="kill"):
-        node = CLUSTER.cassandra_nodes()[1 + i % 2]  # not the seed
+        node = CLUSTER.cassandra_nodes()[1 + i % 2]
         killed = time.monotonic()
         os.kill(node.pid() or 0, signal.SIGKILL)
-        created = client.post("/v1/chats")
-        while created.status_code != 201:  # a request in flight on the dead node's connection can fail
-            refused.append(f"{created.status_code} after {time.monotonic() - killed:.1f}s")
-            created = client.post("/v1/chats")
-        chat = created.json()["id"]
-        with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": "Say hi.", "max_tokens": 8}) as r:
-            for _ in r.iter_lines():
-                pass
-        while len(client.get(f"/v1/chats/{chat}/messages").json()["data"]) < 2:
-            time.sleep(0.02)
+        while True:
+            try:
+                stored_turn(client)
+                break
+            except httpx.HTTPError as exc:
+                status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else type(exc).__name__
+                refused.append(f"{status} after {time.monotonic() - killed:.1f}s")
+                time.sleep(0.2)
         stored_after.append(round(time.monotonic() - killed, 3))
         node.sh("start")
+        if not all_nodes_up():
+            raise RuntimeError(f"Cassandra node {node.host} did not rejoin")
     return {
         "kills": kills,
         "turn_stored_after_kill_s": {"p50": statistics.median(stored_after), "all": stored_after},
@@ -223,16 +262,18 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--node-kills", type=int, default=3)
     args = parser.parse_args()
-    stack, single = measure(SINGLE_NODE, args)
+    out = Path(__file__).parent / "results" / "cluster.json"
+    result: dict[str, Any] = {"benchmark": "cluster", "args": vars(args), "complete": False}
+
+    def save() -> None:  # after every phase, so a phase that fails leaves the ones before it on disk
+        out.write_text(json.dumps(result, indent=2))
+
+    stack, result["single_node"] = measure(SINGLE_NODE, args)
+    save()
     stack.stop()  # the pipeline; the single node's Kafka and Cassandra may serve a `make up` stack too
     CLUSTER.wipe(stack.state)  # an empty cluster, as `parley up --cluster` gets on a new machine
-    stack, cluster = measure(CLUSTER, args)
-    try:
-        brokers = broker_kills(stack, args.kills)
-        nodes = node_kills(stack, args.node_kills)
-    finally:
-        stack.stop()
-        CLUSTER.wipe(stack.state)
+    stack, result["cluster"] = measure(CLUSTER, args)
+    cluster, single = result["cluster"], result["single_node"]
 
     def ratio(path: tuple[str, ...]) -> float:
         a, b = cluster, single
@@ -240,21 +281,23 @@ def main() -> None:
             a, b = a[key], b[key]
         return round(a / b, 2)
 
-    result = {
-        "benchmark": "cluster",
-        "single_node": single,
-        "cluster": cluster,
-        "cluster_over_single": {
-            "pipeline_added_ttft_p50": ratio(("ttft", "pipeline_added_ms", "p50")),
-            "pipeline_added_ttft_p99": ratio(("ttft", "pipeline_added_ms", "p99")),
-            "tokens_per_s_8_chats": ratio(("eight_chats", "tokens_per_s_median")),
-            "rss_total": ratio(("rss_mb", "total")),
-        },
-        "broker_failover": brokers,
-        "cassandra_failover": nodes,
+    result["cluster_over_single"] = {
+        "pipeline_added_ttft_p50": ratio(("ttft", "pipeline_added_ms", "p50")),
+        "pipeline_added_ttft_p99": ratio(("ttft", "pipeline_added_ms", "p99")),
+        "tokens_per_s_8_chats": ratio(("eight_chats", "tokens_per_s_median")),
+        "rss_total": ratio(("rss_mb", "total")),
+        "start_s": ratio(("start_s",)),
     }
-    out = Path(__file__).parent / "results" / "cluster.json"
-    out.write_text(json.dumps(result, indent=2))
+    save()
+    try:
+        result["broker_failover"] = broker_kills(stack, args.kills)
+        save()
+        result["cassandra_failover"] = node_kills(stack, args.node_kills)
+        result["complete"] = True
+        save()
+    finally:
+        stack.stop()
+        CLUSTER.wipe(stack.state)
     print(json.dumps(result, indent=2))
 
 

@@ -8,13 +8,20 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cassandra import ConsistencyLevel, InvalidRequest
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, ResponseFuture, Session
-from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy, TokenAwarePolicy, WriteType
+from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
+    DCAwareRoundRobinPolicy,
+    RetryPolicy,
+    TokenAwarePolicy,
+    WriteType,
+)
 from cassandra.query import BatchStatement, PreparedStatement
 
 from topics.settings import CassandraSettings
@@ -79,6 +86,7 @@ COLUMNS_ADDED = (
 )
 
 
+SPECULATE_AFTER_S = 1.0  # a statement's answer takes milliseconds; a second is a node that died or stalls
 MIN_ID = uuid.UUID(int=0x00000000_0000_1000_8000_000000000000)  # the smallest timeuuid
 
 
@@ -178,7 +186,7 @@ class Conversations:
         self.session = session
         self.ks = keyspace
         ks = keyspace
-        p = session.prepare
+        p = idempotent(session)
         self._insert_chat: PreparedStatement = p(
             f"INSERT INTO {ks}.chats (chat_id, user_id, title, created_at, last_active_at) VALUES (?, ?, ?, ?, ?)"
         )
@@ -289,6 +297,7 @@ class Conversations:
         batch = BatchStatement()
         for statement, params in items:
             batch.add(statement, params)
+        batch.is_idempotent = True  # every statement in it sets values it is given (no counters, no appends)
         await wait(self.session.execute_async(batch))
 
     # -- chats -------------------------------------------------------------------------------------
@@ -515,17 +524,34 @@ class FailoverRetry(RetryPolicy):  # type: ignore[misc]
         return (self.RETRY_NEXT_HOST, consistency) if retry_num < 2 else (self.RETHROW, None)
 
 
+def idempotent(session: Session) -> Callable[[str], PreparedStatement]:
+    """`session.prepare` for statements that may run twice with the same effect (every write here sets the
+    values it is given, keyed by ids from the event or the request; none is a counter or a compare-and-set).
+    The driver sends such a statement again to another replica when the first does not answer (speculative
+    execution, `_connect`), and only such: without it a request caught on the connection of a node that had
+    just been killed waited out the 10 s request timeout and failed (the cluster bench's POST /v1/chats)."""
+
+    def prepare(query: str) -> PreparedStatement:
+        statement: PreparedStatement = session.prepare(query)
+        statement.is_idempotent = True
+        return statement
+
+    return prepare
+
+
 def _connect(settings: CassandraSettings, timeout_s: float = 90.0) -> Session:
     """Connect, retrying while a node that has just started (or is swamped by every stage connecting at once
     on a small machine) does not answer yet. A failed connect shuts its Cluster down, so each try builds one.
     Every statement runs at the configured consistency (LOCAL_QUORUM: a write is acknowledged by a majority of
-    the local datacenter's copies, so it survives losing one), compare-and-set at LOCAL_SERIAL."""
+    the local datacenter's copies, so it survives losing one), compare-and-set at LOCAL_SERIAL. An idempotent
+    statement with no answer after SPECULATE_AFTER_S is sent once more, to the next replica in its plan."""
     profile = ExecutionProfile(
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.datacenter)),
         consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
         serial_consistency_level=ConsistencyLevel.name_to_value[settings.serial_consistency],
         retry_policy=FailoverRetry(),
         request_timeout=10,
+        speculative_execution_policy=ConstantSpeculativeExecutionPolicy(SPECULATE_AFTER_S, max_attempts=1),
     )
     deadline = time.monotonic() + timeout_s
     while True:

@@ -20,7 +20,7 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement
 
-from storage.cassandra import agree, wait
+from storage.cassandra import agree, idempotent, wait
 from topics.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -107,21 +107,21 @@ class Ledger:
         ks = keyspace
         session.execute(SCHEMA.format(ks=ks), timeout=60)
         agree(session)
-        p = session.prepare
+        p = idempotent(session)  # all but the compare-and-set batch's statements: run twice, it would conflict
         self._account = p(f"SELECT used, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1")
         self._run = p(f"SELECT estimate, settled, scheduled FROM {ks}.budgets WHERE user_id = ? AND run_id = ?")
         self._scheduled = p(
             f"UPDATE {ks}.budgets USING TTL {RUN_ROW_TTL_S} SET scheduled = true WHERE user_id = ? AND run_id = ?"
         )
-        self._set_bucket = p(
+        self._set_bucket = session.prepare(
             f"UPDATE {ks}.budgets SET used = ?, refilled_at = ?, version = ?, in_flight = ? "
             "WHERE user_id = ? IF version = ?"
         )
-        self._insert_run = p(
+        self._insert_run = session.prepare(
             f"INSERT INTO {ks}.budgets (user_id, run_id, estimate, settled, decided_at) VALUES (?, ?, ?, false, ?) "
             f"USING TTL {RUN_ROW_TTL_S}"
         )
-        self._settle_run = p(
+        self._settle_run = session.prepare(
             f"UPDATE {ks}.budgets USING TTL {RUN_ROW_TTL_S} SET actual = ?, settled = true "
             "WHERE user_id = ? AND run_id = ?"
         )

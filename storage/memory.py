@@ -13,7 +13,7 @@ from typing import Any
 
 from cassandra.cluster import Session
 
-from storage.cassandra import wait
+from storage.cassandra import idempotent, wait
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Summary:
 class Memory:
     def __init__(self, session: Session, keyspace: str) -> None:
         self.session = session
-        ks, p = keyspace, session.prepare
+        ks, p = keyspace, idempotent(session)
         self._put = p(f"INSERT INTO {ks}.memory (chat_id, message_id, role, content, embedding) VALUES (?, ?, ?, ?, ?)")
         self._forget = p(f"DELETE FROM {ks}.memory WHERE chat_id = ? AND message_id = ?")
         self._recall = p(
