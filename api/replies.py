@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
 import time
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ from prometheus_client import Counter
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import consumer_config
+from topics.kafka import ConsumerThread, consumer_config
 from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
@@ -98,8 +97,7 @@ class ReplyHub:
         self._owned: tuple[int, ...] = ()
         self._turn = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._running = False
-        self._thread: threading.Thread | None = None
+        self._reader = ConsumerThread(self._consumer, "reply-hub", self._poll)
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -110,17 +108,11 @@ class ReplyHub:
         """Join the edge group and wait for a first assignment (a replica with none still serves resumes)."""
         self._loop = loop
         self._consumer.subscribe(list(self._topics), on_assign=self._assigned, on_revoke=self._revoked)
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name="reply-hub", daemon=True)
-        self._thread.start()
+        self._reader.start(None)
         deadline = time.monotonic() + timeout_s
         while not self._owned and time.monotonic() < deadline:
             time.sleep(0.05)
         log.info("reply partitions %s", list(self._owned) or "none yet")
-
-    def _run(self) -> None:
-        while self._running:
-            self._poll()
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Read each new partition from its current end: only runs opened from now on are streamed from here."""
@@ -147,10 +139,7 @@ class ReplyHub:
                 entry[1].queue.put_nowait(Reply("", HANDOFF, {}))
 
     def stop(self) -> None:
-        self._running = False
-        if self._thread:
-            self._thread.join(5)
-        self._consumer.close()
+        self._reader.stop()
 
     def pick(self) -> int:
         """A reply partition of this replica for a new run (round robin over those it holds)."""

@@ -33,7 +33,7 @@ import httpx
 from cassandra.cluster import Cluster as CqlCluster
 from confluent_kafka.admin import AdminClient
 from inference_pools import via_pipeline
-from pipeline_ttft import engine_ttft, pipeline_ttft, rss_mb, summary
+from pipeline_ttft import engine_ttft, pipeline_ttft, stack_memory, summary
 from tqdm import tqdm
 
 from infra.cli import local_token
@@ -43,13 +43,6 @@ from topics.pipeline import TOKEN_DELTA, named
 
 PORT_BASE = 38000
 STORY = "Write a long story about a lighthouse keeper and a storm at sea."
-
-
-def memory(stack: Stack) -> dict[str, float]:
-    """Resident MB of every process of the stack (engines counted under their own row)."""
-    rows = {row["name"]: round(rss_mb(int(row["pid"])), 1) for row in stack.status() if row["pid"]}
-    rows["total"] = round(sum(rows.values()), 1)
-    return rows
 
 
 def added_ttft(stack: Stack, client: httpx.Client, pairs: int) -> dict[str, object]:
@@ -105,7 +98,7 @@ def measure(topology: Topology, args: argparse.Namespace) -> tuple[Stack, dict[s
         enterprise = local_token("bench-8", "enterprise", 3600)  # 8 at once is over a pro user's concurrency limit
         result["eight_chats"] = asyncio.run(eight_at_once(stack.api_url, enterprise, args.rounds))
         time.sleep(2)
-        result["rss_mb"] = memory(stack)
+        result["rss_mb"] = stack_memory(stack)
     except BaseException:
         stack.stop()
         raise

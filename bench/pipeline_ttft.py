@@ -111,27 +111,12 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def children(pid: int) -> list[int]:
-    """Children of every thread (llama-server is started from an executor thread)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except FileNotFoundError:
-            continue
-    return found
-
-
 def stack_memory(stack: Stack) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, pid in stack.pids().items():
-        out[name] = round(rss_mb(pid) + sum(rss_mb(c) for c in children(pid)), 1)
-    for svc in ("kafka", "cassandra"):
-        pid_file = stack.state / svc / "run" / f"{svc}.pid"
-        if pid_file.exists():
-            out[svc] = round(rss_mb(int(pid_file.read_text())), 1)
-    out["total"] = round(sum(out.values()), 1)
-    return out
+    """Resident MB of every process of the stack as `parley status` lists them (brokers, Cassandra nodes, the
+    pipeline's processes, each engine under its own row), and their total."""
+    rows = {str(row["name"]): round(rss_mb(int(str(row["pid"]))), 1) for row in stack.status() if row["pid"]}
+    rows["total"] = round(sum(rows.values()), 1)
+    return rows
 
 
 def main() -> None:

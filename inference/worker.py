@@ -44,7 +44,7 @@ from safety.policy import PolicyView
 from topics import codec, tracing
 from topics.codec import Event
 from topics.codec import token_delta as delta
-from topics.errors import PoisonEvent
+from topics.errors import PoisonEvent, RetriableError
 from topics.kafka import AsyncProducer, consumer_config, dead_letter
 from topics.limits import BACKGROUND_PRIORITY, LimitsView, tier_cap
 from topics.pipeline import (
@@ -627,7 +627,13 @@ class Worker:
                     msg = await self._consumer_call(self.consumer.poll, 0.05 if len(self.queue) else 0.2)
                     error = msg.error() if msg is not None else None
                     if msg is not None and error is None:
-                        self._accept(msg)
+                        try:
+                            self._accept(msg)
+                        except RetriableError as exc:  # a writer schema not seen yet, and the registry is away
+                            topic, partition, offset = position(msg)
+                            log.warning("%s; reading %s [%d] @%d again in 1 s", exc, topic, partition, offset)
+                            await self._consumer_call(self.consumer.seek, TopicPartition(topic, partition, offset))
+                            await asyncio.sleep(1.0)
                     elif error is not None and error.code() != KafkaError._PARTITION_EOF:
                         log.warning("consumer error: %s", error)
                 else:  # the local queue is full: wait for a slot before reading more
@@ -653,10 +659,10 @@ class Worker:
 
     def _accept(self, msg: Message) -> None:
         topic, partition, offset = position(msg)
-        self.offsets.started(partition, offset)
         try:
             run = codec.decode(RUN_SCHEDULED[self.settings.pool].schema, msg.value())
         except PoisonEvent as exc:
+            self.offsets.started(partition, offset)
             dead_letter(
                 self.producer.producer,
                 RUN_SCHEDULED[self.settings.pool],
@@ -671,6 +677,7 @@ class Worker:
             )
             self._commit(msg)
             return
+        self.offsets.started(partition, offset)
         flight = Flight(msg, run, partition, maybe_started=offset < self.fresh_from.get(partition, 0))
         if flight.run_id in self.flights:  # redelivered while still here (cannot happen; be safe)
             return

@@ -27,12 +27,13 @@ def workers(text: str) -> dict[str, int]:
 def _stack(args: argparse.Namespace) -> Stack:
     """The stack the arguments name. A cluster runs two edge replicas and two consumers per pool unless told."""
     cluster = args.cluster
+    workers = getattr(args, "workers", None)  # commands that start nothing (topics) do not take the sizes
     return Stack(
         namespace=args.namespace,
         port_base=args.port_base,
-        replicas=args.replicas or (2 if cluster else 1),
-        stages=args.stages,
-        workers=args.workers or ({"small": 2, "large": 2} if cluster else {"small": 1, "large": 1}),
+        replicas=getattr(args, "replicas", 0) or (2 if cluster else 1),
+        stages=getattr(args, "stages", 1),
+        workers=workers or ({"small": 2, "large": 2} if cluster else {"small": 1, "large": 1}),
         topology=CLUSTER if cluster else SINGLE_NODE,
     )
 
@@ -234,9 +235,6 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--namespace", default="")
         p.add_argument("--port-base", type=int, default=8000)
         p.add_argument("--cluster", action="store_true", help="the local cluster's brokers")
-        p.add_argument("--replicas", type=int, default=0, help=argparse.SUPPRESS)
-        p.add_argument("--stages", type=int, default=1, help=argparse.SUPPRESS)
-        p.add_argument("--workers", type=workers, default=None, help=argparse.SUPPRESS)
         p.add_argument("--chat", type=int, default=0, help="partitions of every chat-keyed topic")
         p.add_argument("--reply", type=int, default=0, help="partitions of the reply topics (edge replicas)")
         p.set_defaults(fn=cmd_topics)

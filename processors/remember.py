@@ -27,8 +27,9 @@ from storage.memory import Memory, Summary
 from topics import tokens
 from topics.admission import home_partition
 from topics.codec import Event
+from topics.kafka import partition_count
 from topics.limits import BACKGROUND_PRIORITY
-from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED
+from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ def register(
     pool = settings.pools[settings.memory_pool]
     counter = tokens.load(pool.tokenizer)
     pending: dict[str, float] = {}  # chat id -> when its summary run was requested (this replica's chats)
+    runs = RUN_SCHEDULED[settings.memory_pool]
+    partitions: list[int] = []  # of the pool's topic, read from the cluster once (as the scheduler does)
 
     async def embed(texts: list[str]) -> list[list[float]]:
         vectors = await asyncio.get_running_loop().run_in_executor(None, encoder.embed, texts)
@@ -156,12 +159,11 @@ def register(
             "scheduled_at": now,
         }
         pending[chat_key] = time.monotonic()
-        await stage.publish(
-            RUN_SCHEDULED[settings.memory_pool],
-            run,
-            key=chat_key,
-            partition=home_partition(chat_key, settings.layout.partitions(RUN_SCHEDULED[settings.memory_pool])),
-        )
+        if not partitions:
+            name = named(runs, settings.namespace)
+            loop = asyncio.get_running_loop()
+            partitions.append(await loop.run_in_executor(None, partition_count, settings.kafka_bootstrap, name))
+        await stage.publish(runs, run, key=chat_key, partition=home_partition(chat_key, partitions[0]))
         SUMMARIES.labels("requested").inc()
         log.info("chat %s: summary v%d of %d messages requested (run %s)", chat_key, version, n, run_id)
 

@@ -31,8 +31,10 @@ class ConsumerThread:
         self._running = False
         self._thread: threading.Thread | None = None
 
-    def start(self, assignment: list[TopicPartition]) -> None:
-        self.consumer.assign(assignment)
+    def start(self, assignment: list[TopicPartition] | None) -> None:
+        """Read the given partitions, or (None) those of the group the caller has subscribed the consumer to."""
+        if assignment is not None:
+            self.consumer.assign(assignment)
         self._running = True
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
@@ -191,6 +193,14 @@ class AsyncProducer:
         if self._task:
             await self._task
         self.producer.flush(10)
+
+
+def partition_count(bootstrap: str, name: str) -> int:
+    """The partitions a topic has, as the cluster says: the settings' count is applied only by `parley topics
+    grow`, so code that picks a partition itself asks the cluster (a partition past the end cannot be written)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    metadata = until_ready(f"partitions of {name}", lambda: admin.list_topics(name, timeout=10))
+    return len(metadata.topics[name].partitions)
 
 
 def until_ready(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:

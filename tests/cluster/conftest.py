@@ -7,7 +7,6 @@ port base; the cluster is stopped at the end.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -23,6 +22,8 @@ from infra.cli import local_token
 from infra.stack import CLUSTER, Node, Stack
 from registry import client as registry
 from topics.pipeline import Topic, named
+
+from ..sse import iter_sse
 
 PORT_BASE = int(os.environ.get("PARLEY_CLUSTER_TEST_PORT_BASE", "28000"))
 
@@ -159,25 +160,16 @@ class Stream:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _read(self, client: httpx.Client, method: str, url: str, **kwargs) -> None:
-        current: dict = {}
         try:
             with client.stream(method, url, timeout=httpx.Timeout(60, read=90), **kwargs) as response:
                 if response.status_code != 200:
                     raise AssertionError(f"{method} {url}: {response.status_code} {response.read()[:300]!r}")
-                for line in response.iter_lines():
-                    if line.startswith("id:"):
-                        current["id"] = line[3:].strip()
-                    elif line.startswith("event:"):
-                        current["event"] = line[6:].strip()
-                    elif line.startswith("data:"):
-                        current["data"] = json.loads(line[5:])
-                    elif not line and current:
-                        self.events.append(current)
-                        if current.get("event") == "token":
-                            self.token_times.append(time.monotonic())
-                        if current.get("event") in ("run.completed", "error"):
-                            return
-                        current = {}
+                for event in iter_sse(response.iter_lines()):
+                    self.events.append(event)
+                    if event.get("event") == "token":
+                        self.token_times.append(time.monotonic())
+                    if event.get("event") in ("run.completed", "error"):
+                        return
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout, httpx.ConnectError):
             return
 

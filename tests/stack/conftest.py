@@ -6,7 +6,6 @@ and port base, so it never touches a `make up` stack or another run's data.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
@@ -24,6 +23,8 @@ from infra.cli import local_token
 from infra.stack import LOCAL, Stack
 from registry import client as registry
 from topics.pipeline import Topic, named
+
+from ..sse import iter_sse
 
 PORT_BASE = int(os.environ.get("PARLEY_TEST_PORT_BASE", "18000"))
 BOOTSTRAP = "127.0.0.1:9092"
@@ -96,45 +97,20 @@ def live() -> Iterator[Live]:
 
 def sse_events(response: httpx.Response) -> list[dict]:
     """Parse an SSE body into [{"event", "id", "data"}] (data JSON-decoded)."""
-    events, current = [], {}
-    for line in response.iter_lines():
-        if not line:
-            if current:
-                events.append(current)
-                current = {}
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "data":
-            current["data"] = json.loads(value)
-        elif field in ("event", "id"):
-            current[field] = value
-    if current:
-        events.append(current)
-    return events
+    return list(iter_sse(response.iter_lines()))
 
 
 def read_until(response, tokens, on_enough):
     """Parse SSE events from a live response; once `tokens` tokens arrived call on_enough(events so far), and
     stop reading if it returns True. Stops at the end or at a broken connection; returns the whole events."""
-    events, current, fired = [], {}, False
+    events, fired = [], False
     try:
-        for line in response.iter_lines():
-            if line.startswith("id:"):
-                current["id"] = line[4:]
-            elif line.startswith("event:"):
-                current["event"] = line[7:]
-            elif line.startswith("data:"):
-                current["data"] = json.loads(line[6:])
-            elif not line and current:
-                events.append(current)
-                current = {}
-                if not fired and sum(e["event"] == "token" for e in events) >= tokens:
-                    fired = True
-                    if on_enough(events):
-                        break
+        for event in iter_sse(response.iter_lines()):
+            events.append(event)
+            if not fired and sum(e.get("event") == "token" for e in events) >= tokens:
+                fired = True
+                if on_enough(events):
+                    break
     except (httpx.RemoteProtocolError, httpx.ReadError):
         pass
     return events
