@@ -41,7 +41,7 @@ from infra.stack import CLUSTER, SINGLE_NODE, Stack, Topology
 from processors.settings import ProcessorSettings
 from topics.pipeline import TOKEN_DELTA, named
 
-PORT_BASE = 38000
+PORT_BASE = 19600  # below the ephemeral ports (32768+): a client socket once held the edge's 38100
 STORY = "Write a long story about a lighthouse keeper and a storm at sea."
 
 
