@@ -5,9 +5,9 @@
    prompt straight to the engine and through the pipeline, in random order, as bench/pipeline_ttft.py), and
    aggregate tokens/s with 8 chats answering at once.
 2. On the cluster, while 3 chats stream: kill -9 the broker leading the reply partitions the edge reads, and
-   time the next token delivered after the kill and the longest pause in delivery (then restart it and wait
-   until every partition is in sync again); and kill -9 a Cassandra node and time until a chat turn sent just
-   after the kill is stored.
+   time, for each stream mid-answer at the kill, its next token (then restart the broker and wait until every
+   partition is in sync again); and kill -9 a Cassandra node and time until a chat turn sent just after the
+   kill is stored.
 
 Prints JSON and writes bench/results/cluster.json after every phase (`complete` is true once all ran).
 Usage: python bench/cluster.py [--pairs 30] [--kills 10] [--node-kills 3]
@@ -106,40 +106,61 @@ def measure(topology: Topology, args: argparse.Namespace) -> tuple[Stack, dict[s
 
 
 class Streams:
-    """Chat turns, `concurrency` at a time, each noting when its tokens arrived."""
+    """Chat turns, `concurrency` at a time (one thread each), each thread noting when its tokens arrived and when
+    each of its turns ended, and how."""
 
     def __init__(self, stack: Stack, concurrency: int = 3) -> None:
         self.stack, self.concurrency = stack, concurrency
-        self.token_times: list[float] = []
-        self.failures: list[str] = []
+        self.tokens: list[list[float]] = [[] for _ in range(concurrency)]
+        self.ends: list[list[float]] = [[] for _ in range(concurrency)]
+        self.outcomes: Counter[str] = Counter()
         self._running = True
-        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(concurrency)]
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(concurrency)]
 
     def __enter__(self) -> Streams:
         for thread in self._threads:
             thread.start()
         return self
 
-    def _loop(self) -> None:
+    def _loop(self, i: int) -> None:
         client = httpx.Client(
             base_url=self.stack.api_url,
             headers={"Authorization": f"Bearer {local_token(f'b-{uuid.uuid4().hex[:6]}', 'pro', 3600)}"},
             timeout=httpx.Timeout(60, read=120),
         )
         while self._running:
+            outcome = "broken"
             try:
-                chat = client.post("/v1/chats").json()["id"]
+                created = client.post("/v1/chats")
+                created.raise_for_status()
                 body = {"content": STORY, "max_tokens": 200}
-                with client.stream("POST", f"/v1/chats/{chat}/messages", json=body) as response:
+                with client.stream("POST", f"/v1/chats/{created.json()['id']}/messages", json=body) as response:
+                    response.raise_for_status()
                     for line in response.iter_lines():
                         if line == "event: token":
-                            self.token_times.append(time.monotonic())
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                self.failures.append(f"{type(exc).__name__}: {exc}")
+                            self.tokens[i].append(time.monotonic())
+                        elif line in ("event: run.completed", "event: error"):
+                            outcome = line[7:]
+            except httpx.HTTPStatusError as exc:
+                outcome = f"refused {exc.response.status_code}"
+            except httpx.HTTPError as exc:
+                outcome = f"broken ({type(exc).__name__})"
+            self.ends[i].append(time.monotonic())
+            self.outcomes[outcome] += 1
+            if outcome != "run.completed":
                 time.sleep(0.5)
 
-    def after(self, moment: float) -> list[float]:
-        return sorted(t for t in self.token_times if t > moment)
+    def answering(self, moment: float) -> list[int]:
+        """The threads whose turn was mid-answer at `moment`: a token before it, and that turn not ended."""
+        busy = []
+        for i in range(self.concurrency):
+            last_token = max((t for t in self.tokens[i] if t <= moment), default=None)
+            if last_token is not None and not any(last_token <= e <= moment for e in self.ends[i]):
+                busy.append(i)
+        return busy
+
+    def next_token(self, i: int, moment: float) -> float | None:
+        return min((t for t in self.tokens[i] if t > moment), default=None)
 
     def __exit__(self, *exc: object) -> None:
         self._running = False
@@ -147,27 +168,36 @@ class Streams:
             thread.join(180)
 
 
-def broker_kills(stack: Stack, kills: int) -> dict[str, object]:
+def broker_kills(stack: Stack, kills: int, window_s: float = 90.0) -> dict[str, object]:
+    """Kill -9 the broker leading most of the reply partitions the first edge reads, while 3 chats stream. For
+    each stream that was mid-answer at the kill: the time to its next token (None: none within `window_s`);
+    and for each kill the time to the first token of any stream. Then restart the broker and wait until
+    every partition has its 3 copies in sync again."""
     admin = AdminClient({"bootstrap.servers": CLUSTER.kafka_bootstrap})
     replies = named(TOKEN_DELTA, stack.namespace)
     owned = httpx.get(f"{stack.api_url}/healthz").json()["reply_partitions"]
-    next_token, pauses = [], []
+    per_stream: list[float | None] = []
+    any_stream: list[float | None] = []
     with Streams(stack) as streams:
         for _ in tqdm(range(kills), desc="broker kills", unit="kill"):
-            time.sleep(3)
+            deadline = time.monotonic() + 60
+            while not streams.answering(time.monotonic()) and time.monotonic() < deadline:
+                time.sleep(0.2)  # kill while answers stream
             leaders = admin.list_topics(replies, timeout=10).topics[replies].partitions
             leader = Counter(leaders[p].leader for p in owned).most_common(1)[0][0]
             node = next(b for b in CLUSTER.brokers(stack.state) if b.index == leader)
             killed = time.monotonic()
             os.kill(node.pid() or 0, signal.SIGKILL)
-            deadline = killed + 60
-            while not streams.after(killed) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(15)  # delivery while the broker stays down
-            times = [killed, *streams.after(killed)]
-            next_token.append(round(times[1] - killed, 3) if len(times) > 1 else None)
-            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-            pauses.append(round(max(gaps), 3) if gaps else None)
+            busy = streams.answering(killed)
+            deadline = killed + window_s
+            while time.monotonic() < deadline and any(streams.next_token(i, killed) is None for i in busy):
+                time.sleep(0.05)
+            for i in busy:
+                found = streams.next_token(i, killed)
+                per_stream.append(round(found - killed, 3) if found is not None else None)
+            first = min((t for i in range(streams.concurrency) if (t := streams.next_token(i, killed))), default=None)
+            any_stream.append(round(first - killed, 3) if first is not None else None)
+            time.sleep(5)  # delivery while the broker stays down
             node.sh("start")
             rejoined = time.monotonic() + 240
             while not all(
@@ -176,13 +206,22 @@ def broker_kills(stack: Stack, kills: int) -> dict[str, object]:
                 if time.monotonic() > rejoined:
                     raise RuntimeError(f"broker {node.index} did not rejoin every partition's in-sync set")
                 time.sleep(0.5)
-    seen = [x for x in next_token if x is not None]
-    longest = [x for x in pauses if x is not None]
+
+    def spread(values: list[float | None]) -> dict[str, object]:
+        seen = sorted(v for v in values if v is not None)
+        return {
+            "p50": statistics.median(seen) if seen else None,
+            "max": seen[-1] if seen else None,
+            "n": len(values),
+            f"none_within_{window_s:.0f}s": values.count(None),
+            "all": values,
+        }
+
     return {
         "kills": kills,
-        "next_token_after_kill_s": {"p50": statistics.median(seen), "max": max(seen), "all": next_token},
-        "longest_pause_after_kill_s": {"p50": statistics.median(longest), "max": max(longest), "all": pauses},
-        "stream_failures": streams.failures,
+        "next_token_of_a_stream_mid_answer_s": spread(per_stream),
+        "first_token_of_any_stream_s": spread(any_stream),
+        "turn_outcomes": dict(streams.outcomes),
     }
 
 

@@ -18,11 +18,11 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, N
 from cassandra.policies import (
     ConstantSpeculativeExecutionPolicy,
     DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
     RetryPolicy,
     TokenAwarePolicy,
-    WriteType,
 )
-from cassandra.query import BatchStatement, PreparedStatement
+from cassandra.query import PreparedStatement
 
 from topics.settings import CassandraSettings
 
@@ -86,6 +86,7 @@ COLUMNS_ADDED = (
 )
 
 
+RECONNECT_MAX_S = 5.0
 SPECULATE_AFTER_S = 1.0  # a statement's answer takes milliseconds; a second is a node that died or stalls
 MIN_ID = uuid.UUID(int=0x00000000_0000_1000_8000_000000000000)  # the smallest timeuuid
 
@@ -293,18 +294,20 @@ class Conversations:
     async def _run(self, statement: Any, params: tuple[Any, ...]) -> Any:
         return await wait(self.session.execute_async(statement, params))
 
-    async def _batch(self, *items: tuple[Any, tuple[Any, ...]]) -> None:
-        batch = BatchStatement()
-        for statement, params in items:
-            batch.add(statement, params)
-        batch.is_idempotent = True  # every statement in it sets values it is given (no counters, no appends)
-        await wait(self.session.execute_async(batch))
+    async def _all(self, *items: tuple[Any, tuple[Any, ...]]) -> None:
+        """Independent single-partition writes at once. Writes that touch several tables are not logged
+        batches: until a killed node is convicted (about 20 s), a coordinator still picks it as a batchlog
+        replica and every logged batch times out, while a plain LOCAL_QUORUM write needs only the two live
+        copies. Each method orders or pairs its writes so that a failure between them leaves nothing a
+        reader shows wrongly (docs/decisions/0011-replicated-data-plane.md), and a retry completes them."""
+        await asyncio.gather(*(self._run(statement, params) for statement, params in items))
 
     # -- chats -------------------------------------------------------------------------------------
     async def create_chat(self, user_id: str, title: str) -> tuple[uuid.UUID, datetime]:
         chat_id = new_id()
         now = _now()
-        await self._batch(
+        # Either alone is invisible: a chat is listed only through both, and nobody has its id before the 201.
+        await self._all(
             (self._insert_chat, (chat_id, user_id, title, now, now)),
             (self._insert_activity, (user_id, now, chat_id, title, now)),
         )
@@ -315,21 +318,23 @@ class Conversations:
 
     async def rename_chat(self, chat: Any, title: str) -> None:
         active = _active_at(chat)
-        await self._batch(
+        await self._all(  # the list shows the chat row's title; the activity row's is a copy
             (self._set_title, (title, chat.chat_id)),
             (self._insert_activity, (chat.user_id, active, chat.chat_id, title, chat.created_at)),
         )
 
     async def delete_chat(self, chat: Any) -> None:
-        """The chat, its messages, its runs (so its streams can no longer be resumed) and its memory."""
-        await self._batch(
-            (self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id)),
-            (self._delete_chat, (chat.chat_id,)),
+        """The chat, its messages, its runs (so its streams can no longer be resumed) and its memory. Its content
+        goes first and the chat itself last: a delete cut short leaves the chat listed, and deleting it again
+        finishes the job (nothing of it is left behind unowned)."""
+        await self._all(
             (self._delete_messages, (chat.chat_id,)),
             (self._delete_runs, (chat.chat_id,)),
             (self._delete_memory, (chat.chat_id,)),
             (self._delete_summaries, (chat.chat_id,)),
         )
+        await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
+        await self._run(self._delete_chat, (chat.chat_id,))
 
     async def list_chats(self, user_id: str, limit: int, after: tuple[datetime, uuid.UUID] | None) -> list[Any]:
         """A page of the user's chats, most recently active first; stale activity rows are skipped."""
@@ -355,12 +360,14 @@ class Conversations:
     async def open_run(self, chat: Any, run_id: uuid.UUID, reply_partition: int) -> None:
         """Record a new run of the chat (where its stream lives), make it the chat's latest and the chat active."""
         now = _now()
-        await self._run(self._insert_run, (chat.chat_id, run_id, reply_partition))
-        await self._batch(
-            (self._set_active, (now, str(run_id), chat.chat_id)),
-            (self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id)),
+        # In this order, a failure between two writes leaves the chat listed once, at its old or its new place:
+        # an activity row counts only while the chat row's last_active_at matches it.
+        await self._all(
+            (self._insert_run, (chat.chat_id, run_id, reply_partition)),
             (self._insert_activity, (chat.user_id, now, chat.chat_id, chat.title, chat.created_at)),
         )
+        await self._run(self._set_active, (now, str(run_id), chat.chat_id))
+        await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
 
     async def get_run(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> tuple[int, str | None] | None:
         """(reply partition, finish reason or None while it runs), or None when the chat has no such run."""
@@ -400,12 +407,13 @@ class Conversations:
         return _message(row) if row else None
 
     async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str) -> None:
-        await self._batch(
-            (self._set_content, (content, chat_id, message_id)), (self._set_memory_changed, (_now(), chat_id))
-        )
+        # The change is marked first: a summary begun before it is discarded even if the edit itself fails.
+        await self._run(self._set_memory_changed, (_now(), chat_id))
+        await self._run(self._set_content, (content, chat_id, message_id))
 
     async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
-        await self._batch((self._delete_message, (chat_id, message_id)), (self._set_memory_changed, (_now(), chat_id)))
+        await self._run(self._set_memory_changed, (_now(), chat_id))
+        await self._run(self._delete_message, (chat_id, message_id))
 
     async def reset_context(self, chat_id: uuid.UUID) -> uuid.UUID:
         """Later prompts start from here: the chat's earlier messages stay listed but leave its memory."""
@@ -504,20 +512,8 @@ def ensure_keyspace(session: Session, settings: CassandraSettings) -> None:
 
 
 class FailoverRetry(RetryPolicy):  # type: ignore[misc]
-    """The driver's retries, plus: a logged batch whose batchlog write timed out is tried again up to 6 times
-    (each waits the server's 2 s write timeout). Right after a node dies, until the others' failure detectors
-    convict it (about 10 s, longer on a busy machine), a coordinator still picks it as one of the two batchlog
-    replicas, and on three nodes the only other one is needed too; nothing of the batch was applied, so
-    trying again is safe. (The cluster's Cassandra failover test saw POST /v1/chats answer 500 without it.)
-    An unavailable coordinator is left for the next host twice."""
-
-    BATCHLOG_TRIES = 6
-
-    def on_write_timeout(self, query: Any, consistency: int, write_type: str, *args: Any, **kwargs: Any) -> Any:
-        retry_num = kwargs.get("retry_num", args[-1] if args else 0)
-        if write_type == WriteType.BATCH_LOG and retry_num < self.BATCHLOG_TRIES:
-            return self.RETRY, consistency
-        return super().on_write_timeout(query, consistency, write_type, *args, **kwargs)
+    """The driver's retries, except that a coordinator that counts too few live replicas (it has not yet seen a
+    node come back) is left for the next host twice, not once."""
 
     def on_unavailable(self, query: Any, consistency: int, *args: Any, **kwargs: Any) -> Any:
         retry_num = kwargs.get("retry_num", args[-1] if args else 0)
@@ -561,6 +557,8 @@ def _connect(settings: CassandraSettings, timeout_s: float = 90.0) -> Session:
             connect_timeout=10,
             protocol_version=5,
             execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            # A node that comes back is used again within seconds (the driver's default backs off to 600 s).
+            reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=RECONNECT_MAX_S),
         )
         try:
             return cluster.connect()
