@@ -13,7 +13,11 @@ class ApiSettings(StackSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     edge_session_timeout_s: float = Field(
-        10.0, description="A replica silent this long loses its reply partitions to the others (for new runs)."
+        30.0,
+        description="A replica silent this long loses its reply partitions to the others. Long on purpose: "
+        "only new runs need a replica's partitions (a resume reads the log on any replica), and a session "
+        "shorter than the brokers' own 9 s failover plus the group's move to a new coordinator cost every "
+        "stream a hand-off and new runs 10 s of 503s at most broker kills (bench/cluster.py, 10 s sessions).",
     )
     jwt_secret: SecretStr = Field(default_factory=local_jwt_secret)
     jwt_issuer: str = "parley-local"
