@@ -323,7 +323,7 @@ class Stack:
         for service in self.services():
             if _alive(self._path("run", f"{service.name}.pid")):
                 continue
-            if _listening(service.port):
+            if _held(service.port):
                 raise RuntimeError(
                     f"port {service.port} for {service.name} is taken: another stack runs on this port base "
                     f"(stop it with `parley down --port-base {self.port_base}`, or pick another --port-base)"
@@ -437,6 +437,17 @@ def _child(pid: int, command: str) -> int | None:
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _held(port: int, grace_s: float = 30.0) -> bool:
+    """The port stays taken for `grace_s`: a process that has just died can hold it a little longer (its main
+    thread shows as a zombie while another thread is still exiting, seen in CI after a stage's os._exit)."""
+    deadline = time.monotonic() + grace_s
+    while _listening(port):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _alive(pid_file: Path) -> bool:
