@@ -217,6 +217,7 @@ async def edit_message(
 ) -> dict[str, Any]:
     """Change a message's text. Memory follows: its old embedding and every summary covering it are dropped
     now (the next prompt sees neither), and the memory stage embeds the new text and summarises again."""
+    checked_content(deps, body.content)
     parsed, _ = await owned_chat(deps, user, chat_id)
     message = await owned_message(deps, parsed, message_id)
     mid = uuid.UUID(message.id)
@@ -261,14 +262,10 @@ async def reset_context(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str
 
 @router.post("/{chat_id}/messages")
 async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMessage) -> EventSourceResponse:
-    settings = deps.settings
     content = body.content.strip()
     if not content:
         raise ApiError(400, "content must not be empty.", "empty_content", "content")
-    if len(body.content) > settings.max_content_chars:
-        raise ApiError(
-            400, f"content is longer than {settings.max_content_chars} characters.", "content_too_long", "content"
-        )
+    checked_content(deps, body.content)
     max_tokens = checked_max_tokens(deps, body.max_tokens)
     checked_model(deps, body.model)
     parsed, chat = await owned_chat(deps, user, chat_id)
@@ -315,6 +312,13 @@ async def answer(
     log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)
     stream = sse_stream(deps, run_id, streams.prepend(first, replies), live=True)
     return EventSourceResponse(stream, ping=15), run_id
+
+
+def checked_content(deps: Services, content: str) -> None:
+    """A message's text, sent or edited, is at most `max_content_chars` long (checked before anything is written)."""
+    limit = deps.settings.max_content_chars
+    if len(content) > limit:
+        raise ApiError(400, f"content is longer than {limit} characters.", "content_too_long", "content")
 
 
 def checked_max_tokens(deps: Services, requested: int | None) -> int:

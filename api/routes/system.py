@@ -19,6 +19,7 @@ from api.errors import ApiError
 router = APIRouter()
 STATIC = Path(__file__).resolve().parent.parent / "static"
 MAX_REPORT_MS = 92 * 24 * 3_600_000
+MAX_EPOCH_MS = 4_102_444_800_000  # 2100-01-01: the usage tables' DateTime columns end in 2106
 
 
 @router.get("/v1/models")
@@ -72,8 +73,10 @@ async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
 async def usage_report(
     deps: Deps,
     user: CurrentUser,
-    since: Annotated[int | None, Query(description="epoch ms; default: `until` minus 24 hours")] = None,
-    until: Annotated[int | None, Query(description="epoch ms; default: now")] = None,
+    since: Annotated[
+        int | None, Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms; default: `until` minus 24 hours")
+    ] = None,
+    until: Annotated[int | None, Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms; default: now")] = None,
     user_id: Annotated[str | None, Query(description="admins: one user's view; default: everyone")] = None,
 ) -> dict[str, object]:
     """What the usage dashboard draws: totals, time series (tokens, cost, latency percentiles, rejections,

@@ -120,6 +120,8 @@ def test_edits_deletes_and_resets_update_memory(live):
     edited = client.patch(f"/v1/chats/{chat_id}/messages/{colour_id}", json={"content": "I like the colour teal."})
     assert edited.status_code == 200 and edited.json()["content"] == "I like the colour teal."
     assert client.patch(f"/v1/chats/{chat_id}/messages/{uuid.uuid1()}", json={"content": "x"}).status_code == 404
+    too_long = client.patch(f"/v1/chats/{chat_id}/messages/{colour_id}", json={"content": "y" * 32_001})
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "content_too_long"
     after = chat_turn(client, chat_id, "Which colour do I like?", max_tokens=8)
     run = next(r for r in scheduled_runs(live, chat_id) if r["prompt"]["run_id"] == after[0]["data"]["run_id"])
     text = "\n".join(m["content"] for m in run["messages"])

@@ -224,6 +224,9 @@ def test_usage_report_is_admin_only_beyond_your_own(live, metered):
     assert mine["user_id"] == metered["user"] and mine["totals"]["runs"] == len(metered["ended"])
     bad = client.get("/v1/usage/report", params={"since": 10, "until": 5})
     assert bad.status_code == 400
+    for params in ({"until": 10**15}, {"since": -1}, {"since": 10**15, "until": 10**15 + 1}):
+        out_of_range = client.get("/v1/usage/report", params=params)  # was a 503 from the usage tables
+        assert out_of_range.status_code == 400, (params, out_of_range.text)
     admin = live.client(live.token(admin=True))
     theirs = admin.get("/v1/usage/report", params={"user_id": metered["user"]}).json()
     assert theirs["totals"]["runs"] == len(metered["ended"]) and theirs["source"] == "usage"
