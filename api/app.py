@@ -14,6 +14,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 
 from api import errors
+from api.body_limit import BodyLimit
 from api.replies import ReplyHub
 from api.settings import ApiSettings
 from registry import client as registry
@@ -90,6 +91,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # before parsing, before any credential
     from api.routes import admin, chats, keys, openai, safety, system, web
 
     app.include_router(chats.router)

@@ -59,7 +59,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(body(exc.status_code, str(exc.detail)), exc.status_code)
+        return JSONResponse(body(exc.status_code, str(exc.detail), getattr(exc, "code", None)), exc.status_code)
 
     @app.exception_handler(KafkaException)
     async def log_unavailable(request: Request, exc: KafkaException) -> JSONResponse:

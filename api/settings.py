@@ -23,6 +23,11 @@ class ApiSettings(StackSettings):
     jwt_issuer: str = "parley-local"
     jwt_audience: str = "parley"
     max_content_chars: int = 32_000
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        description="A request body larger than this is refused (413) while it is read, before parsing or auth: "
+        "room for an OpenAI-style request carrying a long conversation.",
+    )
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
     metering_url: str = "http://127.0.0.1:6069"

@@ -55,3 +55,21 @@ def test_anything_else_is_a_500_without_details(client):
     response = client.get("/raise/bug")
     assert response.status_code == 500
     assert "a bug" not in response.text
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_parsed_or_authenticated():
+    from api.app import create_app
+    from api.settings import ApiSettings
+
+    edge = TestClient(create_app(ApiSettings(max_body_bytes=1_000)), raise_server_exceptions=False)
+    declared = edge.post("/v1/chats/x/messages", content=b"{" + b" " * 5_000 + b"}")  # no credential at all
+    assert declared.status_code == 413
+    assert declared.json()["error"]["code"] == "body_too_large"
+
+    def chunks():  # no Content-Length: counted while read
+        for _ in range(10):
+            yield b" " * 500
+
+    streamed = edge.post("/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413
+    assert streamed.json()["error"]["code"] == "body_too_large"

@@ -1,0 +1,57 @@
+"""A request-body limit enforced while the body is read: before it is parsed and before any credential is
+checked, so an anonymous client cannot make the edge hold or parse more than `max_bytes` (a 100 MB body was
+read and parsed before its 401). Our own because FastAPI's `max_body_size` (Starlette's middleware) answers
+a plain-text 413, and every error here is OpenAI-shaped.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import body
+
+
+class BodyTooLarge(HTTPException):
+    """An HTTPException, so that FastAPI passes it on from its body parsing rather than making it a 400;
+    api.errors answers it like any other."""
+
+    code = "body_too_large"
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"The request body is larger than {max_bytes} bytes.")
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(send)  # said so up front: not a byte of it is read
+            return
+        seen = 0
+
+        async def counted() -> Message:  # a chunked body, or one longer than it said
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+    async def _refuse(self, send: Send) -> None:
+        error = BodyTooLarge(self.max_bytes)
+        payload = json.dumps(body(413, error.detail, error.code)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
