@@ -6,9 +6,8 @@ a plain-text 413, and every error here is OpenAI-shaped.
 
 from __future__ import annotations
 
-import json
-
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import body
@@ -35,7 +34,7 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await self._refuse(send)  # said so up front: not a byte of it is read
+            await self._refuse(scope, receive, send)  # said so up front: not a byte of it is read
             return
         seen = 0
 
@@ -49,9 +48,6 @@ class BodyLimit:
 
         await self.app(scope, counted, send)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = BodyTooLarge(self.max_bytes)
-        payload = json.dumps(body(413, error.detail, error.code)).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        await JSONResponse(body(413, error.detail, error.code), 413)(scope, receive, send)

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 
 from confluent_kafka import KafkaException
 from opentelemetry import trace
@@ -23,6 +24,7 @@ from api.replies import HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Re
 from topics import codec
 from topics.admission import at_the_door, capacity_message, estimate_tokens
 from topics.codec import Event
+from topics.kafka import until_ready
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL, named
 
 log = logging.getLogger(__name__)
@@ -83,21 +85,12 @@ async def from_log(
     settings = deps.settings
     reader = Replay(settings.kafka_bootstrap, settings.namespace, partition, run_id)
     try:
-        deadline = loop.time() + settings.first_event_timeout_s
-        while True:  # the partition's leader may be moving (a broker died): ask again until it answers
-            try:
-                await loop.run_in_executor(None, reader.seek, since_ms(run_id), after)
-                break
-            except KafkaException as exc:
-                if loop.time() > deadline:
-                    raise StreamTimeout("The log did not answer where this run's records are.") from None
-                log.info(
-                    "run %s: the log did not answer a seek on reply partition %d (%s); asking again",
-                    run_id,
-                    partition,
-                    exc,
-                )
-                await asyncio.sleep(1.0)
+        seek = partial(reader.seek, since_ms(run_id), after)
+        try:  # the partition's leader may be moving (a broker died): ask again until it answers
+            what = f"run {run_id}: seek on reply partition {partition}"
+            await loop.run_in_executor(None, until_ready, what, seek, settings.first_event_timeout_s)
+        except KafkaException:
+            raise StreamTimeout("The log did not answer where this run's records are.") from None
         deadline = loop.time() + settings.first_event_timeout_s
         while True:
             try:
