@@ -1,25 +1,16 @@
-"""What a run already published before its consumer failed: read back from its reply partition.
+"""What a run already published before its consumer failed, folded from its reply partition's records.
 
 A consumer that picks up a run which another consumer may have started (any record that was already in the
-partition when it was assigned) reads the run's TokenDelta records from the log. Generation then continues
-after the published text, so the client's stream goes on with no duplicated text; a run that had already
-ended only has its RunCompleted published again (the sinks are idempotent by run).
+partition when it was assigned) reads the run's TokenDelta records from the log (topics/reply_log.py). Generation then
+continues after the published text, so the client's stream goes on with no duplicated text; a run that had
+already ended only has its RunCompleted published again (the sinks are idempotent by run).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-from topics import codec
 from topics.codec import Event
-from topics.errors import PoisonEvent
-from topics.kafka import consumer_config
-from topics.pipeline import TOKEN_DELTA
-
-CLOCK_SKEW_MS = 60_000  # records are looked up by producer timestamp; hosts' clocks may differ this much
 
 
 @dataclass
@@ -52,39 +43,3 @@ def prior_of(records: list[Event]) -> Prior:
         if record["kind"] in ("completed", "error") and prior.terminal is None:
             prior.terminal = record
     return prior
-
-
-def published(bootstrap: str, topic: str, partition: int, run_id: str, since_ms: int, group: str) -> list[Event]:
-    """The run's TokenDelta records in its reply partition, from `since_ms` up to the partition's end now."""
-    consumer = Consumer(consumer_config(bootstrap, group, **{"enable.partition.eof": True}))
-    try:
-        start = consumer.offsets_for_times([TopicPartition(topic, partition, since_ms - CLOCK_SKEW_MS)], timeout=10)
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        offset = start[0].offset
-        if offset < 0 or offset >= high:
-            return []
-        consumer.assign([TopicPartition(topic, partition, offset)])
-        found: list[Event] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    break
-                continue
-            try:
-                record = codec.decode(TOKEN_DELTA.schema, msg.value())
-            except PoisonEvent:
-                record = None
-            if record is not None and record["run_id"] == run_id:
-                found.append(record)
-            if (msg.offset() or 0) >= high - 1:
-                break
-        else:
-            raise TimeoutError(f"could not read reply partition {partition} of {topic} to its end")
-        return found
-    finally:
-        consumer.close()

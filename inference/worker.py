@@ -37,7 +37,7 @@ from inference.engine import Engine, EngineDown, Outcome, Request, generate
 from inference.offsets import OffsetTracker
 from inference.queue import RunQueue
 from inference.settings import InferenceSettings
-from inference.takeover import Prior, prior_of, published
+from inference.takeover import Prior, prior_of
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import PolicyView
@@ -56,6 +56,7 @@ from topics.pipeline import (
     TOKEN_DELTA,
     named,
 )
+from topics.reply_log import published
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,9 @@ PREEMPTED = Counter(
 HEALTHY = Gauge("parley_inference_engine_healthy", "1 while the engine answers its health check", ["pool"])
 TAKING_WORK = Gauge("parley_inference_taking_work", "1 while this consumer is in its pool's group", ["pool"])
 HANDED_OFF = Counter("parley_inference_handed_off_total", "Runs stopped here to continue on another consumer", ["pool"])
+DUPLICATES = Counter(
+    "parley_inference_duplicates_dropped_total", "Runs scheduled again while this consumer still held them", ["pool"]
+)
 TAKEN_OVER = Counter(
     "parley_inference_taken_over_total", "Runs picked up after another consumer had started them", ["pool", "state"]
 )
@@ -678,8 +682,14 @@ class Worker:
             self._commit(msg)
             return
         self.offsets.started(partition, offset)
-        flight = Flight(msg, run, partition, maybe_started=offset < self.fresh_from.get(partition, 0))
-        if flight.run_id in self.flights:  # redelivered while still here (cannot happen; be safe)
+        # A run read from before this consumer had the partition, or scheduled again after its scheduler failed,
+        # may have been started by another consumer: its reply partition says.
+        maybe_started = offset < self.fresh_from.get(partition, 0) or run.get("rescheduled", False)
+        flight = Flight(msg, run, partition, maybe_started=maybe_started)
+        if flight.run_id in self.flights:  # a copy scheduled again while the first is still here: serve that one
+            log.info("run %s is already here (scheduled again after a scheduler failed): dropped", flight.run_id)
+            DUPLICATES.labels(self.settings.pool).inc()
+            self._commit(msg)
             return
         self.flights[flight.run_id] = flight
         self.queue.push(flight, flight.tier, run.get("priority", 0), flight.read_at)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import tomllib
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -151,15 +150,6 @@ def usage_row(topic: Topic, event: Event, prices: Prices) -> tuple[dict[str, Any
     return rejected_row(event), _ms(event["rejected_at"])
 
 
-def crash_point(faults_dir: str, name: str) -> None:
-    """Tests only: exit at once, as a killed process would, when `faults_dir/name` exists (it is removed first,
-    so the restarted stage runs on). Off unless PARLEY_FAULTS_DIR is set."""
-    if faults_dir and (armed := Path(faults_dir) / name).exists():
-        armed.unlink()
-        log.warning("fault %s: exiting before the offsets are committed", name)
-        os._exit(70)
-
-
 def register(stage: Stage, store: UsageStore) -> None:
     settings = stage.settings
     prices = Prices.load(settings.price_table)
@@ -175,7 +165,7 @@ def register(stage: Stage, store: UsageStore) -> None:
             log.info(
                 "usage: %d of %d rows were already stored (redelivered or replayed)", len(rows) - written, len(rows)
             )
-        crash_point(settings.faults_dir, "metering-after-write")
+        stage.crash_point("metering-after-write")
 
     async def run(fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

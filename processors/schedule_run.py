@@ -40,7 +40,8 @@ from topics import tokens
 from topics.admission import Placement, PoolView, capacity_message, home_partition, place
 from topics.codec import Event, token_delta
 from topics.limits import LimitsView
-from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA
+from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
+from topics.reply_log import published
 from topics.settings import Pool
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ def scheduled(prompt: Event, pool: str, settings: ProcessorSettings, assembled: 
         "degraded_from": None,
         "estimate_tokens": assembled.record["prompt_tokens"] + prompt["max_tokens"],
         "context": assembled.record,
+        "rescheduled": False,
         "scheduled_at": int(time.time() * 1000),
     }
 
@@ -328,6 +330,21 @@ def register(
         )
         await stage.publish(RUN_REJECTED, reject(prompt, code, message, **extra), partition=prompt["reply_partition"])
 
+    async def told_queued(prompt: Event, since_ms: int) -> bool:
+        """Whether the run's stream was already told it is queued (a run scheduled again after a crash): a
+        second `queued` record would reach the client in the middle of its answer."""
+        records = await asyncio.get_running_loop().run_in_executor(
+            None,
+            published,
+            settings.kafka_bootstrap,
+            named(TOKEN_DELTA, settings.namespace),
+            prompt["reply_partition"],
+            prompt["run_id"],
+            since_ms,
+            settings.group("scheduling.replies"),
+        )
+        return any(r["kind"] == "queued" for r in records)
+
     async def handle(moderated: Event) -> None:
         prompt = moderated["prompt"]
         if moderated["decision"] == "blocked":
@@ -355,7 +372,14 @@ def register(
         counts = pools.partitions
         placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), chat_id, tier, tiers, counts)
         if before is not None:  # admitted (and charged) before a crash: schedule it whatever the load now
-            placement = Placement(run["pool"], placement.wait_s, home_partition(chat_id, counts[run["pool"]]))
+            # Where it went the first time: the crash may have come after the first RunScheduled was published,
+            # and that copy's consumer must be the one to get this one, to recognise it (`rescheduled`).
+            pool = before.pool if before.pool in counts else run["pool"]
+            partition = before.partition if before.partition is not None else home_partition(chat_id, counts[pool])
+            placement = Placement(
+                pool, placement.wait_s, partition, degraded_from=run["pool"] if pool != run["pool"] else None
+            )
+            run["rescheduled"] = True
         if placement.pool is None:
             message = capacity_message(run["model"], placement.wait_s)
             await refuse(prompt, "over_capacity", message, retry_after_s=placement.retry_after_s)
@@ -364,15 +388,20 @@ def register(
             run["degraded_from"], run["pool"] = run["pool"], placement.pool
             run["model"] = settings.pools[placement.pool].model
         run["priority"] = mine.priority
-        decision = await ledger.admit(user, prompt["run_id"], run["estimate_tokens"], mine)
+        decision = await ledger.admit(
+            user, prompt["run_id"], run["estimate_tokens"], mine, placement.pool, placement.partition
+        )
         if not decision.admitted:
             await refuse(prompt, decision.code, decision.message, retry_after_s=decision.retry_after_s)
             return
-        run["scheduled_at"] = int(time.time() * 1000)  # admitted now: assembly and the ledger's wait came before
+        # admitted now (assembly and the ledger's wait came before), or when it was admitted before a crash
+        run["scheduled_at"] = (before and before.decided_at) or int(time.time() * 1000)
         pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
         ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
-        await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
+        if before is None or not await told_queued(prompt, run["scheduled_at"]):
+            await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
         await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=chat_id, partition=placement.partition)
+        stage.crash_point("scheduling-after-publish")  # tests: the window a redelivered prompt must not reopen
         await ledger.mark_scheduled(user, prompt["run_id"])
 
     async def settle(done: Event) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -109,6 +111,14 @@ class Stage:
                 internal=False,
             )
         return self._topics[name]
+
+    def crash_point(self, name: str) -> None:
+        """Tests only: exit at once, as a killed process would, when `faults_dir/name` exists (it is removed
+        first, so the restarted stage runs on). Off unless PARLEY_FAULTS_DIR is set."""
+        if self.settings.faults_dir and (armed := Path(self.settings.faults_dir) / name).exists():
+            armed.unlink()
+            log.warning("fault %s: exiting before the offsets are committed", name)
+            os._exit(70)
 
     async def publish(
         self,

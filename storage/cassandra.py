@@ -268,23 +268,7 @@ class Conversations:
         ensure_keyspace(session, settings)
         for statement in SCHEMA:
             session.execute(statement.format(ks=keyspace), timeout=60)
-        # The columns are read with an ordinary query rather than the driver's schema metadata: its refresh
-        # runs on the control connection with a short timeout, and failed outright on a node that had just
-        # restarted with every stage connecting at once (CI, test_restart).
-        for table, column, kind in COLUMNS_ADDED:
-            present = session.execute(
-                "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s "
-                "AND column_name = %s",
-                (keyspace, table, column),
-                timeout=60,
-            ).one()
-            if present is None:
-                try:
-                    session.execute(f"ALTER TABLE {keyspace}.{table} ADD {column} {kind}", timeout=60)
-                except InvalidRequest as exc:  # another stage starting beside this one added it first
-                    if "exist" not in str(exc).lower():  # "already exists", "conflicts with an existing column"
-                        raise
-            _usable(session, keyspace, table, column)
+        add_columns(session, keyspace, COLUMNS_ADDED)
         agree(session)
         return cls(session, keyspace)
 
@@ -575,6 +559,27 @@ def agree(session: Session, timeout_s: float = 60.0) -> None:
     others, and a statement prepared there fails "table ... does not exist" (seen on the 3-node cluster)."""
     if not session.cluster.control_connection.wait_for_schema_agreement(wait_time=timeout_s):
         raise RuntimeError(f"Cassandra nodes did not agree on the schema within {timeout_s:.0f}s")
+
+
+def add_columns(session: Session, keyspace: str, columns: tuple[tuple[str, str, str], ...]) -> None:
+    """Add each (table, column, type) a table created by an older release lacks (schema evolution)."""
+    # The columns are read with an ordinary query rather than the driver's schema metadata: its refresh
+    # runs on the control connection with a short timeout, and failed outright on a node that had just
+    # restarted with every stage connecting at once (CI, test_restart).
+    for table, column, kind in columns:
+        present = session.execute(
+            "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s "
+            "AND column_name = %s",
+            (keyspace, table, column),
+            timeout=60,
+        ).one()
+        if present is None:
+            try:
+                session.execute(f"ALTER TABLE {keyspace}.{table} ADD {column} {kind}", timeout=60)
+            except InvalidRequest as exc:  # another stage starting beside this one added it first
+                if "exist" not in str(exc).lower():  # "already exists", "conflicts with an existing column"
+                    raise
+        _usable(session, keyspace, table, column)
 
 
 def _usable(session: Session, keyspace: str, table: str, column: str, timeout_s: float = 30.0) -> None:

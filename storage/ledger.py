@@ -20,7 +20,7 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement
 
-from storage.cassandra import agree, idempotent, wait
+from storage.cassandra import add_columns, agree, idempotent, wait
 from topics.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 SCHEMA = """CREATE TABLE IF NOT EXISTS {ks}.budgets (
     user_id text, run_id text,
     used double static, refilled_at bigint static, version bigint static, in_flight map<text, bigint> static,
-    estimate int, actual int, settled boolean, scheduled boolean, decided_at bigint,
+    estimate int, actual int, settled boolean, scheduled boolean, decided_at bigint, pool text, pool_partition int,
     PRIMARY KEY ((user_id), run_id))"""
+COLUMNS_ADDED = (("budgets", "pool", "text"), ("budgets", "pool_partition", "int"))
 RUN_ROW_TTL_S = 7 * 24 * 3600  # how long a run's row stays to recognise a redelivered event
 
 
@@ -52,6 +53,9 @@ class Decision:
     message: str = ""
     retry_after_s: int | None = None
     scheduled: bool = False  # admitted before and already handed to its pool (a redelivered event)
+    pool: str | None = None  # admitted before: where it was placed (None for a row written before this was kept)
+    partition: int | None = None
+    decided_at: int | None = None  # ms
 
 
 def outstanding(account: Account, limits: Limits, now_ms: int) -> float:
@@ -100,16 +104,26 @@ def decide(account: Account, limits: Limits, estimate: int, now_ms: int, deadlin
     return Decision(True)
 
 
+def recorded(row: Any) -> Decision:
+    """An admission as its run's row holds it."""
+    scheduled = bool(row.scheduled)
+    return Decision(True, scheduled=scheduled, pool=row.pool, partition=row.pool_partition, decided_at=row.decided_at)
+
+
 class Ledger:
     def __init__(self, session: Session, keyspace: str, run_deadline_s: float = 300.0) -> None:
         self.session = session
         self.deadline_ms = int(run_deadline_s * 1000)
         ks = keyspace
         session.execute(SCHEMA.format(ks=ks), timeout=60)
+        add_columns(session, ks, COLUMNS_ADDED)
         agree(session)
         p = idempotent(session)  # all but the compare-and-set batch's statements: run twice, it would conflict
         self._account = p(f"SELECT used, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1")
-        self._run = p(f"SELECT estimate, settled, scheduled FROM {ks}.budgets WHERE user_id = ? AND run_id = ?")
+        self._run = p(
+            f"SELECT estimate, settled, scheduled, pool, pool_partition, decided_at FROM {ks}.budgets "
+            "WHERE user_id = ? AND run_id = ?"
+        )
         self._scheduled = p(
             f"UPDATE {ks}.budgets USING TTL {RUN_ROW_TTL_S} SET scheduled = true WHERE user_id = ? AND run_id = ?"
         )
@@ -118,7 +132,8 @@ class Ledger:
             "WHERE user_id = ? IF version = ?"
         )
         self._insert_run = session.prepare(
-            f"INSERT INTO {ks}.budgets (user_id, run_id, estimate, settled, decided_at) VALUES (?, ?, ?, false, ?) "
+            f"INSERT INTO {ks}.budgets (user_id, run_id, estimate, settled, decided_at, pool, pool_partition) "
+            "VALUES (?, ?, ?, false, ?, ?, ?) "
             f"USING TTL {RUN_ROW_TTL_S}"
         )
         self._settle_run = session.prepare(
@@ -157,19 +172,23 @@ class Ledger:
         result = (await wait(self.session.execute_async(batch))).one()
         return bool(result[0])
 
-    async def admit(self, user_id: str, run_id: str, estimate: int, limits: Limits) -> Decision:
-        """Charge the run's estimate and count it in flight, or refuse; a run already admitted stays admitted."""
+    async def admit(
+        self, user_id: str, run_id: str, estimate: int, limits: Limits, pool: str, partition: int | None
+    ) -> Decision:
+        """Charge the run's estimate and count it in flight, or refuse; a run already admitted stays admitted.
+        The placement (pool and partition) is kept with it, so a run scheduled again after a crash goes where
+        the first copy went and its consumer recognises it."""
         for attempt in range(50):
             account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
             if row is not None:
-                return Decision(True, scheduled=bool(row.scheduled))  # decided before (redelivered): charged once
+                return recorded(row)  # decided before (redelivered): charged once
             now = int(time.time() * 1000)
             decision = decide(account, limits, estimate, now, self.deadline_ms)
             if not decision.admitted:
                 return decision
             used = outstanding(account, limits, now) + estimate
             in_flight = {**live_runs(account, now, self.deadline_ms), run_id: now}
-            insert = (self._insert_run, (user_id, run_id, estimate, now))
+            insert = (self._insert_run, (user_id, run_id, estimate, now, pool, partition))
             if await self._write(user_id, account, used, in_flight, now, insert):
                 return decision
             await asyncio.sleep(0.002 * (attempt + 1))  # another replica wrote this user's bucket first
@@ -178,7 +197,7 @@ class Ledger:
     async def decided(self, user_id: str, run_id: str) -> Decision | None:
         """The decision recorded for a run, if any (only admissions are recorded)."""
         row = await self._run_row(user_id, run_id)
-        return None if row is None else Decision(True, scheduled=bool(row.scheduled))
+        return None if row is None else recorded(row)
 
     async def mark_scheduled(self, user_id: str, run_id: str) -> None:
         """The run was handed to its pool: a redelivered prompt is not scheduled (served) a second time."""

@@ -77,7 +77,7 @@ def live() -> Iterator[Live]:
     # (two engines) in the small pool so one can die, one in the large pool.
     namespace = f"t{uuid.uuid4().hex[:10]}"
     faults = Path(tempfile.mkdtemp(prefix=f"parley-faults-{namespace}-"))
-    os.environ["PARLEY_FAULTS_DIR"] = str(faults)  # the stages inherit it (processors/meter_usage.crash_point)
+    os.environ["PARLEY_FAULTS_DIR"] = str(faults)  # the stages inherit it (processors/stage.Stage.crash_point)
     stack = Stack(
         namespace=namespace,
         port_base=PORT_BASE,

@@ -11,10 +11,11 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 from confluent_kafka import Producer
 
 from tests.stack.conftest import BOOTSTRAP, for_run, read_topic, sse_events, wait_for
-from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
+from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
 
 def set_limits(live, user: str, **fields) -> None:
@@ -169,6 +170,67 @@ def test_a_killed_scheduler_replica_loses_no_budget_state_and_redelivered_events
     scheduled = [m for t in RUN_SCHEDULED.values() for m in read_topic(live.topic(t), for_run("RunScheduled", again))]
     assert len(scheduled) == 1
     assert budget(live, user, "pro")["remaining_budget"] == 20_000 - spent(done)
+
+
+def recognised_copies(live) -> float:
+    """Runs the small pool's consumers recognised as already theirs: a copy dropped while the first was still
+    held, or one whose ended answer was only published again (summed over the consumers)."""
+    total = 0.0
+    for service in live.stack.services():
+        if not service.name.startswith("inference-small-"):
+            continue
+        for line in httpx.get(live.worker(service.name)[0], timeout=5).text.splitlines():
+            if line.startswith("parley_inference_duplicates_dropped_total{") or (
+                line.startswith("parley_inference_taken_over_total{") and 'state="ended"' in line
+            ):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_scheduler_dying_between_scheduling_a_run_and_recording_it_gets_the_run_served_once(live):
+    """The window a redelivered prompt reopens: RunScheduled is in the log but the ledger does not say so. The
+    run is scheduled again to the same pool partition, marked, and its consumer serves it only once."""
+    user = f"twice-{uuid.uuid4().hex[:6]}"
+    token = live.token(user, "pro")
+    set_limits(live, user, budget_tokens=20_000, refill_tokens_per_hour=0)
+    before = recognised_copies(live)
+    (live.faults / "scheduling-after-publish").touch()
+    status, _, events = post(live, token, content="Name three colours.", max_tokens=24)
+    assert status == 200 and events[-1]["event"] == "run.completed"  # the first copy was served
+    assert wait_for(lambda: not (live.faults / "scheduling-after-publish").exists(), 60), "no crash point reached"
+    assert wait_for(lambda: len([n for n in live.stack.pids() if n.startswith("scheduling")]) == 1, 30)
+    live.stack.start()  # it comes back and is given the prompt again
+    live.stack.wait_ready()
+
+    from topics import codec
+
+    run = run_id(events)
+    copies = wait_for(
+        lambda: (
+            len(found := read_topic(live.topic(RUN_SCHEDULED["small"]), for_run("RunScheduled", run))) == 2 and found
+        ),
+        timeout_s=60,
+    )
+    assert copies, "the redelivered prompt was not scheduled again"
+    assert len({(m.topic(), m.partition()) for m in copies}) == 1  # where the first copy went
+    assert [codec.decode("RunScheduled", m.value())["rescheduled"] for m in copies] == [False, True]
+    assert wait_for(lambda: recognised_copies(live) > before, 60), "the consumer did not recognise the copy"
+
+    completions = [
+        codec.decode("RunCompleted", m.value())
+        for m in read_topic(live.topic(RUN_COMPLETED), for_run("RunCompleted", run))
+    ]
+    assert len({c["event_id"] for c in completions}) == 1  # at most published again, as the same event
+    assert len({json.dumps(c["usage"], sort_keys=True) for c in completions}) == 1
+    deltas = [
+        codec.decode("TokenDelta", m.value()) for m in read_topic(live.topic(TOKEN_DELTA), for_run("TokenDelta", run))
+    ]
+    generated = [d for d in deltas if d["kind"] in ("started", "delta")]
+    assert len({d["seq"] for d in generated}) == len(generated)  # one generation: no seq written twice
+    kinds = [d["kind"] for d in deltas]
+    assert kinds.count("started") == 1 and kinds.count("queued") == 1  # the stream was told once
+    state = wait_for(lambda: (b := budget(live, user, "pro"))["in_flight"] == [] and b)
+    assert state["remaining_budget"] == 20_000 - spent({run: completions[0]})  # charged once, settled once
 
 
 def test_under_pressure_free_runs_are_degraded_to_the_small_pool_or_refused_fast_with_retry_after(live):
