@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from api.replies import Reply
+from api.replies import ACCEPTED, Reply
 from topics.codec import Event
 
 
@@ -61,6 +61,9 @@ def run_control(*, run_id: str, chat_id: str, user_id: str, reason: str) -> Even
 def sse(reply: Reply) -> dict[str, Any]:
     """One SSE event (sse-starlette's dict form) for one reply record."""
     r = reply.record
+    if reply.kind == ACCEPTED:  # the edge's own: no log record behind it, so no cursor
+        data = {**r, "message": "Your request is in; the scheduler has not placed it yet. The answer follows."}
+        return {"event": "run.accepted", "data": json.dumps(data)}
     if reply.kind == "queued":
         event, data = (
             "run.queued",

@@ -33,6 +33,7 @@ RECORDS_FOR_STREAMS = Counter(
 
 
 TERMINAL = frozenset({"completed", "error", "rejected"})  # kinds that end a run's stream
+ACCEPTED = "accepted"  # not from the log: the run is kept while the scheduler has not decided yet (the edge's own)
 HANDOFF = "handoff"  # not from the log: the hub no longer reads this run's partition; read the rest from the log
 
 

@@ -20,7 +20,7 @@ from api import convert
 from api.app import Services
 from api.auth import Principal
 from api.errors import ApiError
-from api.replies import HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
+from api.replies import ACCEPTED, HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
 from topics import codec
 from topics.admission import at_the_door, capacity_message, estimate_tokens
 from topics.codec import Event
@@ -33,6 +33,9 @@ UUID_EPOCH_100NS = 0x01B21DD213814000  # 1582-10-15 -> 1970-01-01 in the 100 ns 
 REPLAY_MARGIN_MS = 5_000  # clock skew between the edge that minted the run id and the producers' timestamps
 
 
+SLOW_DECISIONS = Counter(
+    "parley_edge_slow_admissions_total", "Runs kept and streamed before the scheduler decided (past the wait)"
+)
 SHED = Counter("parley_edge_shed_total", "Requests refused at the door: no pool had room for their tier", ["tier"])
 
 
@@ -153,30 +156,56 @@ def shed_when_full(
     )
 
 
-async def admitted(deps: Services, event: Event, replies: AsyncIterator[Reply], stream_refusals: bool) -> Reply:
+async def admitted(
+    deps: Services, event: Event, replies: AsyncIterator[Reply], stream_refusals: bool
+) -> tuple[Reply, AsyncIterator[Reply]]:
     """Wait, bounded, for the scheduler's decision on a run, so that a request over capacity or over budget
-    gets its 429 (with Retry-After) before any byte of a stream. Returns the run's first reply record.
+    gets its 429 (with Retry-After) before any byte of a stream. Returns the run's first reply record and the
+    rest.
+
+    The prompt is in the log already: whatever the scheduler decides later will happen, so a slow decision is
+    not refused (a 503 here used to leave the question stored and answered "cancelled", and a client retrying
+    it stored it twice). Past `admission_timeout_s` the run is kept: its first reply is an `accepted` record
+    made here, and the stream goes on with the decision when it comes (a refusal then ends the stream as an
+    error event).
 
     stream_refusals: a content-policy refusal is the chat's own answer (a `moderation` event), not an error.
     """
     run_id = event["run_id"]
+    first_reply = asyncio.ensure_future(anext(replies))
     try:
-        first = await asyncio.wait_for(anext(aiter(replies)), deps.settings.admission_timeout_s)
-    except (TimeoutError, StreamTimeout):
+        done, _ = await asyncio.wait({first_reply}, timeout=deps.settings.admission_timeout_s)
+    except asyncio.CancelledError:
+        first_reply.cancel()
+        raise
+    if not done:
+        SLOW_DECISIONS.inc()
+        wait = deps.settings.admission_timeout_s
+        log.warning("run %s: no admission decision in %.0fs; kept, its stream starts now", run_id, wait)
+        accepted = {"run_id": run_id, "chat_id": event["chat_id"], "model": event["model"]}
+        return Reply("", ACCEPTED, accepted), prepend_pending(first_reply, replies)
+    try:
+        first = first_reply.result()
+    except StreamTimeout:
         deps.replies.close(run_id)
-        await request_cancel(
-            deps, run_id=run_id, chat_id=event["chat_id"], user_id=event["user_id"], reason="admission_timeout"
-        )
-        raise ApiError(
-            503,
-            f"The scheduler did not decide on this request within {deps.settings.admission_timeout_s:.0f}s.",
-            "scheduler_unavailable",
-            headers={"Retry-After": "5"},
-        ) from None
+        raise
     if first.kind == "rejected" and not (stream_refusals and first.record["code"] == "content_filter"):
         deps.replies.close(run_id)
         raise rejection_error(first.record)
-    return first
+    return first, replies
+
+
+async def prepend_pending(first: asyncio.Future[Reply], rest: AsyncIterator[Reply]) -> AsyncIterator[Reply]:
+    """The replies of a run whose first record is still on its way, then the rest."""
+    try:
+        reply = await first
+    finally:
+        first.cancel()  # the stream ended before it came (the client went away)
+    yield reply
+    if reply.kind in TERMINAL:
+        return
+    async for reply in rest:
+        yield reply
 
 
 async def prepend(first: Reply, rest: AsyncIterator[Reply]) -> AsyncIterator[Reply]:

@@ -308,7 +308,7 @@ async def answer(
         deps.replies.close(run_id)
         raise
     replies = aiter(streams.live(deps, run_id, partition, live))
-    first = await streams.admitted(deps, event, replies, stream_refusals=True)
+    first, replies = await streams.admitted(deps, event, replies, stream_refusals=True)
     log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)
     stream = sse_stream(deps, run_id, streams.prepend(first, replies), live=True)
     return EventSourceResponse(stream, ping=15), run_id

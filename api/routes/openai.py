@@ -134,7 +134,7 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
     )
     live = await streams.start_run(deps, event)
     replies = aiter(streams.live(deps, run_id, partition, live))
-    reply = await streams.admitted(deps, event, replies, stream_refusals=False)
+    reply, replies = await streams.admitted(deps, event, replies, stream_refusals=False)
     handed_over = ended = False
     try:
         ended = reply.kind in TERMINAL
@@ -144,7 +144,7 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
             handed_over = True  # the generator owns the run from here
             return EventSourceResponse(chunk_stream(deps, user, event, reply, replies, include_usage), ping=15)
         text: list[str] = []
-        while reply.kind not in TERMINAL:
+        while reply.kind not in TERMINAL:  # a slow decision (`accepted`) only means a longer wait here
             if reply.kind == "delta":
                 text.append(reply.record["text"])
             elif reply.kind == "moderation":  # the answer was cut: what follows retract_from is withdrawn

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -131,7 +132,8 @@ def test_a_killed_scheduler_replica_loses_no_budget_state_and_redelivered_events
         time.sleep(0.3)
         os.kill(scheduler, signal.SIGKILL)  # mid-burst: some of its prompts are decided, some not yet
         results = [f.result() for f in futures]
-    assert all(status in (200, 503) for status, _, _ in results), results  # 503: not decided in time (cancelled)
+    # Kept, never refused for the scheduler's sake: a prompt not decided in time streams `run.accepted` first.
+    assert all(status == 200 and events[-1]["event"] == "run.completed" for status, _, events in results), results
 
     live.stack.start()  # the killed replica comes back
     live.stack.wait_ready()
@@ -170,6 +172,36 @@ def test_a_killed_scheduler_replica_loses_no_budget_state_and_redelivered_events
     scheduled = [m for t in RUN_SCHEDULED.values() for m in read_topic(live.topic(t), for_run("RunScheduled", again))]
     assert len(scheduled) == 1
     assert budget(live, user, "pro")["remaining_budget"] == 20_000 - spent(done)
+
+
+def test_a_request_the_scheduler_is_too_slow_to_decide_is_kept_and_answered_once(live):
+    """Every scheduler replica is down: the edge does not refuse a prompt that is already in the log (a client
+    retrying a 503 stored its question twice). Its stream starts with `run.accepted`, waits, and goes on with
+    the answer once a scheduler is back; the chat holds the question once and its answer."""
+    token = live.token()
+    client = live.client(token)
+    chat = client.post("/v1/chats").json()["id"]
+    schedulers = {name: pid for name, pid in live.stack.pids().items() if name.startswith("scheduling")}
+    assert len(schedulers) == 2
+    for pid in schedulers.values():
+        os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    restart = threading.Timer(15, live.stack.start)  # after the edge's 10 s wait for a decision
+    restart.start()
+    try:
+        with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": "Say hi.", "max_tokens": 8}) as r:
+            assert r.status_code == 200
+            events = sse_events(r)
+    finally:
+        restart.join()
+    live.stack.wait_ready()
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "run.accepted" and "id" not in events[0], kinds  # the edge's own event: no cursor
+    assert kinds[1] == "run.queued" and kinds[-1] == "run.completed", kinds
+    assert time.monotonic() - started >= 15
+    messages = wait_for(lambda: len(m := client.get(f"/v1/chats/{chat}/messages").json()["data"]) >= 2 and m)
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert messages[1]["finish_reason"] in ("stop", "length") and messages[1]["id"] == events[0]["data"]["run_id"]
 
 
 def recognised_copies(live) -> float:
