@@ -7,6 +7,7 @@ import logging
 import uvicorn
 
 from api.app import create_app
+from api.server import guarded
 from api.settings import ApiSettings
 
 
@@ -14,7 +15,8 @@ def main() -> None:
     settings = ApiSettings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    protocol = guarded(settings.header_timeout_s, settings.max_connections_per_client)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning", http=protocol)
 
 
 if __name__ == "__main__":

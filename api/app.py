@@ -91,7 +91,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # before parsing, before any credential
+    # before parsing, before any credential
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s)
     from api.routes import admin, chats, keys, openai, safety, system, web
 
     app.include_router(chats.router)

@@ -1,10 +1,13 @@
 """A request-body limit enforced while the body is read: before it is parsed and before any credential is
 checked, so an anonymous client cannot make the edge hold or parse more than `max_bytes` (a 100 MB body was
 read and parsed before its 401). Our own because FastAPI's `max_body_size` (Starlette's middleware) answers
-a plain-text 413, and every error here is OpenAI-shaped.
+a plain-text 413, and every error here is OpenAI-shaped. A body that stops arriving for `idle_s` is refused
+too (408): a client trickling its body does not hold a request open.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
@@ -23,10 +26,18 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"The request body is larger than {max_bytes} bytes.")
 
 
+class BodyTimedOut(HTTPException):
+    code = "request_timeout"
+
+    def __init__(self, idle_s: float) -> None:
+        super().__init__(408, f"The request body stopped arriving for {idle_s:.0f}s.")
+
+
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, idle_s: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.idle_s = idle_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -36,12 +47,18 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await self._refuse(scope, receive, send)  # said so up front: not a byte of it is read
             return
-        seen = 0
+        seen, complete = 0, False
 
         async def counted() -> Message:  # a chunked body, or one longer than it said
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, complete
+            if complete:  # after the body, receive() waits for the client to leave (a stream's disconnect)
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.idle_s)
+            except TimeoutError:
+                raise BodyTimedOut(self.idle_s) from None
             seen += len(message.get("body", b""))
+            complete = not message.get("more_body", False)
             if seen > self.max_bytes:
                 raise BodyTooLarge(self.max_bytes)
             return message

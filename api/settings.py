@@ -28,6 +28,13 @@ class ApiSettings(StackSettings):
         description="A request body larger than this is refused (413) while it is read, before parsing or auth: "
         "room for an OpenAI-style request carrying a long conversation.",
     )
+    header_timeout_s: float = Field(
+        10.0, description="A request's headers must arrive within this of the connection opening (408 after)."
+    )
+    body_idle_timeout_s: float = Field(30.0, description="A request body that stops arriving this long: 408.")
+    max_connections_per_client: int = Field(
+        64, description="Connections one client address may hold at once; one more is refused 429."
+    )
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
     metering_url: str = "http://127.0.0.1:6069"

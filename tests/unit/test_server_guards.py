@@ -1,0 +1,101 @@
+"""The edge's own HTTP guards on a real uvicorn server (api/server.py, api/body_limit.py): a head that does not
+arrive in time, a body that stops arriving, and one client holding too many connections."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+
+from api import errors
+from api.body_limit import BodyLimit
+from api.server import GuardedH11, guarded
+
+LIMIT = 4
+
+
+@pytest.fixture(scope="module")
+def server():
+    app = FastAPI()
+    errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=10_000, idle_s=0.5)
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=guarded(0.5, LIMIT))
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not running.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield port
+    running.should_exit = True
+    thread.join(10)
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def answer(conn: socket.socket) -> tuple[int, dict[str, str], dict]:
+    """The next response on a connection: status, headers and JSON body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, content = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(content) < int(headers.get("content-length", 0)):
+        content += conn.recv(65536)
+    return int(lines[0].split()[1]), headers, json.loads(content) if content else {}
+
+
+def test_headers_that_do_not_arrive_in_time_get_a_408_and_the_connection_closed(server):
+    with connect(server) as conn:
+        conn.sendall(b"POST /echo HTTP/1.1\r\nHost: edge\r\n")  # and the rest never comes
+        status, _, body = answer(conn)
+    assert status == 408 and body["error"]["code"] == "request_timeout"
+    with connect(server) as idle:  # nothing sent at all
+        assert answer(idle)[0] == 408
+    # a prompt client on a kept-alive connection is unaffected, request after request
+    with httpx.Client(base_url=f"http://127.0.0.1:{server}") as client:
+        for _ in range(3):
+            assert client.post("/echo", content=b"x" * 10).json() == {"bytes": 10}
+            time.sleep(0.2)
+
+
+def test_a_body_that_stops_arriving_gets_a_408(server):
+    with connect(server) as conn:
+        # the other 90 bytes never come (the connection stays open)
+        conn.sendall(b"POST /echo HTTP/1.1\r\nHost: edge\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+        status, _, body = answer(conn)
+    assert status == 408 and body["error"]["code"] == "request_timeout"
+
+
+def test_one_client_holds_at_most_its_share_of_connections(server):
+    held = [connect(server) for _ in range(LIMIT)]
+    try:
+        with connect(server) as extra:
+            status, headers, body = answer(extra)
+        assert status == 429 and headers["retry-after"] == "1"
+        assert body["error"]["code"] == "too_many_connections"
+    finally:
+        for conn in held:
+            conn.close()
+    deadline = time.monotonic() + 5
+    while GuardedH11.open_by_client and time.monotonic() < deadline:  # the server saw them go
+        time.sleep(0.05)
+    with httpx.Client(base_url=f"http://127.0.0.1:{server}") as client:
+        assert client.post("/echo", content=b"ok").status_code == 200
