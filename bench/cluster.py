@@ -46,7 +46,7 @@ STORY = "Write a long story about a lighthouse keeper and a storm at sea."
 
 
 def added_ttft(stack: Stack, client: httpx.Client, pairs: int) -> dict[str, object]:
-    engine, url = httpx.Client(timeout=120), stack.engine_url()
+    engine, url = httpx.Client(timeout=120, headers=stack.engine_headers()), stack.engine_url()
     system = ProcessorSettings().system_prompt
     rng = random.Random(7)
     added, through, alone = [], [], []

@@ -255,7 +255,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         httpx.AsyncClient(
             base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, limits=limits
         ) as api,
-        httpx.AsyncClient(timeout=timeout, limits=limits) as engine,
+        httpx.AsyncClient(timeout=timeout, limits=limits, headers=stack.engine_headers("small")) as engine,
     ):
         url = stack.engine_url("small")
         for _ in range(2):  # warm-up: both paths, a full batch

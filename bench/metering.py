@@ -40,6 +40,7 @@ from storage.clickhouse import UsageStore  # noqa: E402
 from topics import codec  # noqa: E402
 from topics.kafka import ensure_topics  # noqa: E402
 from topics.pipeline import RUN_COMPLETED, named  # noqa: E402
+from topics.settings import StackSettings  # noqa: E402
 
 BOOTSTRAP = os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 PORT = 19369
@@ -106,7 +107,8 @@ class Stage:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=30)
+        headers = StackSettings().internal_headers()
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{PORT}", headers=headers, timeout=30)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:

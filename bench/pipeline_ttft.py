@@ -134,7 +134,7 @@ def main() -> None:
             settings.jwt_secret.get_secret_value(), "bench", "pro", settings.jwt_issuer, settings.jwt_audience
         )
         api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
-        engine = httpx.Client(timeout=120)
+        engine = httpx.Client(timeout=120, headers=stack.engine_headers())
         engine_url = stack.engine_url()
         system = ProcessorSettings().system_prompt
         rng = random.Random(7)

@@ -76,8 +76,8 @@ def first_event_after(client: httpx.Client, url: str, cursor: str | None) -> flo
     raise RuntimeError("the resumed stream had no event")
 
 
-def slots_busy(llama: str) -> bool:
-    return any(s.get("is_processing") for s in httpx.get(f"{llama}/slots", timeout=5).json())
+def slots_busy(llama: str, headers: dict[str, str]) -> bool:
+    return any(s.get("is_processing") for s in httpx.get(f"{llama}/slots", headers=headers, timeout=5).json())
 
 
 def main() -> None:
@@ -93,7 +93,7 @@ def main() -> None:
         auth = {"Authorization": f"Bearer {token}"}
         edge0 = httpx.Client(base_url=f"http://127.0.0.1:{PORT_BASE}", headers=auth, timeout=120)
         edge1 = httpx.Client(base_url=f"http://127.0.0.1:{PORT_BASE + 100}", headers=auth, timeout=120)
-        llama = stack.engine_url()
+        llama, engine_key = stack.engine_url(), stack.engine_headers()
         skipped: list[str] = []
         live_ms, finished_ms, cancel_ms, after_cancel, per_record = [], [], [], [], []
         for _ in tqdm(range(args.runs), desc="resume (live runs)", file=sys.stderr):
@@ -112,7 +112,7 @@ def main() -> None:
             finished_ms.append(first_event_after(edge1, url, cursor))
         for _ in tqdm(range(args.runs), desc="cancel", file=sys.stderr):
             chat = edge0.post("/v1/chats").json()["id"]
-            while slots_busy(llama):
+            while slots_busy(llama, engine_key):
                 time.sleep(0.05)
             with edge0.stream("POST", f"/v1/chats/{chat}/messages", json={"content": LONG, "max_tokens": 400}) as r:
                 lines = r.iter_lines()
@@ -124,7 +124,7 @@ def main() -> None:
                 if answer.status_code != 202:  # the model ended its answer before the cancel: not a sample
                     skipped.append(answer.text)
                     continue
-                while slots_busy(llama):
+                while slots_busy(llama, engine_key):
                     time.sleep(0.002)
                 cancel_ms.append((time.perf_counter() - started) * 1000)
                 rest = events(lines)

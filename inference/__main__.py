@@ -16,8 +16,10 @@ from topics.settings import state_dir
 log = logging.getLogger("inference")
 
 
-async def amain(settings: InferenceSettings, engine_url: str, revive: Callable[[], Awaitable[bool]] | None) -> None:
-    engine: Engine = OpenAIStreamEngine(settings.engine, engine_url)
+async def amain(
+    settings: InferenceSettings, engine_url: str, api_key: str | None, revive: Callable[[], Awaitable[bool]] | None
+) -> None:
+    engine: Engine = OpenAIStreamEngine(settings.engine, engine_url, api_key)
     worker = Worker(settings, engine, revive)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -34,9 +36,10 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     registry.connect(settings.schema_registry_url)
     if settings.engine != "llamacpp":  # sglang (GPU) or any OpenAI-style server someone else runs
-        asyncio.run(amain(settings, settings.engine_url, None))
+        key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
+        asyncio.run(amain(settings, settings.engine_url, key, None))
         return
-    from inference.llama_server import LlamaServer
+    from inference.llama_server import LlamaServer, key_path
 
     server = LlamaServer(
         port=settings.llama_port,
@@ -49,6 +52,7 @@ def main() -> None:
         / "logs"
         / (settings.namespace or "default")
         / f"llama-server-{settings.pool}-{settings.llama_port}.log",
+        key_file=key_path(settings.namespace, settings.pool, settings.llama_port),
     )
     # Started (and restarted) from the main thread, which also runs the event loop: the child's death signal
     # is tied to the thread that spawned it.
@@ -68,7 +72,7 @@ def main() -> None:
         return True
 
     try:
-        asyncio.run(amain(settings, server.url, revive))
+        asyncio.run(amain(settings, server.url, server.api_key, revive))
     finally:
         server.stop()
 

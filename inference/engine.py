@@ -62,10 +62,11 @@ class Engine(Protocol):
 class OpenAIStreamEngine:
     """Streaming chat completions against llama-server or SGLang (`/v1/chat/completions`)."""
 
-    def __init__(self, name: str, base_url: str, timeout_s: float = 300.0) -> None:
+    def __init__(self, name: str, base_url: str, api_key: str | None = None, timeout_s: float = 300.0) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers)
 
     async def healthy(self) -> bool:
         try:

@@ -10,12 +10,15 @@ import ctypes
 import importlib.util
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+
+from topics.settings import state_dir
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,21 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def key_path(namespace: str, pool: str, port: int) -> Path:
+    """The key of one consumer's llama-server (mode 0600; a new one each start): the engine answers only its
+    consumer, and the benchmarks that compare against it directly, which read it here."""
+    return state_dir() / "keys" / (namespace or "default") / f"llama-server-{pool}-{port}.key"
+
+
+def new_key(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(32)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(key + "\n")
+    return key
+
+
 class LlamaServer:
     def __init__(
         self,
@@ -59,8 +77,11 @@ class LlamaServer:
         binary: Path | None = None,
         model: Path | None = None,
         batch: int = 2048,
+        key_file: Path | None = None,
     ) -> None:
         self.port = port
+        # Without a key file (a benchmark's own server) the engine is open to any local caller.
+        self.api_key = new_key(key_file) if key_file else None
         self.url = f"http://127.0.0.1:{port}"
         self.args = [
             str(binary or default_binary()),
@@ -87,6 +108,7 @@ class LlamaServer:
             "--metrics",
             "--alias",
             alias,
+            *(["--api-key-file", str(key_file)] if key_file else []),
         ]
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None

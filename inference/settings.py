@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from topics.settings import StackSettings
 
@@ -15,6 +15,7 @@ class InferenceSettings(StackSettings):
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     engine: str = "llamacpp"  # llamacpp: start llama-server as a child; sglang or openai: an existing server
     engine_url: str = ""  # for an existing server, e.g. http://sglang:30000
+    engine_api_key: SecretStr | None = None  # the existing server's key (SGLang --api-key); llamacpp makes its own
     llama_port: int = 8081
     slots: int = 8  # sequences in flight in the engine
     prefetch: int = 32  # runs read ahead and waiting for a slot here (so the best one can start first)

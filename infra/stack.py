@@ -272,6 +272,13 @@ class Stack:
         service = next(s for s in self.services() if s.name == f"inference-{pool}-{index}")
         return f"http://127.0.0.1:{service.port + 1}"
 
+    def engine_headers(self, pool: str = "small", index: int = 0) -> dict[str, str]:
+        """The credential of that llama-server, which answers only its consumer (and whoever reads its key)."""
+        from inference.llama_server import key_path
+
+        port = int(self.engine_url(pool, index).rsplit(":", 1)[1])
+        return {"Authorization": f"Bearer {key_path(self.namespace, pool, port).read_text().strip()}"}
+
     # -- steps ---------------------------------------------------------------------------------------
     def _step(self, name: str, fn: Callable[[], object]) -> None:
         started = time.perf_counter()

@@ -182,10 +182,12 @@ def register(stage: Stage, store: UsageStore) -> None:
 
     @stage.app.page("/usage/{user_id}")
     async def totals(web: Any, request: Any, user_id: str) -> Any:
+        stage.require_internal(request)
         return web.json(await run(store.totals, user_id))
 
     @stage.app.page("/usage-rows/{run_id}")
     async def rows(web: Any, request: Any, run_id: str) -> Any:
+        stage.require_internal(request)
         from storage.clickhouse import quote
 
         return web.json({"data": await run(store.rows, f"run_id = {quote(run_id)}")})
@@ -193,18 +195,21 @@ def register(stage: Stage, store: UsageStore) -> None:
     @stage.app.page("/usage-range")
     async def between(web: Any, request: Any) -> Any:
         """?since=&until= (epoch ms): the stored rows in the range, for reconciliation."""
+        stage.require_internal(request)
         since, until = int(request.query["since"]), int(request.query["until"])
         return web.json({"data": await run(store.between, since, until)})
 
     @stage.app.page("/usage-rollup-check")
     async def rollup_check(web: Any, request: Any) -> Any:
         """?since=&until= (epoch ms): rollup buckets whose sums differ from the rows'."""
+        stage.require_internal(request)
         since, until = int(request.query["since"]), int(request.query["until"])
         return web.json({"data": await run(store.rollup_drift, since, until)})
 
     @stage.app.page("/usage-report")
     async def report(web: Any, request: Any) -> Any:
         """?since=&until= (epoch ms)[&user_id=][&source=rollup|usage]: what the dashboard draws."""
+        stage.require_internal(request)
         q = request.query
         args = (int(q["since"]), int(q["until"]), q.get("user_id") or None, q.get("source", "rollup"))
         return web.json(await run(store.report, *args))
@@ -213,6 +218,7 @@ def register(stage: Stage, store: UsageStore) -> None:
     class Rebuild(View):
         async def post(self, request: Any) -> Any:
             """{"since", "until"} (epoch ms): recompute the rollup buckets of the range from the rows."""
+            stage.require_internal(request)
             body = await request.json()
             await run(store.rebuild_rollups, int(body["since"]), int(body["until"]))
             log.info("usage repair: rollups rebuilt for %s..%s", body["since"], body["until"])
@@ -222,6 +228,7 @@ def register(stage: Stage, store: UsageStore) -> None:
     class Repair(View):
         async def post(self, request: Any) -> Any:
             """{"rows": [...]}: rows rebuilt from the log for runs missing here (reconciliation --repair)."""
+            stage.require_internal(request)
             body = await request.json()
             written = await run(store.write, body["rows"])
             log.info("usage repair: %d rows written of %d sent", written, len(body["rows"]))

@@ -24,6 +24,7 @@ from storage.clickhouse import COMPARED
 from topics import codec
 from topics.errors import PoisonEvent
 from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic, named
+from topics.settings import StackSettings
 
 SLACK_MS = 5 * 60_000  # events are read from this long before the range: a run's end time precedes its append
 
@@ -167,7 +168,7 @@ def reconcile(
 ) -> Drift:
     log_rows, bad = read_log(bootstrap, namespace, since_ms, until_ms, prices, progress)
     params = {"since": since_ms, "until": until_ms}
-    with httpx.Client(base_url=metering_url, timeout=120) as http:
+    with httpx.Client(base_url=metering_url, headers=StackSettings().internal_headers(), timeout=120) as http:
 
         def stored() -> list[dict[str, Any]]:
             response = http.get("/usage-range", params=params)

@@ -7,6 +7,7 @@ dead letter with its source offset instead of a crashed agent.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import time
@@ -18,6 +19,7 @@ import faust
 from cassandra import OperationTimedOut, ReadTimeout, Unavailable, WriteTimeout
 from cassandra.cluster import NoHostAvailable
 from faust.types import EventT, TopicT
+from faust.web.exceptions import NotAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from processors.settings import STAGE_PORTS, ProcessorSettings
@@ -111,6 +113,13 @@ class Stage:
                 internal=False,
             )
         return self._topics[name]
+
+    def require_internal(self, request: Any) -> None:
+        """An internal page (anything but /metrics and /healthz): the caller presents the stack's internal
+        token, or gets a 401; a local process cannot write usage rows or read anyone's usage by asking."""
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, self.settings.internal_headers()["Authorization"].encode()):
+            raise NotAuthenticated("This page is internal to the stack: present its internal token.")
 
     def crash_point(self, name: str) -> None:
         """Tests only: exit at once, as a killed process would, when `faults_dir/name` exists (it is removed

@@ -22,11 +22,30 @@ def state_dir() -> Path:
 
 def local_jwt_secret() -> SecretStr:
     """The local stack's signing key: made once, kept in the state folder, shared by the CLI and the edge."""
-    path = state_dir() / "jwt-secret"
+    return local_secret("jwt-secret")
+
+
+def local_internal_token() -> SecretStr:
+    """The local stack's credential for its internal endpoints (the stages' own pages): kept like the JWT key."""
+    return local_secret("internal-token")
+
+
+def local_secret(name: str) -> SecretStr:
+    """A secret made by whichever process asks first; processes starting at once all end up with that one."""
+    import os
+
+    path = state_dir() / name
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(32))
-        path.chmod(0o600)
+        draft = path.with_name(f".{name}.{os.getpid()}")
+        draft.write_text(secrets.token_urlsafe(32))
+        draft.chmod(0o600)
+        try:
+            os.link(draft, path)  # atomic: fails if another process made it first
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
     return SecretStr(path.read_text().strip())
 
 
@@ -74,6 +93,11 @@ class StackSettings(BaseSettings):
     kafka_bootstrap: str = "127.0.0.1:9092"
     schema_registry_url: str = "http://127.0.0.1:8081"
     namespace: str = Field("", description="Prefix of every topic, consumer group and keyspace.")
+    internal_token: SecretStr = Field(
+        default_factory=local_internal_token,
+        description="What the stack's own processes present to each other's internal pages (metering's usage "
+        "reads and repairs): a Bearer token. Set it from a secret on a cluster; locally it is made once.",
+    )
     # Replication and partitioning (docs/decisions/0011-replicated-data-plane.md). The defaults are a
     # production cluster's; the single-node local stack sets 1 copy in its environment (infra/stack.py).
     kafka_replication_factor: int = 3
@@ -120,6 +144,10 @@ class StackSettings(BaseSettings):
     @property
     def keyspace_name(self) -> str:
         return f"{self.keyspace}_{self.namespace}".replace("-", "_") if self.namespace else self.keyspace
+
+    def internal_headers(self) -> dict[str, str]:
+        """How one of the stack's processes (or its CLI) calls another's internal pages."""
+        return {"Authorization": f"Bearer {self.internal_token.get_secret_value()}"}
 
     def group(self, stage: str) -> str:
         return f"{self.namespace}.{stage}" if self.namespace else f"parley.{stage}"

@@ -31,7 +31,8 @@ async def models(deps: Deps, user: CurrentUser) -> dict[str, object]:
 async def metering(deps: Deps, path: str, params: dict[str, str | int] | None = None) -> dict[str, Any]:
     """A read from the metering stage, which owns the usage tables (the embedded engine is one process's)."""
     try:
-        response = await deps.http.get(f"{deps.settings.metering_url}{path}", params=params, timeout=30)
+        url, headers = f"{deps.settings.metering_url}{path}", deps.settings.internal_headers()
+        response = await deps.http.get(url, params=params, headers=headers, timeout=30)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise ApiError(503, "Usage data is unavailable right now; try again shortly.", "usage_unavailable") from exc

@@ -40,7 +40,8 @@ def check_every_turn(cluster, streams):
         assert messages, client.get(f"/v1/chats/{stream.chat_id}/messages").json()["data"]
         assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1]["id"] == stream.run_id
         metering = f"http://127.0.0.1:{PORT_BASE + 13}/usage-rows/{stream.run_id}"
-        rows = wait_for(lambda: client.get(metering).json()["data"], 60)
+        internal = cluster.stack.settings.internal_headers()
+        rows = wait_for(lambda: client.get(metering, headers=internal).json()["data"], 60)
         assert len(rows) == 1, rows
         usage = stream.events[-1]["data"]["usage"]
         assert int(rows[0]["completion_tokens"]) == usage["completion_tokens"]

@@ -48,6 +48,16 @@ class Live:
         url = self.url if replica == 0 else f"http://127.0.0.1:{PORT_BASE + 100 * replica}"
         return httpx.Client(base_url=url, headers=headers, timeout=120)
 
+    def internal(self) -> httpx.Client:
+        """A client of the metering stage's internal pages, with the stack's internal token."""
+        headers = self.stack.settings.internal_headers()
+        return httpx.Client(base_url=self.stage_url("metering"), headers=headers, timeout=30)
+
+    def usage_rows(self, run_id: str) -> list[dict]:
+        """The usage rows the metering stage stored for a run."""
+        with self.internal() as metering:
+            return list(metering.get(f"/usage-rows/{run_id}").json()["data"])
+
     def stage_url(self, stage: str) -> str:
         offset = {"moderation": 10, "scheduling": 11, "persistence": 12, "metering": 13, "inference": 20}[stage]
         return f"http://127.0.0.1:{PORT_BASE + offset}"

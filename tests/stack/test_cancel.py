@@ -43,7 +43,7 @@ def test_cancel_mid_stream_stops_the_run_and_keeps_the_partial_answer(live):
 
     answer = wait_for(stored)
     assert answer and answer["content"] == text and answer["finish_reason"] == "cancelled"
-    rows = wait_for(lambda: client.get(f"{live.stage_url('metering')}/usage-rows/{run_id}").json()["data"])
+    rows = wait_for(lambda: live.usage_rows(run_id))
     assert rows and int(rows[0]["completion_tokens"]) == usage["completion_tokens"]
     assert rows[0]["finish_reason"] == "cancelled"
 

@@ -62,7 +62,7 @@ def test_usage_row_per_run_matches_the_stream(live):
     usage = events[-1]["data"]["usage"]
 
     def row():
-        rows = client.get(f"{live.stage_url('metering')}/usage-rows/{run_id}").json()["data"]
+        rows = live.usage_rows(run_id)
         return rows or None
 
     rows = wait_for(row)

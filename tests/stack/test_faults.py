@@ -54,14 +54,12 @@ def test_replayed_run_completed_duplicates_neither_message_nor_usage(live):
     producer.flush(10)
 
     def replay_seen():
-        rows = client.get(f"{live.stage_url('metering')}/usage-rows/{run_id}").json()["data"]
+        rows = live.usage_rows(run_id)
         return rows
 
     # Give both sinks time to process the replays: a fresh run after them must be visible first.
     later = chat_turn(client, chat["id"], "Thanks.", max_tokens=4)
-    wait_for(
-        lambda: client.get(f"{live.stage_url('metering')}/usage-rows/{later[0]['data']['run_id']}").json()["data"], 30
-    )
+    wait_for(lambda: live.usage_rows(later[0]["data"]["run_id"]), 30)
     wait_for(lambda: len(client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]) == 4)
 
     messages = client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]

@@ -35,7 +35,8 @@ def user_records(live, topic, schema, user):
 
 
 def stored_rows(live, client, since, until, user):
-    response = client.get(f"{live.stage_url('metering')}/usage-range", params={"since": since, "until": until})
+    with live.internal() as metering:
+        response = metering.get("/usage-range", params={"since": since, "until": until})
     return [r for r in response.json()["data"] if r["user_id"] == user]
 
 

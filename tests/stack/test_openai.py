@@ -1,6 +1,5 @@
 """The official `openai` client works unchanged against the stack, stream and non-stream."""
 
-import httpx
 import openai
 import pytest
 
@@ -55,7 +54,7 @@ def test_streaming_with_usage_in_the_final_chunk_matches_the_log(client, live):
     assert record["usage"]["completion_tokens"] == chunks[-1].usage.completion_tokens
     assert record["prompt"]["store"] is False
     # metered like any run
-    rows = wait_for(lambda: httpx.get(f"{live.stage_url('metering')}/usage-rows/{run_id}").json()["data"])
+    rows = wait_for(lambda: live.usage_rows(run_id))
     assert rows and int(rows[0]["completion_tokens"]) == chunks[-1].usage.completion_tokens
 
 
