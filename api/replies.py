@@ -15,13 +15,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import Counter
 
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
 from topics.kafka import ConsumerThread, consumer_config
+from topics.outage import Outage
 from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class ReplyHub:
         self._turn = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader = ConsumerThread(self._consumer, "reply-hub", self._poll)
+        self._outage = Outage(log, "Kafka (the edge's reply consumer)")
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -116,8 +118,18 @@ class ReplyHub:
         log.info("reply partitions %s", list(self._owned) or "none yet")
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Read each new partition from its current end: only runs opened from now on are streamed from here."""
-        consumer.assign([TopicPartition(tp.topic, tp.partition, OFFSET_END) for tp in partitions])
+        """Read each new partition from its current end: only runs opened from now on are streamed from here.
+        The end is looked up now, not left to the first fetch (OFFSET_END): a run opened the moment the
+        partition is held must find every one of its records, and a fetch resolved later, under load, would
+        start after the first of them (CI: test_backpressure's 20 records were all skipped)."""
+        starts = []
+        for tp in partitions:
+            try:
+                _, end = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
+            except KafkaException:
+                end = OFFSET_END  # the broker did not say: the first fetch decides, as before
+            starts.append(TopicPartition(tp.topic, tp.partition, end))
+        consumer.assign(starts)
         self._owned = tuple(sorted({tp.partition for tp in partitions}))
         log.info("reply partitions assigned: %s", list(self._owned))
 
@@ -169,7 +181,7 @@ class ReplyHub:
             error = msg.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("reply consumer: %s", error)
+                    self._outage.failed(str(error))
                 continue
             try:
                 batch.append(to_reply(self._topics, msg))
