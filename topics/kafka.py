@@ -102,7 +102,29 @@ def ensure_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
+    led(admin, [t.topic for t in wanted])
     return created
+
+
+def led(admin: AdminClient, names: list[str], timeout_s: float = 60.0) -> None:
+    """Wait until every topic is in the cluster's metadata with a leader for each partition. A topic just
+    created can be missing there for a moment (seconds on a broker holding hundreds of topics), and a consumer
+    group formed then is given no partitions of it until its next metadata refresh, minutes later (CI: every
+    stage of a fresh stack sat with nothing assigned for 180 s)."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(names)
+    while pending:
+        topics = admin.list_topics(timeout=10).topics
+        pending = {
+            n
+            for n in pending
+            if n not in topics or not topics[n].partitions or any(p.leader < 0 for p in topics[n].partitions.values())
+        }
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics without a leader after {timeout_s:.0f}s: {sorted(pending)[:5]}")
+        time.sleep(0.2)
 
 
 def grow_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic, ...] = TOPICS) -> dict[str, int]:
