@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from cassandra import OperationTimedOut, RequestExecutionException
 from cassandra.cluster import NoHostAvailable
@@ -12,7 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from topics.outage import Outage
+
 log = logging.getLogger(__name__)
+LOG_OUTAGE = Outage(log, "Kafka (the edge's producer)")
+STORE_OUTAGE = Outage(log, "Cassandra (the edge's session)")
 
 TYPES = {
     400: "invalid_request_error",
@@ -39,6 +44,19 @@ class ApiError(Exception):
         self.status, self.message, self.code, self.param, self.headers = status, message, code, param, headers
 
 
+def allowed_methods(request: Request, fallback: str) -> str:
+    """Every method the request's path takes, from the OpenAPI document (Starlette's 405 names only those of
+    the first route it tried); the fallback for paths the document leaves out."""
+    matching = [
+        (template.count("{"), {method.upper() for method in operations})
+        for template, operations in request.app.openapi()["paths"].items()
+        if re.fullmatch(re.sub(r"\{[^/]+\}", "[^/]+", template), request.url.path)
+    ]
+    fewest = min((params for params, _ in matching), default=0)  # /v1/chats/export is not /v1/chats/{chat_id}
+    methods = set().union(*(found for params, found in matching if params == fewest))
+    return ", ".join(sorted(methods)) or fallback
+
+
 def body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
     return {"error": {"message": message, "type": TYPES.get(status, "api_error"), "param": param, "code": code}}
 
@@ -58,20 +76,24 @@ def install(app: FastAPI) -> None:
         return JSONResponse(body(400, message, "invalid_value", ".".join(loc) or None), 400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(body(exc.status_code, str(exc.detail), getattr(exc, "code", None)), exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        content = body(exc.status_code, str(exc.detail), getattr(exc, "code", None))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method the path takes (Starlette names only its first route's)
+            headers["Allow"] = allowed_methods(request, headers.get("Allow", ""))
+        return JSONResponse(content, exc.status_code, headers=headers)
 
     @app.exception_handler(KafkaException)
     async def log_unavailable(request: Request, exc: KafkaException) -> JSONResponse:
         """The log did not take the record within the producer's delivery timeout (brokers down, or too few
         copies in sync): a clear, retryable error rather than a hang."""
-        log.warning("Kafka did not acknowledge %s %s: %s", request.method, request.url.path, exc)
+        LOG_OUTAGE.failed(f"{request.method} {request.url.path}: {exc}")
         message = "The event log is unavailable right now; retry shortly."
         return JSONResponse(body(503, message, "log_unavailable"), 503, headers={"Retry-After": "5"})
 
     async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
         """Too few Cassandra replicas answered in time (nodes down or overloaded): retryable, like the log's."""
-        log.warning("Cassandra did not answer %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        STORE_OUTAGE.failed(f"{request.method} {request.url.path}: {type(exc).__name__}: {exc}")
         message = "The conversation store is unavailable right now; retry shortly."
         return JSONResponse(body(503, message, "store_unavailable"), 503, headers={"Retry-After": "5"})
 

@@ -47,6 +47,7 @@ from topics.codec import token_delta as delta
 from topics.errors import PoisonEvent, RetriableError
 from topics.kafka import AsyncProducer, consumer_config, dead_letter
 from topics.limits import BACKGROUND_PRIORITY, LimitsView, tier_cap
+from topics.outage import Outage
 from topics.pipeline import (
     OUTPUT_MODERATED,
     POOL_STATUS,
@@ -235,6 +236,7 @@ class Worker:
                 },
             )
         )
+        self._kafka_outage = Outage(log, f"Kafka (the {settings.pool} pool's consumer)")
         self.scheduled_topic = named(RUN_SCHEDULED[settings.pool], settings.namespace)
         self.delta_topic = named(TOKEN_DELTA, settings.namespace)
         self.completed_topic = named(RUN_COMPLETED, settings.namespace)
@@ -639,7 +641,7 @@ class Worker:
                             await self._consumer_call(self.consumer.seek, TopicPartition(topic, partition, offset))
                             await asyncio.sleep(1.0)
                     elif error is not None and error.code() != KafkaError._PARTITION_EOF:
-                        log.warning("consumer error: %s", error)
+                        self._kafka_outage.failed(str(error))
                 else:  # the local queue is full: wait for a slot before reading more
                     self._slot_freed.clear()
                     try:

@@ -26,6 +26,7 @@ from processors.settings import STAGE_PORTS, ProcessorSettings
 from topics import codec, tracing
 from topics.codec import Event
 from topics.errors import PoisonEvent, RetriableError
+from topics.outage import Outage
 from topics.pipeline import Topic, dead_letter_name, named
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Stage:
             broker_commit_interval=0.5,
         )
         self._topics: dict[str, TopicT] = {}
+        self.outage = Outage(log, f"{name}: a store or the log (events wait, none is dead-lettered)")
 
         @self.app.page("/metrics")
         async def metrics(web: Any, request: Any) -> Any:
@@ -215,7 +217,7 @@ class Stage:
                 await attempt()
                 return
             except RETRIABLE as exc:
-                log.warning("%s: %s on %s; retrying in %.1fs", self.name, type(exc).__name__, where, delay)
+                self.outage.failed(f"{type(exc).__name__} on {where}; retrying, every {delay:.1f}s at most")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
