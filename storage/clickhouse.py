@@ -355,8 +355,8 @@ class Report:
             "t",
         )
         for point in series:
-            for c in LATENCIES:  # [p50, p95, p99]; nan when no run in the bucket produced a token
-                point[c] = [None if v != v else round(float(v), 1) for v in point[c]]
+            for c in LATENCIES:  # [p50, p95, p99]; nan or null when no run in the bucket produced a token
+                point[c] = [None if v is None or v != v else round(float(v), 1) for v in point[c]]
         report: dict[str, Any] = {
             "since": self.since,
             "until": self.until,

@@ -101,6 +101,16 @@ def test_the_report_from_rollups_equals_the_report_from_rows(store):
     assert mine["totals"]["runs"] == 10 and "top_users" not in mine
 
 
+def test_a_users_report_with_only_refused_runs_has_no_latencies_and_no_error(store):
+    """Found by fuzzing the live edge: a user whose runs in a bucket never produced a token (all refused, or
+    all cancelled before one) made the report fail, and the edge answered 503."""
+    now = int(time.time() * 1000)
+    store.write([rejected_row(rejected(user="carol")), completed_row(completed(user="carol", completion=0), PRICES)])
+    report = store.report(now - 3_600_000, now + 60_000, user_id="carol")
+    assert report["totals"]["runs"] == 2
+    assert [p["ttft"] for p in report["series"]] == [[None, None, None]]
+
+
 def test_compare_finds_missing_extra_and_mismatched_runs():
     a, b, c = (completed_row(completed(), PRICES) for _ in range(3))
     log = {r["run_id"]: r for r in (a, b)}
