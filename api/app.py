@@ -13,7 +13,7 @@ import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 
-from api import errors
+from api import errors, openapi
 from api.body_limit import BodyLimit
 from api.replies import ReplyHub
 from api.settings import ApiSettings
@@ -91,6 +91,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
+    openapi.install(app, settings)
     # before parsing, before any credential
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s)
     from api.routes import admin, chats, keys, openai, safety, system, web

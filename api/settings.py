@@ -35,6 +35,9 @@ class ApiSettings(StackSettings):
     max_connections_per_client: int = Field(
         64, description="Connections one client address may hold at once; one more is refused 429."
     )
+    answer_store_wait_s: float = Field(
+        5.0, description="How long a request about an answer whose run just ended waits for it to be stored."
+    )
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
     metering_url: str = "http://127.0.0.1:6069"

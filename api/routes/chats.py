@@ -4,6 +4,7 @@ streams its answer as SSE; resume a run's stream from any replica; cancel a run.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -13,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Query, Response
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
@@ -65,12 +66,6 @@ async def owned_chat(deps: Services, user: Principal, chat_id: str) -> tuple[uui
     return parsed, row
 
 
-def page_limit(limit: int) -> int:
-    if not 1 <= limit <= 100:
-        raise ApiError(400, "limit must be between 1 and 100.", "invalid_value", "limit")
-    return limit
-
-
 def cursor_id(cursor: str | None) -> uuid.UUID | None:
     if not cursor:
         return None
@@ -111,10 +106,12 @@ async def create_chat(deps: Deps, user: CurrentUser, body: NewChat | None = None
     return {"id": str(chat_id), "object": "chat", "title": title, "created_at": iso, "last_active_at": iso}
 
 
+Limit = Annotated[int, Query(ge=1, le=100, description="how many per page")]
+
+
 @router.get("")
-async def list_chats(deps: Deps, user: CurrentUser, cursor: str | None = None, limit: int = 20) -> dict[str, Any]:
+async def list_chats(deps: Deps, user: CurrentUser, cursor: str | None = None, limit: Limit = 20) -> dict[str, Any]:
     """The caller's chats, most recently active first (a new message moves a chat to the top)."""
-    limit = page_limit(limit)
     rows = await deps.conversations.list_chats(user.user_id, limit + 1, activity_cursor(cursor))
     page = rows[:limit]
     next_cursor = None
@@ -173,10 +170,9 @@ async def delete_chat(deps: Deps, user: CurrentUser, chat_id: str) -> Response:
 
 @router.get("/{chat_id}/messages")
 async def list_messages(
-    deps: Deps, user: CurrentUser, chat_id: str, cursor: str | None = None, limit: int = 50
+    deps: Deps, user: CurrentUser, chat_id: str, cursor: str | None = None, limit: Limit = 50
 ) -> dict[str, Any]:
     parsed, _ = await owned_chat(deps, user, chat_id)
-    limit = page_limit(limit)
     rows = await deps.conversations.list_messages(parsed, limit + 1, cursor_id(cursor))
     page = rows[:limit]
     more = len(rows) > limit
@@ -189,6 +185,16 @@ async def list_messages(
 async def owned_message(deps: Services, chat_id: uuid.UUID, message_id: str) -> Any:
     parsed = parse_id(message_id)
     message = await deps.conversations.get_message(chat_id, parsed) if parsed else None
+    if message is None and parsed and await deps.conversations.get_run(chat_id, parsed) is not None:
+        # An answer (its id is its run's) whose stream the client saw end, not stored yet: the persistence stage
+        # writes it a moment after the run's last record. Wait for it rather than answer 404 for what exists.
+        deadline = time.monotonic() + deps.settings.answer_store_wait_s
+        while message is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            message = await deps.conversations.get_message(chat_id, parsed)
+        if message is None:
+            retry = {"Retry-After": "1"}
+            raise ApiError(409, "This answer is still being written; retry shortly.", "run_in_progress", headers=retry)
     if message is None:
         raise ApiError(404, f"No message found with id '{message_id}' in this chat.", "message_not_found")
     return message
@@ -311,7 +317,7 @@ async def answer(
     first, replies = await streams.admitted(deps, event, replies, stream_refusals=True)
     log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)
     stream = sse_stream(deps, run_id, streams.prepend(first, replies), live=True)
-    return EventSourceResponse(stream, ping=15), run_id
+    return EventSourceResponse(stream, ping=15, headers={"X-Run-Id": run_id}), run_id
 
 
 def checked_content(deps: Services, content: str) -> None:

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
@@ -45,7 +45,7 @@ class Part(BaseModel):
 
 class InMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[Part] | None = None
 
 
@@ -65,8 +65,8 @@ class Completion(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    tools: list[Any] | None = None
+    n: Literal[1] = 1
+    tools: list[Any] | None = Field(None, max_length=0, description="Tool calling is not supported: null or empty.")
 
 
 def text_of(message: InMessage, index: int) -> str:
@@ -82,10 +82,6 @@ def text_of(message: InMessage, index: int) -> str:
 
 
 def conversation(deps: Services, body: Completion) -> list[dict[str, str]]:
-    if body.n != 1:
-        raise ApiError(400, "Only n=1 is supported.", "unsupported_value", "n")
-    if body.tools:
-        raise ApiError(400, "Tool calling is not supported by these models.", "unsupported_value", "tools")
     messages = []
     for i, message in enumerate(body.messages):
         role = ROLES.get(message.role)

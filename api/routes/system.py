@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import httpx
 from fastapi import APIRouter, Query, Response
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.app import Deps
@@ -113,6 +113,7 @@ async def healthz(deps: Deps) -> Response:
     return JSONResponse(body, status_code=200 if owned else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics() -> Response:
+    """Prometheus's text exposition format."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

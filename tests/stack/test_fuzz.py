@@ -1,0 +1,75 @@
+"""Schemathesis against the live edge, from the OpenAPI document it serves: every phase (the document's
+examples, boundary values, random and invalid input, and stateful sequences that follow its links: create a
+chat -> send a message -> resume, cancel, regenerate, edit or rate the answer -> delete). Every response must
+be no 5xx, of the documented content type and schema, and consistent with its neighbours (a deleted chat is
+gone, a credential is required).
+
+Left out: the admin routes (a fuzzed admin would rewrite the tiers' limits under the tests that follow), and
+the `positive_data_acceptance` check, which counts as a defect every refusal of input the schema cannot
+describe: an opaque cursor that was never issued, a report window over 92 days, an OpenAI conversation
+whose last message is not the user's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from topics.settings import REPO_ROOT
+
+from .test_admission import set_limits
+
+ID = "[0-9a-f-]{36}"
+RUN_SCOPED = re.compile(rf"^/v1/chats/{ID}/(runs/{ID}/(events|cancel|regenerate)|messages/{ID}(/feedback)?)$")
+
+
+def test_fuzzing_the_live_edge_finds_no_server_error_and_nothing_undocumented(live, tmp_path: Path):
+    user = f"fuzz-{uuid.uuid4().hex[:6]}"
+    set_limits(live, user, budget_tokens=10**9, refill_tokens_per_hour=10**9, max_concurrent=64)
+    har = tmp_path / "fuzz.har.json"
+    command = [
+        str(Path(sys.executable).with_name("schemathesis")),
+        "run",
+        f"{live.url}/openapi.json",
+        "--header",
+        f"Authorization: Bearer {live.token(user)}",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        "positive_data_acceptance",
+        "--exclude-path-regex",
+        "^/v1/admin/",
+        "--max-examples",
+        "25",
+        "--max-time",
+        "150",
+        "--request-timeout",
+        "120",
+        "--no-color",
+        "--report",
+        "har",
+        "--report-har-path",
+        str(har),
+    ]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.stack.fuzz_hooks", "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    summary = result.stdout[result.stdout.find("SUMMARY") - 40 :] if "SUMMARY" in result.stdout else result.stdout
+    print(summary[-4000:], result.stderr[-2000:])
+    assert result.returncode == 0, result.stdout[-8000:]
+
+    # The stateful phase really followed the links: answers of real runs were resumed, cancelled, rated...
+    entries = json.loads(har.read_text())["log"]["entries"]
+    reached = Counter(
+        (e["request"]["method"], e["response"]["status"])
+        for e in entries
+        if RUN_SCOPED.match(e["request"]["url"].split("?")[0].removeprefix(live.url))
+    )
+    print(f"{len(entries)} requests; on real runs and answers: {dict(reached)}")
+    assert sum(n for (_, status), n in reached.items() if status < 300 or status == 409) >= 3, reached
+    shutil.rmtree(tmp_path / "schemathesis-report", ignore_errors=True)
