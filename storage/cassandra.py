@@ -341,8 +341,9 @@ class Conversations:
         return found[:limit]
 
     # -- runs --------------------------------------------------------------------------------------
-    async def open_run(self, chat: Any, run_id: uuid.UUID, reply_partition: int) -> None:
-        """Record a new run of the chat (where its stream lives), make it the chat's latest and the chat active."""
+    async def open_run(self, chat: Any, run_id: uuid.UUID, reply_partition: int) -> datetime:
+        """Record a new run of the chat (where its stream lives), make it the chat's latest and the chat active;
+        returns when (the chat's new last activity)."""
         now = _now()
         # In this order, a failure between two writes leaves the chat listed once, at its old or its new place:
         # an activity row counts only while the chat row's last_active_at matches it.
@@ -352,6 +353,13 @@ class Conversations:
         )
         await self._run(self._set_active, (now, str(run_id), chat.chat_id))
         await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
+        return now
+
+    async def withdraw_run(self, chat: Any, run_id: uuid.UUID, opened_at: datetime) -> None:
+        """A run opened whose prompt never reached the log: ended (`not_accepted`), and the chat's latest run the
+        one before it again (the chat keeps its new place in the list)."""
+        await self._run(self._finish_run, ("not_accepted", chat.chat_id, run_id))
+        await self._run(self._set_active, (opened_at, chat.last_run_id, chat.chat_id))
 
     async def get_run(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> tuple[int, str | None] | None:
         """(reply partition, finish reason or None while it runs), or None when the chat has no such run."""

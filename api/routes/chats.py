@@ -280,6 +280,15 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
     return response
 
 
+async def withdraw(deps: Services, chat: Any, run_id: uuid.UUID, opened_at: datetime) -> None:
+    """The run the log did not take: ended, and no longer the chat's latest (best effort: the store may be
+    down too, and then the run stays listed as unfinished, with nothing behind it)."""
+    try:
+        await deps.conversations.withdraw_run(chat, run_id, opened_at)
+    except Exception:
+        log.warning("run %s of chat %s: the log did not take it, nor the store its withdrawal", run_id, chat.chat_id)
+
+
 @dataclass(frozen=True)
 class Question:
     message_id: str
@@ -307,11 +316,14 @@ async def answer(
         reply_partition=partition,
         prev_run_id=question.prev_run_id,
     )
-    live = await streams.start_run(deps, event)
-    try:  # recorded before the response starts, so a cancel or a resume finds the run from its first event
-        await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
+    # Recorded before the prompt goes to the log: a store that does not answer refuses the request with nothing
+    # in the log (the other way round, a question refused 503 was stored and answered anyway), and a cancel or
+    # a resume finds the run from its first event. A log that does not take the prompt withdraws the run.
+    opened_at = await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
+    try:
+        live = await streams.start_run(deps, event)
     except Exception:
-        deps.replies.close(run_id)
+        await asyncio.shield(withdraw(deps, chat, uuid.UUID(run_id), opened_at))
         raise
     replies = aiter(streams.live(deps, run_id, partition, live))
     first, replies = await streams.admitted(deps, event, replies, stream_refusals=True)

@@ -101,8 +101,21 @@ def live() -> Iterator[Live]:
         yield Live(stack, stack.api_url)
     finally:
         stack.stop()
+        forget_topics(namespace)  # a broker holding every past run's topics restarts slowly after a kill -9
         for script in started_here:  # leave a `make up` stack as we found it, stop what we started
             subprocess.run(["bash", str(LOCAL / script), "stop"], check=False)
+
+
+def forget_topics(namespace: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+        mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{namespace}.")]
+        for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
+            future.result()
+    except Exception as exc:  # the broker may be gone already: the topics stay, as before
+        print(f"could not delete the topics of {namespace}: {exc}")
 
 
 def sse_events(response: httpx.Response) -> list[dict]:
