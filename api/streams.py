@@ -201,11 +201,8 @@ async def prepend_pending(first: asyncio.Future[Reply], rest: AsyncIterator[Repl
         reply = await first
     finally:
         first.cancel()  # the stream ended before it came (the client went away)
-    yield reply
-    if reply.kind in TERMINAL:
-        return
-    async for reply in rest:
-        yield reply
+    async for later in prepend(reply, rest):
+        yield later
 
 
 async def prepend(first: Reply, rest: AsyncIterator[Reply]) -> AsyncIterator[Reply]:
