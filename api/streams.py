@@ -178,17 +178,14 @@ async def admitted(
     except asyncio.CancelledError:
         first_reply.cancel()
         raise
-    if not done:
+    # No record at all (the log did not answer) is no decision either: the stream says so as its error event.
+    if not done or isinstance(first_reply.exception(), StreamTimeout):
         SLOW_DECISIONS.inc()
         wait = deps.settings.admission_timeout_s
         log.warning("run %s: no admission decision in %.0fs; kept, its stream starts now", run_id, wait)
         accepted = {"run_id": run_id, "chat_id": event["chat_id"], "model": event["model"]}
         return Reply("", ACCEPTED, accepted), prepend_pending(first_reply, replies)
-    try:
-        first = first_reply.result()
-    except StreamTimeout:
-        deps.replies.close(run_id)
-        raise
+    first = first_reply.result()
     if first.kind == "rejected" and not (stream_refusals and first.record["code"] == "content_filter"):
         deps.replies.close(run_id)
         raise rejection_error(first.record)

@@ -1,0 +1,40 @@
+"""The edge's wait for the scheduler's decision (api/streams.admitted): a request whose prompt is in the log is
+kept, never refused for the scheduler's or the log's sake."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from api import streams
+from api.replies import ACCEPTED, Reply
+
+
+def deps(wait_s: float) -> SimpleNamespace:
+    settings = SimpleNamespace(admission_timeout_s=wait_s)
+    return SimpleNamespace(settings=settings, replies=SimpleNamespace(close=lambda run_id: None))
+
+
+EVENT = {"run_id": "r1", "chat_id": "c1", "user_id": "u1", "model": None}
+
+
+async def test_a_run_whose_first_record_times_out_is_kept_and_its_stream_ends_with_the_timeout():
+    async def replies():
+        raise streams.StreamTimeout("No progress on this run.")
+        yield  # an async generator
+
+    first, rest = await streams.admitted(deps(5.0), EVENT, replies(), stream_refusals=True)
+    assert first.kind == ACCEPTED  # not a 500 from the route, as before
+    with pytest.raises(streams.StreamTimeout):
+        await anext(rest)
+
+
+async def test_a_slow_decision_streams_accepted_then_the_decision():
+    async def replies():
+        await asyncio.sleep(0.2)
+        yield Reply("t:0:0", "queued", {"run_id": "r1"})
+        yield Reply("t:0:1", "completed", {"run_id": "r1"})
+
+    first, rest = await streams.admitted(deps(0.05), EVENT, replies(), stream_refusals=True)
+    assert first.kind == ACCEPTED
+    assert [r.kind async for r in rest] == ["queued", "completed"]
