@@ -38,8 +38,8 @@ def local_secret(name: str) -> SecretStr:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         draft = path.with_name(f".{name}.{os.getpid()}")
+        draft.touch(mode=0o600)  # private before the secret is in it
         draft.write_text(secrets.token_urlsafe(32))
-        draft.chmod(0o600)
         try:
             os.link(draft, path)  # atomic: fails if another process made it first
         except FileExistsError:
