@@ -38,10 +38,10 @@ def model_path() -> Path:
 
 def default_binary() -> Path:
     cache = Path(os.environ.get("PARLEY_CACHE", Path.home() / ".cache" / "parley"))
-    found = sorted(cache.glob("llama-server-*/bin/llama-server"))
+    found = list(cache.glob("llama-server-*/bin/llama-server"))
     if not found:
         raise FileNotFoundError(f"no llama-server under {cache}: run infra/local/build-llama-server.sh")
-    return found[-1]
+    return max(found, key=lambda p: p.stat().st_mtime)  # the newest build (a version or build-flag change)
 
 
 def _die_with_parent() -> None:

@@ -6,7 +6,12 @@
 set -euo pipefail
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="${PARLEY_CACHE:-$HOME/.cache/parley}"
-OUT="$CACHE/llama-server-$VERSION"
+# Native code for this CPU, less Intel AMX: on a Sapphire Rapids VM (AMX in its CPU flags) ggml's AMX
+# matrix kernel crashed the server (SIGSEGV in ggml_backend_amx_mul_mat) at the first decode of the model,
+# while the AVX-512 kernels serve it. The flavour names the cache folder, so an earlier AMX build is not reused.
+FLAVOUR="native-noamx"
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+OUT="$CACHE/llama-server-$VERSION-$FLAVOUR"
 BIN="$OUT/bin/llama-server"
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
 
@@ -19,10 +24,11 @@ if [ ! -f "$SDIST" ]; then
 fi
 SRC="$CACHE/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
 [ -d "$SRC" ] || tar xzf "$SDIST" -C "$CACHE/src"
-BUILD="$CACHE/src/build-$VERSION"
+BUILD="$CACHE/src/build-$VERSION-$FLAVOUR"
 echo "[llama] configuring llama-server" >&2
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+  -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+  -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2
 echo "[llama] building llama-server (several minutes on 2 cores)" >&2
