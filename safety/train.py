@@ -40,7 +40,12 @@ HARM_FILES = (
 )
 # Held-out folds: the sources each fold leaves out of training and evaluates on.
 FOLDS: dict[str, list[tuple[str, ...]]] = {
-    "prompt_injection": [("neuralchemy",), ("s-labs",), ("jailbreak-templates",)],
+    "prompt_injection": [
+        ("neuralchemy",),
+        ("s-labs",),
+        ("jailbreak-templates",),
+        ("parley-follow-ups", "parley-follow-up-injections"),
+    ],
     "harmful_request": [
         ("harmbench", "neuralchemy-benign", "truthfulqa"),
         ("advbench", "s-labs-benign", "nq-open"),
@@ -118,7 +123,8 @@ def evaluate(task: str, x: np.ndarray, y: np.ndarray, sources: np.ndarray) -> di
         test = np.isin(sources, held)
         w, b = fit(x[~test], y[~test])
         p = sigmoid(x[test] @ w + b)
-        folds.append({"held_out": list(held), "trained_on": sorted(set(sources[~test])), **prf(y[test], p)})
+        at = {str(t): prf(y[test], p, t) for t in REPORTED}
+        folds.append({"held_out": list(held), "trained_on": sorted(set(sources[~test])), **prf(y[test], p), "at": at})
         pooled_y.append(y[test])
         pooled_p.append(p)
     all_y, all_p = np.concatenate(pooled_y), np.concatenate(pooled_p)

@@ -67,6 +67,19 @@ def test_an_injected_instruction_is_flagged_with_its_scores(live):
     assert verdict["scores"]["prompt_injection"] >= 0.6
 
 
+def test_a_follow_up_instruction_after_a_first_turn_is_answered(live):
+    """Issue 21: this turn was refused as prompt injection 3 times of 3 after a first turn."""
+    client = live.client(live.token(tier="pro"))
+    chat = client.post("/v1/chats").json()
+    first = chat_turn(client, chat["id"], "Tell me a fun fact about owls.", max_tokens=24)
+    assert first[-1]["event"] == "run.completed"
+    events = chat_turn(client, chat["id"], "Thanks! Now say goodbye in one sentence.", max_tokens=24)
+    assert "moderation" not in [e["event"] for e in events], events
+    assert events[-1]["event"] == "run.completed"
+    verdict = moderated(live, events[-1]["data"]["run_id"])
+    assert verdict["decision"] == "allowed", verdict
+
+
 def test_a_policy_change_applies_to_the_next_message_without_restart(live):
     client = live.client(live.token(tier=TIER))
     chat = client.post("/v1/chats").json()
