@@ -116,9 +116,11 @@ def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) ->
 
 def moderated_by_mode(stack: Stack, results: dict[str, list[tuple[float, float, str]]]) -> dict[str, list[Event]]:
     """Each mode's PromptModerated events (the stage's check time, the policy it applied), read in one pass."""
+    from registry.client import connect
     from safety.replay import events
     from topics.pipeline import PROMPT_MODERATED
 
+    connect(stack.registry_url)  # records carry their writer's schema id, resolved through the stack's registry
     mode_of = {run_id: mode for mode, runs in results.items() for _, _, run_id in runs}
     out: dict[str, list[Event]] = {mode: [] for mode in results}
     for record in events(ApiSettings().kafka_bootstrap, PROMPT_MODERATED, stack.namespace):
