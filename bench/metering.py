@@ -35,7 +35,8 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.stack import Stack  # noqa: E402
+from infra.stack import SINGLE_NODE, Stack  # noqa: E402
+from registry.client import connect  # noqa: E402
 from storage.clickhouse import UsageStore  # noqa: E402
 from topics import codec  # noqa: E402
 from topics.kafka import ensure_topics  # noqa: E402
@@ -44,6 +45,8 @@ from topics.settings import StackSettings  # noqa: E402
 
 BOOTSTRAP = os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 PORT = 19369
+REGISTRY_PORT = 19381
+REGISTRY_URL = f"http://127.0.0.1:{REGISTRY_PORT}"
 
 
 def event(i: int, now_ms: int) -> dict[str, Any]:
@@ -86,29 +89,19 @@ def event(i: int, now_ms: int) -> dict[str, Any]:
     }
 
 
-class Stage:
-    """One metering stage process on its own namespace and scratch chdb folder."""
+class Process:
+    """A Python module of ours run as a process, with its log in the scratch folder, ready once /healthz answers."""
 
-    def __init__(self, namespace: str, folder: Path, batch: int | None = None) -> None:
-        env = {
-            **os.environ,
-            "PARLEY_NAMESPACE": namespace,
-            "PARLEY_USAGE_URL": f"chdb://{folder}",
-            "PARLEY_WEB_PORT": str(PORT),
-            "PYTHONUNBUFFERED": "1",
-        }
-        if batch is not None:
-            env["PARLEY_METER_BATCH"] = str(batch)
-        self.log = (folder.parent / f"metering-{folder.name}.log").open("wb")
+    def __init__(self, argv: list[str], env: dict[str, str], port: int, log: Path) -> None:
+        self.log = log.open("wb")
+        # The single node's copies and consistency, as `parley up` gives its processes.
+        common = {"PARLEY_SCHEMA_REGISTRY_URL": REGISTRY_URL, "PYTHONUNBUFFERED": "1", **SINGLE_NODE.env()}
+        env = {**os.environ, **common, **env}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "processors", "metering"],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
+            [sys.executable, "-m", *argv], cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT
         )
         headers = StackSettings().internal_headers()
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{PORT}", headers=headers, timeout=30)
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -117,17 +110,27 @@ class Stage:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError("the metering stage did not start")
-
-    def count(self) -> int:
-        now = int(time.time() * 1000)
-        report = self.http.get("/usage-report", params={"since": now - 86_400_000, "until": now + 60_000}).json()
-        return int(report["totals"]["runs"] or 0)
+        raise TimeoutError(f"{' '.join(argv)} did not start (log: {log})")
 
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
         self.log.close()
+
+
+class Stage(Process):
+    """One metering stage process on its own namespace and scratch chdb folder."""
+
+    def __init__(self, namespace: str, folder: Path, batch: int | None = None) -> None:
+        env = {"PARLEY_NAMESPACE": namespace, "PARLEY_USAGE_URL": f"chdb://{folder}", "PARLEY_WEB_PORT": str(PORT)}
+        if batch is not None:
+            env["PARLEY_METER_BATCH"] = str(batch)
+        super().__init__(["processors", "metering"], env, PORT, folder.parent / f"metering-{folder.name}.log")
+
+    def count(self) -> int:
+        now = int(time.time() * 1000)
+        report = self.http.get("/usage-report", params={"since": now - 86_400_000, "until": now + 60_000}).json()
+        return int(report["totals"]["runs"] or 0)
 
 
 def publish(namespace: str, events: list[dict[str, Any]]) -> None:
@@ -262,7 +265,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="parley-bench-metering-"))
+    # Every record carries its writer's schema id: the stage and this script share a registry of their own.
+    registry = Process(
+        ["registry"], {"PARLEY_REGISTRY_PORT": str(REGISTRY_PORT)}, REGISTRY_PORT, scratch / "registry.log"
+    )
     try:
+        connect(REGISTRY_URL)
         batched = ingest(scratch, args.events, None)
         single = ingest(scratch, args.baseline_events, 1)
         result = {
@@ -276,6 +284,7 @@ def main() -> None:
             "dashboard": dashboard(scratch, args.rows, args.repeat),
         }
     finally:
+        registry.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     text = json.dumps(result, indent=2)
     print(text)
