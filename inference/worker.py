@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -528,12 +529,29 @@ class Worker:
     # -- group membership --------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
-            self.fresh_from[tp.partition] = high
+            self.fresh_from[tp.partition] = self._end_now(consumer, tp)
         self.owned = self.owned | {tp.partition for tp in partitions}  # rebound, not mutated: status() reads it
         if partitions:
             numbers = sorted(tp.partition for tp in partitions)
             log.info("assigned partitions %s of %s", numbers, self.scheduled_topic)
+
+    @staticmethod
+    def _end_now(consumer: Consumer, tp: TopicPartition, timeout_s: float = 15.0) -> int:
+        """The partition's end as of its assignment, asked again while a broker that just died leaves errors
+        behind. An error must not leave the rebalance callback: it surfaces from poll() and ended the consumer
+        thread (CI: "Broker handle destroyed" after the leader broker's kill -9, the pool's partitions then
+        unserved for minutes). Unknown after timeout_s: every record already there counts as maybe started,
+        so each is checked against its reply partition before it runs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return int(consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)[1])
+            except Exception as exc:  # KafkaException, or the KafkaError a callback's failure is raised as
+                if time.monotonic() > deadline:
+                    log.warning("end of partition %d unknown (%s): its waiting runs are checked", tp.partition, exc)
+                    return sys.maxsize
+                log.info("end of partition %d: Kafka not ready (%s); asking again", tp.partition, exc)
+                time.sleep(0.5)
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Runs of partitions leaving this consumer stop and flush what they generated before the partitions
