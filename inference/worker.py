@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -46,7 +47,7 @@ from topics import codec, tracing
 from topics.codec import Event
 from topics.codec import token_delta as delta
 from topics.errors import PoisonEvent, RetriableError
-from topics.kafka import AsyncProducer, consumer_config, dead_letter
+from topics.kafka import AsyncProducer, consumer_config, dead_letter, until_ready
 from topics.limits import BACKGROUND_PRIORITY, LimitsView, tier_cap
 from topics.outage import Outage
 from topics.pipeline import (
@@ -542,16 +543,12 @@ class Worker:
         thread (CI: "Broker handle destroyed" after the leader broker's kill -9, the pool's partitions then
         unserved for minutes). Unknown after timeout_s: every record already there counts as maybe started,
         so each is checked against its reply partition before it runs."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return int(consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)[1])
-            except Exception as exc:  # KafkaException, or the KafkaError a callback's failure is raised as
-                if time.monotonic() > deadline:
-                    log.warning("end of partition %d unknown (%s): its waiting runs are checked", tp.partition, exc)
-                    return sys.maxsize
-                log.info("end of partition %d: Kafka not ready (%s); asking again", tp.partition, exc)
-                time.sleep(0.5)
+        ask = partial(consumer.get_watermark_offsets, TopicPartition(tp.topic, tp.partition), timeout=5)
+        try:
+            return int(until_ready(f"end of partition {tp.partition}", ask, timeout_s)[1])
+        except Exception as exc:  # nothing may escape the callback
+            log.warning("end of partition %d unknown (%s): its waiting runs are checked", tp.partition, exc)
+            return sys.maxsize
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Runs of partitions leaving this consumer stop and flush what they generated before the partitions
