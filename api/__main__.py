@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 
 from api.app import create_app
 from api.server import guarded
 from api.settings import ApiSettings
+from topics import logs
 
 
 def main() -> None:
     settings = ApiSettings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logs.configure(settings.log_level, settings.log_format)
     protocol = guarded(settings.header_timeout_s, settings.max_connections_per_client)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning", http=protocol)
 

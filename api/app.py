@@ -17,6 +17,7 @@ from api import errors, openapi
 from api.body_limit import BodyLimit
 from api.replies import ReplyHub
 from api.settings import ApiSettings
+from api.tracing import TraceRequests
 from registry import client as registry
 from safety.policy import PolicyView
 from storage.cassandra import Conversations
@@ -94,6 +95,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     openapi.install(app, settings)
     # before parsing, before any credential
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s)
+    app.add_middleware(TraceRequests)  # outermost: continues the caller's traceparent, even for a refusal
     from api.routes import admin, chats, keys, openai, safety, system, web
 
     app.include_router(chats.router)

@@ -107,7 +107,7 @@ def document(doc: dict[str, Any], settings: ApiSettings) -> dict[str, Any]:
             responses.pop("422", None)
             for status, description in ERRORS.items() if path.startswith("/v1/") else ():
                 responses.setdefault(status, {"description": description, "content": json_of("Error")})
-    health = paths["/healthz"]["get"]["responses"]
+    health = paths["/readyz"]["get"]["responses"]
     health["503"] = {
         "description": "No reply partition held yet (a standby, or its group is rebalancing).",
         "content": json_of(None),

@@ -10,7 +10,6 @@ from topics.settings import StackSettings, local_jwt_secret
 
 
 class ApiSettings(StackSettings):
-    host: str = "127.0.0.1"
     port: int = 8000
     edge_session_timeout_s: float = Field(
         30.0,

@@ -175,7 +175,7 @@ def broker_kills(stack: Stack, kills: int, window_s: float = 90.0) -> dict[str, 
     every partition has its 3 copies in sync again."""
     admin = AdminClient({"bootstrap.servers": CLUSTER.kafka_bootstrap})
     replies = named(TOKEN_DELTA, stack.namespace)
-    owned = httpx.get(f"{stack.api_url}/healthz").json()["reply_partitions"]
+    owned = httpx.get(f"{stack.api_url}/readyz").json()["reply_partitions"]
     per_stream: list[float | None] = []
     any_stream: list[float | None] = []
     with Streams(stack) as streams:

@@ -90,7 +90,7 @@ def event(i: int, now_ms: int) -> dict[str, Any]:
 
 
 class Process:
-    """A Python module of ours run as a process, with its log in the scratch folder, ready once /healthz answers."""
+    """A Python module of ours run as a process, with its log in the scratch folder, ready once /readyz answers."""
 
     def __init__(self, argv: list[str], env: dict[str, str], port: int, log: Path) -> None:
         self.log = log.open("wb")
@@ -105,7 +105,7 @@ class Process:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if self.http.get("/healthz").status_code == 200:
+                if self.http.get("/readyz").status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -11,6 +11,7 @@ from inference.engine import Engine, OpenAIStreamEngine
 from inference.settings import InferenceSettings
 from inference.worker import Worker
 from registry import client as registry
+from topics import logs
 from topics.settings import state_dir
 
 log = logging.getLogger("inference")
@@ -32,8 +33,7 @@ async def amain(
 
 def main() -> None:
     settings = InferenceSettings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logs.configure(settings.log_level, settings.log_format)
     registry.connect(settings.schema_registry_url)
     if settings.engine != "llamacpp":  # sglang (GPU) or any OpenAI-style server someone else runs
         key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from aiohttp import web
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 from inference.coalesce import Coalescer
 from inference.control import RunControls
@@ -613,10 +614,35 @@ class Worker:
             HEALTHY.labels(self.settings.pool).set(1 if ok else 0)
             await asyncio.sleep(self.settings.health_interval_s)
 
+    # -- pages: metrics and health -----------------------------------------------------------------
+    async def _serve_pages(self) -> web.AppRunner:
+        """/metrics for the scraper; /livez (the event loop answers) and /readyz (the engine is healthy and this
+        consumer is in its pool's group, so it takes work: 503 while it is out) for probes."""
+
+        async def metrics(_request: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+        async def livez(_request: web.Request) -> web.Response:
+            return web.json_response({"status": "ok", "pool": self.settings.pool})
+
+        async def readyz(_request: web.Request) -> web.Response:
+            ready = self.healthy and self._subscribed
+            body = {"status": "ok" if ready else "not_taking_work", "pool": self.settings.pool, "engine": self.healthy}
+            return web.json_response(body, status=200 if ready else 503)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/livez", livez)
+        app.router.add_get("/readyz", readyz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.settings.host, self.settings.metrics_port).start()
+        return runner
+
     # -- main loop ---------------------------------------------------------------------------------
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        start_http_server(self.settings.metrics_port, addr="127.0.0.1")
+        pages = await self._serve_pages()
         self.producer.start()
         self.controls.start(self._loop)
         pool = self.settings.pool
@@ -677,6 +703,7 @@ class Worker:
             self.controls.stop()
             await self._consumer_call(self.consumer.close)
             self._kafka.shutdown()
+            await pages.cleanup()
 
     def _accept(self, msg: Message) -> None:
         topic, partition, offset = position(msg)

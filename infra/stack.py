@@ -150,7 +150,8 @@ class Topology:
 
 
 SINGLE_NODE = Topology()
-ROLES = {"api": "edge", "inference": "inference", "registry": "schema-registry"}  # by module; the rest are stages
+# By module (or program); the rest are stages.
+ROLES = {"api": "edge", "inference": "inference", "registry": "schema-registry", "otelcol": "collector"}
 CLUSTER = Topology(("127.0.0.11", "127.0.0.12", "127.0.0.13"), "cluster")
 
 
@@ -199,6 +200,16 @@ class Stack:
     def registry_url(self) -> str:
         return f"http://127.0.0.1:{self.port_base + 81}"
 
+    @property
+    def otlp_url(self) -> str:
+        """Where every process sends its spans: this stack's collector (OTLP over HTTP)."""
+        return f"http://127.0.0.1:{self.port_base + 18}"
+
+    @property
+    def spans_file(self) -> Path:
+        """The collector writes every span here: OTLP JSON, one batch a line (`parley trace RUN_ID` reads it)."""
+        return self.state / "traces" / self.tag / "spans.jsonl"
+
     def _path(self, kind: str, name: str) -> Path:
         folder = self.state / kind / self.tag
         folder.mkdir(parents=True, exist_ok=True)
@@ -211,12 +222,25 @@ class Stack:
             "PARLEY_METERING_URL": f"http://127.0.0.1:{self.port_base + 13}",
             "PARLEY_USAGE_URL": f"chdb://{self.state / 'clickhouse' / self.tag}",
             "PARLEY_SCHEMA_REGISTRY_URL": self.registry_url,
+            # Spans go to this stack's collector, unless the caller names an OTLP endpoint of their own.
+            "OTEL_EXPORTER_OTLP_ENDPOINT": os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp_url),
+            "OTEL_BSP_SCHEDULE_DELAY": os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "1000"),
             **self.topology.env(),
         }
         py = sys.executable
-        # The schema registry first: every other process registers its record types at start-up.
+        # The collector first (OpenTelemetry's, built by infra/local/build-otelcol.sh), then the schema registry:
+        # every other process registers its record types at start-up.
+        collector = {
+            "PARLEY_OTELCOL_OTLP": f"127.0.0.1:{self.port_base + 18}",
+            "PARLEY_OTELCOL_HEALTH": f"127.0.0.1:{self.port_base + 19}",
+            "PARLEY_SPANS_FILE": str(self.spans_file),
+        }
+        run_collector = f'exec "$(bash {LOCAL}/build-otelcol.sh)" --config {REPO_ROOT}/infra/otelcol/config.yaml'
         registry = {**base, "PARLEY_REGISTRY_PORT": str(self.port_base + 81)}
-        out = [Service("schema-registry", (py, "-m", "registry"), registry, self.port_base + 81, "/healthz")]
+        out = [
+            Service("otelcol", ("bash", "-c", run_collector), collector, self.port_base + 19, "/"),
+            Service("schema-registry", (py, "-m", "registry"), registry, self.port_base + 81, "/readyz"),
+        ]
         for replica in range(self.stages):
             for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering", "memory")):
                 if replica and stage == "metering":
@@ -228,7 +252,7 @@ class Stack:
                         (py, "-m", "processors", stage),
                         {**base, "PARLEY_WEB_PORT": str(port), "PARLEY_REPLICA": str(replica)},
                         port,
-                        "/healthz",
+                        "/readyz",
                     )
                 )
         port = self.port_base + 20  # each inference consumer: a metrics port and its llama-server's port
@@ -247,7 +271,7 @@ class Stack:
                             "PARLEY_LLAMA_PORT": str(port + 1),
                         },
                         port,
-                        "/metrics",
+                        "/readyz",
                     )
                 )
                 port += 2
@@ -262,7 +286,7 @@ class Stack:
                         "PARLEY_PORT": str(port),
                     },
                     port,
-                    "/healthz",
+                    "/readyz",
                 )
             )
         return out
@@ -298,6 +322,8 @@ class Stack:
 
         self._step("cassandra", cassandra)
         self._step("llama-server build", lambda: _sh(LOCAL / "build-llama-server.sh"))
+        self._step("collector build", lambda: _sh(LOCAL / "build-otelcol.sh"))
+        self.spans_file.parent.mkdir(parents=True, exist_ok=True)
         self._step("tokenizers", self._tokenizers)
 
     @property
@@ -396,7 +422,7 @@ class Stack:
             rows.append(row)
         running = self.pids()
         for service in self.services():
-            role = ROLES.get(service.argv[-1], "stage")
+            role = ROLES.get(service.argv[-1], ROLES.get(service.name, "stage"))
             pid = running.get(service.name)
             rows.append({"name": service.name, "role": role, "pid": pid, "address": f"127.0.0.1:{service.port}"})
             if role == "inference":

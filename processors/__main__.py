@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from registry import client as registry
+from topics import logs
 
 STAGES = ("moderation", "scheduling", "persistence", "metering", "memory")
 
@@ -72,8 +72,7 @@ def main() -> None:
     if len(sys.argv) != 2 or sys.argv[1] not in STAGES:
         raise SystemExit(f"usage: python -m processors {{{'|'.join(STAGES)}}}")
     settings = ProcessorSettings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logs.configure(settings.log_level, settings.log_format)
     name = sys.argv[1]
     registry.connect(settings.schema_registry_url)
     stage = build(name, settings)

@@ -23,7 +23,7 @@ from faust.web.exceptions import NotAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from processors.settings import STAGE_PORTS, ProcessorSettings
-from topics import codec, tracing
+from topics import codec, logs, tracing
 from topics.codec import Event
 from topics.errors import PoisonEvent, RetriableError
 from topics.outage import Outage
@@ -62,7 +62,7 @@ class Stage:
         self.app = faust.App(
             settings.group(name),
             broker=f"kafka://{settings.kafka_bootstrap}",
-            web_bind="127.0.0.1",
+            web_bind=settings.host,
             web_port=settings.web_port or STAGE_PORTS[name],
             web_in_thread=False,
             datadir=str(settings.datadir(name)),
@@ -87,12 +87,17 @@ class Stage:
             # aiohttp refuses a charset inside content_type; the exposition format is ASCII anyway.
             return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
-        @self.app.page("/healthz")
-        async def healthz(web: Any, request: Any) -> Any:
+        @self.app.page("/livez")
+        async def livez(web: Any, request: Any) -> Any:
+            """Alive: the process's event loop answers. A liveness probe restarts the process only when not."""
+            return web.json({"status": "ok", "stage": name})
+
+        @self.app.page("/readyz")
+        async def readyz(web: Any, request: Any) -> Any:
             """Ready once this replica holds partitions and its group is not rebalancing: a stack that waits
-            for every replica's health starts work only after its groups settled (a replica that joins
+            for every replica's readiness starts work only after its groups settled (a replica that joins
             late would otherwise move partitions, and their in-flight events, mid-burst). A replica with
-            nothing to read (more replicas than partitions) stays 503: it is a standby."""
+            nothing to read (more replicas than partitions) stays 503: it is a standby, alive but not ready."""
             assigned = bool(self.app.consumer.assignment()) and not self.app.rebalancing
             body = {"status": "ok" if assigned else "rebalancing", "stage": name}
             return web.json(body, status=200 if assigned else 503)
@@ -117,7 +122,7 @@ class Stage:
         return self._topics[name]
 
     def require_internal(self, request: Any) -> None:
-        """An internal page (anything but /metrics and /healthz): the caller presents the stack's internal
+        """An internal page (anything but /metrics, /livez and /readyz): the caller presents the stack's internal
         token, or gets a 401; a local process cannot write usage rows or read anyone's usage by asking."""
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, self.settings.internal_headers()["Authorization"].encode()):
@@ -229,18 +234,26 @@ class Stage:
     ) -> None:
         started = time.perf_counter()
         good: list[Event] = []
+        carried = []  # each good record's trace context
         for event in events:
             try:
                 good.append(codec.decode(topic.schema, event.message.value))
+                carried.append(event.message.headers)
             except PoisonEvent as exc:
                 await self.dead_letter(topic, event, str(exc))
         if good:
-            await handle(good)  # raises on storage failure: the worker stops without acking, nothing is lost
+            with tracing.consumed_batch(self.tracer, f"{self.name} {topic.name}", carried):
+                await handle(good)  # raises on storage failure: the worker stops without acking, nothing is lost
         EVENTS.labels(self.name, topic.name, "ok").inc(len(good))
         LATENCY.labels(self.name, topic.name).observe(time.perf_counter() - started)
 
     def run(self) -> None:
         from faust.worker import Worker
 
-        worker = Worker(self.app, loglevel=self.settings.log_level.lower(), quiet=True)
+        worker = Worker(
+            self.app,
+            loglevel=self.settings.log_level.lower(),
+            quiet=True,
+            logging_config=logs.config(self.settings.log_level, self.settings.log_format),
+        )
         worker.execute_from_commandline()

@@ -6,7 +6,7 @@ GET  /subjects, /subjects/{subject}/versions, /subjects/{subject}/versions/{vers
 GET  /schemas/ids/{id}                               -> {"schema"}
 POST /compatibility/subjects/{subject}/versions/{version|latest} {"schema"} -> {"is_compatible", "messages"}
 GET|PUT /config, /config/{subject}                   {"compatibility"} -> {"compatibilityLevel"}
-GET  /healthz
+GET  /livez, /readyz
 """
 
 from __future__ import annotations
@@ -77,8 +77,13 @@ def create_app(schemas: SchemaLog) -> FastAPI:
         schema_id = store.versions[subject][number - 1]
         return {"subject": subject, "version": number, "id": schema_id, "schema": store.by_id[schema_id]}
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
+    @app.get("/livez")
+    async def livez() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> dict[str, Any]:
+        """Ready once started: the schemas in _schemas were read back before the server began to listen."""
         return {"status": "ok", "schemas": len(store.by_id)}
 
     @app.post("/subjects/{subject}/versions")

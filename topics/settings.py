@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -114,6 +115,12 @@ class StackSettings(BaseSettings):
     cassandra_consistency: str = "LOCAL_QUORUM"
     cassandra_serial_consistency: str = "LOCAL_SERIAL"  # the ledger's compare-and-set
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = Field("text", description="json: one object a line with trace and run ids.")
+    host: str = Field(
+        "127.0.0.1",
+        description="The address this process's servers bind (its API, metrics and health pages): 0.0.0.0 in a "
+        "container, so other services and the scraper reach it.",
+    )
     pools: dict[str, Pool] = Field(default_factory=lambda: dict(DEFAULT_POOLS))
     default_pool: str = "small"
 

@@ -104,10 +104,16 @@ async def dashboard() -> FileResponse:
     return FileResponse(STATIC / "dashboard.html", media_type="text/html")
 
 
-@router.get("/healthz")
-async def healthz(deps: Deps) -> Response:
+@router.get("/livez")
+async def livez() -> dict[str, str]:
+    """Alive: the event loop answers (a liveness probe restarts the process only when this stops answering)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(deps: Deps) -> Response:
     """Ready once this replica holds reply partitions (while its group rebalances, or as a standby with none:
-    503); which it holds is in the body."""
+    503, alive but not to be sent traffic); which it holds is in the body."""
     owned = list(deps.replies.partitions)
     body = {"status": "ok" if owned else "no_reply_partition", "reply_partitions": owned}
     return JSONResponse(body, status_code=200 if owned else 503)

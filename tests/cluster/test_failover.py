@@ -138,7 +138,7 @@ def test_partitions_grow_on_a_running_system(cluster, monkeypatch):
     cluster.stack.stop()
     cluster.stack.start()
     cluster.stack.wait_ready()
-    held = [httpx.get(f"http://127.0.0.1:{PORT_BASE + 100 * r}/healthz").json()["reply_partitions"] for r in (0, 1)]
+    held = [httpx.get(f"http://127.0.0.1:{PORT_BASE + 100 * r}/readyz").json()["reply_partitions"] for r in (0, 1)]
     assert sorted(held[0] + held[1]) == list(range(reply)), "every reply partition is held by one edge"
     for pool in ("small", "large"):  # each pool's consumers, together, read every scheduled-runs partition now
         read = wait_for(lambda p=pool: set().union(*pool_partitions(cluster, p).values()) == set(range(chat)), 60)

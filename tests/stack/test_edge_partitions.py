@@ -13,7 +13,7 @@ from .conftest import PORT_BASE, read_until, sse_events, wait_for
 
 def owned(replica: int) -> list[int] | None:
     try:
-        response = httpx.get(f"http://127.0.0.1:{PORT_BASE + 100 * replica}/healthz", timeout=5)
+        response = httpx.get(f"http://127.0.0.1:{PORT_BASE + 100 * replica}/readyz", timeout=5)
     except httpx.HTTPError:
         return None
     return response.json()["reply_partitions"] if response.status_code == 200 else None

@@ -21,7 +21,7 @@ def test_the_metering_stages_pages_answer_only_the_stacks_internal_token(live):
     with live.internal() as stack:
         assert stack.get("/usage-rows/r1").json() == {"data": []}
     assert httpx.get(f"{metering}/metrics", timeout=10).status_code == 200  # scraping and health stay open
-    assert httpx.get(f"{metering}/healthz", timeout=10).status_code == 200
+    assert httpx.get(f"{metering}/readyz", timeout=10).status_code == 200
 
 
 def test_an_engine_answers_only_its_consumer(live):

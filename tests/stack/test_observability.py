@@ -1,4 +1,8 @@
-"""Every stage exports Prometheus metrics, and one W3C trace follows a run across the stages."""
+"""Every stage exports Prometheus metrics, one W3C trace follows a run across the stages and reaches a real
+collector, and every process answers its liveness and readiness probes."""
+
+import json
+import uuid
 
 import httpx
 
@@ -15,8 +19,14 @@ def test_metrics_on_every_stage(live):
     assert "parley_edge_ttft_seconds" in httpx.get(f"{live.url}/metrics").text
     for stage in ("moderation", "scheduling", "persistence", "metering"):
         counted = f'parley_stage_events_total{{outcome="ok",stage="{stage}"'
+        # The chat's partition is held by one of the stage's replicas; each replica exports its own counts.
+        pages = [f"http://127.0.0.1:{s.port}/metrics" for s in live.stack.services() if s.name.split("-")[0] == stage]
+
+        def counted_by_one(pages=pages, counted=counted) -> bool:
+            return any(counted in httpx.get(page).text for page in pages)
+
         # the turn's events reach the sinks just after its stream ends (metering writes in 0.5 s batches)
-        assert wait_for(lambda s=stage, c=counted: c in httpx.get(f"{live.stage_url(s)}/metrics").text, 10), stage
+        assert wait_for(counted_by_one, 10), stage
     text = httpx.get(f"{live.stage_url('inference')}/metrics").text
     assert "parley_inference_ttft_seconds_count" in text and "parley_inference_engine_healthy" in text
 
@@ -34,3 +44,53 @@ def test_trace_context_travels_in_kafka_headers(live):
         assert any(k == "traceparent" for k, _ in headers), topic.name
         trace_ids.add(tracing.trace_id(headers))
     assert len(trace_ids) == 1 and "-" not in trace_ids
+
+
+def spans_of(path, trace_id: str) -> list[dict]:
+    """Every span of one trace the collector wrote (OTLP JSON, one export batch a line), with its service."""
+    found = []
+    if not path.exists():
+        return found
+    for line in path.read_text().splitlines():
+        for resource in json.loads(line)["resourceSpans"]:
+            attrs = {a["key"]: a["value"].get("stringValue") for a in resource["resource"]["attributes"]}
+            for scope in resource["scopeSpans"]:
+                for span in scope["spans"]:
+                    if span["traceId"] == trace_id:
+                        found.append({**span, "service": attrs["service.name"]})
+    return found
+
+
+def test_one_trace_of_a_run_reaches_the_collector_with_a_span_from_every_stage(live):
+    """The caller's traceparent is continued by the edge, and every process the run passes through exports its
+    span over OTLP to the stack's real OpenTelemetry Collector, which writes them to its file."""
+    caller_trace, caller_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    client = live.client(live.token())
+    client.headers["traceparent"] = f"00-{caller_trace}-{caller_span}-01"
+    chat = client.post("/v1/chats").json()
+    chat_turn(client, chat["id"], "Hello there", max_tokens=4)
+    services = {"parley-api", "parley-moderation", "parley-scheduling", "parley-persistence", "parley-metering"}
+    services |= {"parley-memory", "parley-inference-small"}
+
+    def complete() -> bool:
+        return services <= {s["service"] for s in spans_of(live.stack.spans_file, caller_trace)}
+
+    wait_for(complete, 30)
+    spans = spans_of(live.stack.spans_file, caller_trace)
+    assert services <= {s["service"] for s in spans}, sorted({s["service"] for s in spans})
+    edge = [s for s in spans if s["service"] == "parley-api" and s.get("parentSpanId") == caller_span]
+    assert {s["name"] for s in edge} >= {"POST /v1/chats/{chat_id}/messages"}, [s["name"] for s in edge]
+    ids = {s["spanId"] for s in spans}
+    orphans = [s["name"] for s in spans if s.get("parentSpanId") not in ids | {caller_span}]
+    assert orphans == []  # one tree: every span's parent is in the trace, the root's is the caller's
+
+
+def test_every_process_answers_liveness_and_readiness(live):
+    stack = live.stack
+    for service in stack.services():
+        if service.name == "otelcol":
+            continue
+        base = f"http://127.0.0.1:{service.port}"
+        assert httpx.get(f"{base}/livez", timeout=5).status_code == 200, service.name
+        ready = httpx.get(f"{base}/readyz", timeout=5)
+        assert ready.status_code == 200 and ready.json()["status"] == "ok", (service.name, ready.text)

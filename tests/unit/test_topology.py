@@ -6,7 +6,7 @@ from infra.stack import CLUSTER, SINGLE_NODE, Stack
 
 
 def test_the_single_node_stack_says_one_copy_in_its_settings():
-    env = Stack(namespace="t1").services()[0].env
+    env = next(s for s in Stack(namespace="t1").services() if s.name == "schema-registry").env
     assert env["PARLEY_KAFKA_REPLICATION_FACTOR"] == "1" and env["PARLEY_KAFKA_MIN_INSYNC_REPLICAS"] == "1"
     assert json.loads(env["PARLEY_CASSANDRA_REPLICATION"]) == {"datacenter1": 1}
     settings = Stack(namespace="t1").settings
