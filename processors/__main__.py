@@ -51,9 +51,8 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         persist_turn.register(stage, conversations)
     elif name == "metering":
         from processors import meter_usage
-        from storage.clickhouse import UsageStore
 
-        meter_usage.register(stage, UsageStore.open(settings.usage_target, settings.usage_db))
+        meter_usage.register(stage, settings.open_usage())
     elif name == "memory":
         from processors import remember
         from safety.encoder import Encoder

@@ -7,10 +7,6 @@ from pathlib import Path
 from topics.settings import StackSettings, state_dir
 
 
-def _default_usage_url() -> str:
-    return f"chdb://{state_dir() / 'clickhouse'}"
-
-
 class ProcessorSettings(StackSettings):
     web_port: int = 0  # faust's own web server (health, /metrics, metering's usage views); 0 = per stage default
     replica: int = 0  # which replica of its stage this process is (its own data folder)
@@ -33,9 +29,7 @@ class ProcessorSettings(StackSettings):
     summarize_keep_tokens: int = 256  # the newest tokens a summary leaves out (the verbatim window keeps them)
     summary_max_tokens: int = 160  # a summary run's answer
     summary_timeout_s: float = 180.0  # a summary run not back by then is tried again
-    # metering
-    usage_url: str = ""  # chdb:///path (embedded) or http://host:8123 (ClickHouse server)
-    usage_database: str = "parley"
+    # metering (where usage is stored: topics/settings.py, shared with the migration)
     meter_batch: int = 200
     meter_batch_s: float = 0.5
     price_table: str = ""  # a TOML price table (processors/prices.toml when empty)
@@ -46,18 +40,6 @@ class ProcessorSettings(StackSettings):
         path = state_dir() / "faust" / (self.namespace or "default") / f"{stage}-{self.replica}"
         path.mkdir(parents=True, exist_ok=True)
         return path
-
-    @property
-    def usage_target(self) -> str:
-        return self.usage_url or _default_usage_url()
-
-    @property
-    def usage_db(self) -> str:
-        return (
-            f"{self.usage_database}_{self.namespace}".replace("-", "_").replace(".", "_")
-            if self.namespace
-            else self.usage_database
-        )
 
 
 STAGE_PORTS = {"moderation": 6066, "scheduling": 6067, "persistence": 6068, "metering": 6069, "memory": 6070}

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -263,14 +264,22 @@ class Conversations:
 
     @classmethod
     def connect(cls, settings: CassandraSettings) -> Conversations:
-        session = _connect(settings)
-        keyspace = settings.keyspace
+        """Connect to the keyspace the migration made (storage/schema.py): processes run no DDL at start-up."""
+        session = connect_session(settings)
+        try:
+            require_schema(session, settings.keyspace)
+        except RuntimeError:
+            session.cluster.shutdown()
+            raise
+        return cls(session, settings.keyspace)
+
+    @staticmethod
+    def create_schema(session: Session, settings: CassandraSettings) -> None:
+        """The keyspace (with its replication) and every table: the migration's work, run from one client."""
         ensure_keyspace(session, settings)
         for statement in SCHEMA:
-            session.execute(statement.format(ks=keyspace), timeout=60)
-        add_columns(session, keyspace, COLUMNS_ADDED)
-        agree(session)
-        return cls(session, keyspace)
+            session.execute(statement.format(ks=settings.keyspace), timeout=60)
+        add_columns(session, settings.keyspace, COLUMNS_ADDED)
 
     def close(self) -> None:
         self.session.cluster.shutdown()
@@ -489,6 +498,18 @@ def replication(settings: CassandraSettings) -> dict[str, str]:
     }
 
 
+def require_schema(session: Session, keyspace: str) -> None:
+    """Fail at start-up, saying what to run, when the migration has not made the keyspace and its tables."""
+    tables = {t.removeprefix("{ks}.") for t in re.findall(r"TABLE IF NOT EXISTS (\S+) \(", " ".join(SCHEMA))}
+    meta = session.cluster.metadata.keyspaces.get(keyspace)
+    missing = sorted(tables - set(meta.tables)) if meta else sorted(tables)
+    if missing:
+        raise RuntimeError(
+            f"keyspace {keyspace!r} lacks {', '.join(missing)}: run the migration first "
+            "(`python -m storage.schema`, the chart's migration Job, or `parley up`)"
+        )
+
+
 def ensure_keyspace(session: Session, settings: CassandraSettings) -> None:
     """Create the keyspace with the configured replication, or change an existing keyspace's replication to it
     (Cassandra then needs `nodetool repair` on each node to copy existing rows to their new replicas)."""
@@ -516,7 +537,7 @@ def idempotent(session: Session) -> Callable[[str], PreparedStatement]:
     """`session.prepare` for statements that may run twice with the same effect (every write here sets the
     values it is given, keyed by ids from the event or the request; none is a counter or a compare-and-set).
     The driver sends such a statement again to another replica when the first does not answer (speculative
-    execution, `_connect`), and only such: without it a request caught on the connection of a node that had
+    execution, `connect_session`), and only such: without it a request caught on the connection of a node that had
     just been killed waited out the 10 s request timeout and failed (the cluster bench's POST /v1/chats)."""
 
     def prepare(query: str) -> PreparedStatement:
@@ -527,7 +548,7 @@ def idempotent(session: Session) -> Callable[[str], PreparedStatement]:
     return prepare
 
 
-def _connect(settings: CassandraSettings, timeout_s: float = 90.0) -> Session:
+def connect_session(settings: CassandraSettings, timeout_s: float = 90.0) -> Session:
     """Connect, retrying while a node that has just started (or is swamped by every stage connecting at once
     on a small machine) does not answer yet. A failed connect shuts its Cluster down, so each try builds one.
     Every statement runs at the configured consistency (LOCAL_QUORUM: a write is acknowledged by a majority of

@@ -179,10 +179,14 @@ class ChdbBackend:
 
 
 class ServerBackend:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, user: str = "", password: str = "") -> None:
         import clickhouse_connect
 
-        self._client = clickhouse_connect.get_client(dsn=url)
+        # A user and password given apart win over the URL's (a password from a secret needs no escaping).
+        if user:
+            self._client = clickhouse_connect.get_client(dsn=url, username=user, password=password)
+        else:
+            self._client = clickhouse_connect.get_client(dsn=url)
 
     def command(self, sql: str) -> None:
         self._client.command(sql)
@@ -199,18 +203,21 @@ class ServerBackend:
 
 
 class UsageStore:
-    def __init__(self, backend: Backend, database: str) -> None:
+    def __init__(self, backend: Backend, database: str, create: bool = False) -> None:
         self.backend = backend
         self.db = database
-        for statement in ddl(database):
-            backend.command(statement)
+        if create:
+            for statement in ddl(database):
+                backend.command(statement)
 
     @classmethod
-    def open(cls, url: str, database: str) -> UsageStore:
-        """`chdb:///path/to/dir` for the embedded engine, `http://host:8123` for a server."""
+    def open(cls, url: str, database: str, user: str = "", password: str = "", create: bool = False) -> UsageStore:
+        """`chdb:///path/to/dir` for the embedded engine, `http://host:8123` for a server. A server's tables are
+        made by the migration (`create`, storage/schema.py), never by a stage at start-up; the embedded engine is
+        opened by one process only, so that process makes its own."""
         if url.startswith("chdb://"):
-            return cls(ChdbBackend(Path(url.removeprefix("chdb://"))), database)
-        return cls(ServerBackend(url), database)
+            return cls(ChdbBackend(Path(url.removeprefix("chdb://"))), database, create=True)
+        return cls(ServerBackend(url, user, password), database, create=create)
 
     def write(self, rows: Iterable[dict[str, Any]]) -> int:
         """Insert the rows of runs not stored yet (the last of a run's rows in the batch wins); returns how many.

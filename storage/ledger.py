@@ -20,7 +20,7 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement
 
-from storage.cassandra import add_columns, agree, idempotent, wait
+from storage.cassandra import add_columns, idempotent, wait
 from topics.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -110,14 +110,17 @@ def recorded(row: Any) -> Decision:
     return Decision(True, scheduled=scheduled, pool=row.pool, partition=row.pool_partition, decided_at=row.decided_at)
 
 
+def create_schema(session: Session, keyspace: str) -> None:
+    """The budgets table: the migration's work (storage/schema.py)."""
+    session.execute(SCHEMA.format(ks=keyspace), timeout=60)
+    add_columns(session, keyspace, COLUMNS_ADDED)
+
+
 class Ledger:
     def __init__(self, session: Session, keyspace: str, run_deadline_s: float = 300.0) -> None:
         self.session = session
         self.deadline_ms = int(run_deadline_s * 1000)
         ks = keyspace
-        session.execute(SCHEMA.format(ks=ks), timeout=60)
-        add_columns(session, ks, COLUMNS_ADDED)
-        agree(session)
         p = idempotent(session)  # all but the compare-and-set batch's statements: run twice, it would conflict
         self._account = p(f"SELECT used, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1")
         self._run = p(

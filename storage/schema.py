@@ -1,28 +1,46 @@
-"""The Cassandra schema, applied from one client before the processes start (the stack's "schema" step, or
-`python -m storage.schema` as a deploy job): the keyspace with its replication, every table, and a wait until
-every node agrees. Processes still create what is missing when they connect (IF NOT EXISTS), but on a cluster
-many clients creating the same tables on different nodes at once can leave the nodes disagreeing."""
+"""The stores' schemas, applied from one client before the processes start (the stack's "schema" step, the
+compose `migrate` service, the chart's migration Job: `python -m storage.schema`): the Cassandra keyspace with
+its replication and every table, then a wait until every node agrees; and a ClickHouse server's usage tables
+and rollups. Processes run no DDL at start-up (many clients creating the same tables on different nodes at
+once can leave the nodes disagreeing) and refuse to start, saying so, when the migration has not run."""
 
 from __future__ import annotations
 
 import logging
 
-from storage.cassandra import Conversations
-from storage.ledger import Ledger
+from storage import ledger
+from storage.cassandra import Conversations, agree, connect_session
+from topics import logs
 from topics.settings import CassandraSettings, StackSettings
+
+log = logging.getLogger("parley.migrate")
 
 
 def migrate(settings: CassandraSettings) -> None:
-    conversations = Conversations.connect(settings)
+    session = connect_session(settings)
     try:
-        Ledger(conversations.session, settings.keyspace)
+        Conversations.create_schema(session, settings)
+        ledger.create_schema(session, settings.keyspace)
+        agree(session)
     finally:
-        conversations.close()
+        session.cluster.shutdown()
+    log.info("cassandra: keyspace %s and its tables are in place", settings.keyspace)
+
+
+def migrate_usage(settings: StackSettings) -> None:
+    """A ClickHouse server's usage tables (the embedded engine's are made by the one process that opens it)."""
+    if settings.usage_target.startswith("chdb://"):
+        log.info("usage: embedded engine, its tables are made by the metering stage")
+        return
+    settings.open_usage(create=True).backend.close()
+    log.info("usage: database %s and its tables are in place", settings.usage_db)
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO)
-    migrate(StackSettings().cassandra)
+    settings = StackSettings()
+    logs.configure(settings.log_level, settings.log_format)
+    migrate(settings.cassandra)
+    migrate_usage(settings)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,15 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from topics.pipeline import Layout
+
+if TYPE_CHECKING:
+    from storage.clickhouse import UsageStore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,6 +124,11 @@ class StackSettings(BaseSettings):
         description="The address this process's servers bind (its API, metrics and health pages): 0.0.0.0 in a "
         "container, so other services and the scraper reach it.",
     )
+    # Usage rows (metering writes them; the migration makes a server's tables).
+    usage_url: str = Field("", description="chdb:///path (the embedded engine) or http://host:8123 (a server).")
+    usage_database: str = "parley"
+    usage_user: str = Field("", description="The ClickHouse server's user (else the URL's, else default).")
+    usage_password: SecretStr = Field(SecretStr(""), description="Its password: set it from a secret.")
     pools: dict[str, Pool] = Field(default_factory=lambda: dict(DEFAULT_POOLS))
     default_pool: str = "small"
 
@@ -129,6 +137,24 @@ class StackSettings(BaseSettings):
         """Every model id served, the default pool's first."""
         ids = [self.pools[self.default_pool].model] + [p.model for p in self.pools.values()]
         return tuple(dict.fromkeys(ids))
+
+    @property
+    def usage_target(self) -> str:
+        return self.usage_url or f"chdb://{state_dir() / 'clickhouse'}"
+
+    @property
+    def usage_db(self) -> str:
+        return (
+            f"{self.usage_database}_{self.namespace}".replace("-", "_").replace(".", "_")
+            if self.namespace
+            else self.usage_database
+        )
+
+    def open_usage(self, create: bool = False) -> UsageStore:
+        from storage.clickhouse import UsageStore
+
+        password = self.usage_password.get_secret_value()
+        return UsageStore.open(self.usage_target, self.usage_db, self.usage_user, password, create=create)
 
     @property
     def layout(self) -> Layout:

@@ -18,7 +18,7 @@ def test_compose_file_validates_offline():
         ["docker-compose", "-f", str(COMPOSE), "config", "-q"],
         capture_output=True,
         text=True,
-        env={"PARLEY_JWT_SECRET": "test", "PATH": "/usr/bin:/bin"},
+        env={"PARLEY_JWT_SECRET": "test", "CLICKHOUSE_PASSWORD": "test", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
 
@@ -51,4 +51,27 @@ def test_grafana_is_provisioned_with_clickhouse_and_the_usage_dashboard():
     source = yaml.safe_load((REPO_ROOT / "infra/grafana/provisioning/datasources/clickhouse.yaml").read_text())
     [ds] = source["datasources"]
     assert ds["jsonData"]["host"] == "clickhouse" and ds["jsonData"]["port"] == 8123
-    assert "PARLEY_USAGE_URL: http://default:@clickhouse:8123" in COMPOSE.read_text()  # the database it reads
+    assert ds["jsonData"]["username"] == "parley" and ds["secureJsonData"]["password"] == "$CLICKHOUSE_PASSWORD"
+    assert grafana["environment"]["CLICKHOUSE_PASSWORD"].startswith("${CLICKHOUSE_PASSWORD")
+
+
+def test_clickhouse_has_a_real_user_and_password_that_metering_and_the_migration_use():
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    server = services["clickhouse"]["environment"]
+    assert server["CLICKHOUSE_USER"] == "parley" and server["CLICKHOUSE_PASSWORD"].startswith("${CLICKHOUSE_PASSWORD:?")
+    env = compose["x-parley"]["environment"]
+    assert env["PARLEY_USAGE_URL"] == "http://clickhouse:8123" and "@" not in env["PARLEY_USAGE_URL"]
+    assert env["PARLEY_USAGE_USER"] == "parley" and env["PARLEY_USAGE_PASSWORD"] == server["CLICKHOUSE_PASSWORD"]
+    assert services["migrate"]["command"] == ["python", "-m", "storage.schema"]
+    for name in ("metering", "api", "scheduling", "persistence", "memory", "moderation"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
+
+
+def test_every_image_is_pinned_to_a_version():
+    import re
+
+    for name, spec in yaml.safe_load(COMPOSE.read_text())["services"].items():
+        image = spec.get("image")
+        if image:
+            assert re.search(r":v?\d+\.\d+\.\d+|:server-b\d+$", image), (name, image)
