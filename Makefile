@@ -39,6 +39,7 @@ setup: $(STAMP) $(WEB_APP)
 	bash infra/local/cassandra.sh fetch
 	bash infra/local/build-llama-server.sh >/dev/null
 	bash infra/local/build-otelcol.sh >/dev/null
+	bash infra/local/build-helm.sh >/dev/null
 
 run: setup           ## start everything in the foreground; Ctrl-C stops it all
 	$(VENV)/bin/parley run
@@ -52,6 +53,7 @@ down:                ## stop everything, the local cluster's brokers and nodes t
 test: setup          ## the whole suite: the chat app's own tests, pytest against the real services and headless Chromium, then failover on a 3-broker, 3-node cluster
 	cd web && npm test --silent
 	bash infra/local/chromium.sh
+	bash infra/local/promtool.sh >/dev/null
 	$(PY) -m pytest
 	$(PY) -m pytest tests/cluster
 

@@ -50,6 +50,9 @@ LATENCY = Histogram(
     ["stage", "topic"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+RETRIES = Counter(
+    "parley_stage_retries_total", "Events tried again because a store or the log was away", ["stage", "error"]
+)
 
 
 class Stage:
@@ -222,6 +225,7 @@ class Stage:
                 await attempt()
                 return
             except RETRIABLE as exc:
+                RETRIES.labels(self.name, type(exc).__name__).inc()
                 self.outage.failed(f"{type(exc).__name__} on {where}; retrying, every {delay:.1f}s at most")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cassandra import ConsistencyLevel, InvalidRequest
+from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, ResponseFuture, Session
 from cassandra.policies import (
     ConstantSpeculativeExecutionPolicy,
@@ -572,6 +573,7 @@ def connect_session(settings: CassandraSettings, timeout_s: float = 90.0) -> Ses
             execution_profiles={EXEC_PROFILE_DEFAULT: profile},
             # A node that comes back is used again within seconds (the driver's default backs off to 600 s).
             reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=RECONNECT_MAX_S),
+            auth_provider=PlainTextAuthProvider(settings.username, settings.password) if settings.username else None,
         )
         try:
             return cluster.connect()

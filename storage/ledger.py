@@ -11,14 +11,17 @@ event finds its run's row and changes nothing (docs/decisions/0006-admission-con
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement
+from prometheus_client import Counter
 
 from storage.cassandra import add_columns, idempotent, wait
 from topics.limits import Limits
@@ -110,6 +113,31 @@ def recorded(row: Any) -> Decision:
     return Decision(True, scheduled=scheduled, pool=row.pool, partition=row.pool_partition, decided_at=row.decided_at)
 
 
+ERRORS = Counter(
+    "parley_ledger_errors_total",
+    "Budget-ledger operations that failed (the caller retries them; a steady rate means admissions are stalled)",
+    ["operation", "error"],
+)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def counted(
+    operation: Callable[Concatenate[Ledger, P], Awaitable[R]],
+) -> Callable[Concatenate[Ledger, P], Awaitable[R]]:
+    """Count an operation's failures by their kind, then let them go on to the caller."""
+
+    @functools.wraps(operation)
+    async def wrapper(self: Ledger, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await operation(self, *args, **kwargs)
+        except Exception as exc:
+            ERRORS.labels(operation.__name__, type(exc).__name__).inc()
+            raise
+
+    return wrapper
+
+
 def create_schema(session: Session, keyspace: str) -> None:
     """The budgets table: the migration's work (storage/schema.py)."""
     session.execute(SCHEMA.format(ks=keyspace), timeout=60)
@@ -144,12 +172,14 @@ class Ledger:
             "WHERE user_id = ? AND run_id = ?"
         )
 
+    @counted
     async def account(self, user_id: str) -> Account:
         row = (await wait(self.session.execute_async(self._account, (user_id,)))).one()
         if row is None or row.version is None:
             return Account()
         return Account(row.used or 0.0, row.refilled_at or 0, row.version, dict(row.in_flight or {}))
 
+    @counted
     async def standing(self, user_id: str, limits: Limits) -> tuple[int, list[str]]:
         """(tokens the user can spend now, their runs in flight)."""
         account = await self.account(user_id)
@@ -175,6 +205,7 @@ class Ledger:
         result = (await wait(self.session.execute_async(batch))).one()
         return bool(result[0])
 
+    @counted
     async def admit(
         self, user_id: str, run_id: str, estimate: int, limits: Limits, pool: str, partition: int | None
     ) -> Decision:
@@ -197,15 +228,18 @@ class Ledger:
             await asyncio.sleep(0.002 * (attempt + 1))  # another replica wrote this user's bucket first
         raise TimeoutError(f"budget of {user_id} is contended; giving up for now")
 
+    @counted
     async def decided(self, user_id: str, run_id: str) -> Decision | None:
         """The decision recorded for a run, if any (only admissions are recorded)."""
         row = await self._run_row(user_id, run_id)
         return None if row is None else recorded(row)
 
+    @counted
     async def mark_scheduled(self, user_id: str, run_id: str) -> None:
         """The run was handed to its pool: a redelivered prompt is not scheduled (served) a second time."""
         await wait(self.session.execute_async(self._scheduled, (user_id, run_id)))
 
+    @counted
     async def settle(self, user_id: str, run_id: str, actual: int, limits: Limits) -> bool:
         """Replace the run's estimate with its actual tokens and free its slot; False when there was nothing to
         settle (a run never charged here, or one settled before)."""

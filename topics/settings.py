@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -89,6 +89,8 @@ class CassandraSettings:
     replication: dict[str, int]
     consistency: str  # reads and writes
     serial_consistency: str  # lightweight transactions (IF ...)
+    username: str = ""  # password authentication, when the cluster requires it
+    password: str = field(default="", repr=False)
 
 
 class StackSettings(BaseSettings):
@@ -117,6 +119,8 @@ class StackSettings(BaseSettings):
     )
     cassandra_consistency: str = "LOCAL_QUORUM"
     cassandra_serial_consistency: str = "LOCAL_SERIAL"  # the ledger's compare-and-set
+    cassandra_username: str = Field("", description="Set both when the cluster requires password authentication.")
+    cassandra_password: SecretStr = Field(SecretStr(""), description="Its password: set it from a secret.")
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = Field("text", description="json: one object a line with trace and run ids.")
     host: str = Field(
@@ -172,6 +176,8 @@ class StackSettings(BaseSettings):
             replication=dict(self.cassandra_replication),
             consistency=self.cassandra_consistency,
             serial_consistency=self.cassandra_serial_consistency,
+            username=self.cassandra_username,
+            password=self.cassandra_password.get_secret_value(),
         )
 
     @property

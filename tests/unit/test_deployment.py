@@ -63,7 +63,7 @@ def test_clickhouse_has_a_real_user_and_password_that_metering_and_the_migration
     env = compose["x-parley"]["environment"]
     assert env["PARLEY_USAGE_URL"] == "http://clickhouse:8123" and "@" not in env["PARLEY_USAGE_URL"]
     assert env["PARLEY_USAGE_USER"] == "parley" and env["PARLEY_USAGE_PASSWORD"] == server["CLICKHOUSE_PASSWORD"]
-    assert services["migrate"]["command"] == ["python", "-m", "storage.schema"]
+    assert services["migrate"]["command"] == ["python", "-m", "storage.schema", "--topics"]
     for name in ("metering", "api", "scheduling", "persistence", "memory", "moderation"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
 

@@ -1,0 +1,187 @@
+{{/* Names, labels and the environment every Parley process shares. */}}
+{{- define "parley.fullname" -}}
+{{- printf "%s-parley" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "parley.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "parley.labels" -}}
+app.kubernetes.io/name: parley
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* selector labels of one component: include "parley.selector" (list $ "api") */}}
+{{- define "parley.selector" -}}
+app.kubernetes.io/name: parley
+app.kubernetes.io/instance: {{ (index . 0).Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "parley.secretName" -}}
+{{- default (printf "%s-secrets" (include "parley.fullname" .)) .Values.secrets.existingSecret -}}
+{{- end -}}
+
+{{- define "parley.group" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.namespace -}}{{ printf "%s.%s" $root.Values.namespace (index . 1) }}{{- else -}}{{ printf "parley.%s" (index . 1) }}{{- end -}}
+{{- end -}}
+
+{{- define "parley.topic" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.namespace -}}{{ printf "%s.%s" $root.Values.namespace (index . 1) }}{{- else -}}{{ index . 1 }}{{- end -}}
+{{- end -}}
+
+{{- define "parley.registryUrl" -}}
+{{- if .Values.schemaRegistry.enabled -}}
+{{- printf "http://%s-registry:8081" (include "parley.fullname" .) -}}
+{{- else -}}
+{{- required "schemaRegistry.url is required when schemaRegistry.enabled is false" .Values.schemaRegistry.url -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "parley.env" -}}
+- name: PARLEY_NAMESPACE
+  value: {{ .Values.namespace | quote }}
+- name: PARLEY_KAFKA_BOOTSTRAP
+  value: {{ .Values.kafka.bootstrap | quote }}
+- name: PARLEY_KAFKA_REPLICATION_FACTOR
+  value: {{ .Values.kafka.replicationFactor | quote }}
+- name: PARLEY_KAFKA_MIN_INSYNC_REPLICAS
+  value: {{ .Values.kafka.minInsyncReplicas | quote }}
+- name: PARLEY_CHAT_PARTITIONS
+  value: {{ .Values.kafka.chatPartitions | quote }}
+- name: PARLEY_REPLY_PARTITIONS
+  value: {{ .Values.kafka.replyPartitions | quote }}
+- name: PARLEY_POOLS
+  value: {{ include "parley.pools" . | quote }}
+- name: PARLEY_SCHEMA_REGISTRY_URL
+  value: {{ include "parley.registryUrl" . | quote }}
+- name: PARLEY_CASSANDRA_HOSTS
+  value: {{ .Values.cassandra.hosts | quote }}
+- name: PARLEY_CASSANDRA_PORT
+  value: {{ .Values.cassandra.port | quote }}
+- name: PARLEY_CASSANDRA_DATACENTER
+  value: {{ .Values.cassandra.datacenter | quote }}
+- name: PARLEY_CASSANDRA_REPLICATION
+  value: {{ .Values.cassandra.replication | toJson | quote }}
+- name: PARLEY_CASSANDRA_CONSISTENCY
+  value: {{ .Values.cassandra.consistency | quote }}
+{{- if .Values.cassandra.username }}
+- name: PARLEY_CASSANDRA_USERNAME
+  value: {{ .Values.cassandra.username | quote }}
+- name: PARLEY_CASSANDRA_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: cassandra-password}}
+{{- end }}
+- name: PARLEY_USAGE_URL
+  value: {{ required "clickhouse.url is required: a cluster stores usage in a ClickHouse server" .Values.clickhouse.url | quote }}
+- name: PARLEY_USAGE_USER
+  value: {{ .Values.clickhouse.user | quote }}
+- name: PARLEY_USAGE_DATABASE
+  value: {{ .Values.clickhouse.database | quote }}
+- name: PARLEY_USAGE_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: clickhouse-password}}
+- name: PARLEY_JWT_SECRET
+  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: jwt-secret}}
+- name: PARLEY_INTERNAL_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: internal-token}}
+- name: PARLEY_METERING_URL
+  value: {{ printf "http://%s-metering:%v" (include "parley.fullname" .) .Values.stageDefaults.webPort | quote }}
+- name: PARLEY_LOG_FORMAT
+  value: {{ .Values.observability.logFormat | quote }}
+- name: PARLEY_HOST
+  value: "0.0.0.0"
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: "k8s.pod.name=$(POD_NAME),k8s.namespace.name={{ .Release.Namespace }}"
+{{- if .Values.observability.otlpEndpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .Values.observability.otlpEndpoint | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* What every Parley container shares: non-root, read-only root, no privileges; its state on an emptyDir. */}}
+{{- define "parley.containerSecurity" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities: {drop: [ALL]}
+{{- end -}}
+
+{{- define "parley.stateMounts" -}}
+volumeMounts:
+  - {name: state, mountPath: /var/lib/parley}
+  - {name: tmp, mountPath: /tmp}
+{{- end -}}
+
+{{- define "parley.stateVolumes" -}}
+- name: state
+  emptyDir: {}
+- name: tmp
+  emptyDir: {}
+{{- end -}}
+
+{{- define "parley.podExtras" -}}
+{{- with .Values.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "parley.scrape" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.observability.scrapeAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ index . 1 | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end -}}
+
+{{/* liveness and readiness on a port: include "parley.probes" 8000 */}}
+{{- define "parley.probes" -}}
+livenessProbe:
+  httpGet: {path: /livez, port: {{ . }}}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 6
+readinessProbe:
+  httpGet: {path: /readyz, port: {{ . }}}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+startupProbe:
+  httpGet: {path: /livez, port: {{ . }}}
+  periodSeconds: 5
+  failureThreshold: 60
+{{- end -}}
+
+{{- define "parley.pdb" -}}
+{{- $root := index . 0 -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "parley.fullname" $root }}-{{ index . 1 }}
+  labels: {{- include "parley.labels" $root | nindent 4 }}
+spec:
+  maxUnavailable: {{ $root.Values.podDisruptionBudget.maxUnavailable }}
+  selector:
+    matchLabels: {{- include "parley.selector" (list $root (index . 1)) | nindent 6 }}
+{{- end -}}
+
+{{- define "parley.pools" -}}
+{{- $pools := dict -}}
+{{- range $name, $pool := .Values.inference.pools -}}
+{{- $_ := set $pools $name (dict "model" $pool.model "context" $pool.context "prompt_budget" $pool.promptBudget) -}}
+{{- end -}}
+{{- toJson $pools -}}
+{{- end -}}

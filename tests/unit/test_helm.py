@@ -1,0 +1,178 @@
+"""The Helm chart (deploy/helm/parley) renders, for each of its value sets, only objects valid against the
+Kubernetes API schemas of a current release (kubernetes-validate's bundled schemas, strict: unknown fields
+fail) and KEDA's ScaledObject CRD (vendored), offline; and what it renders means what the design says: probes
+on /livez and /readyz, a PodDisruptionBudget and resource requests for every workload, KEDA scaling each stage
+and pool on its own consumer group's lag over the topics the pipeline gives it, never past their partitions."""
+
+from __future__ import annotations
+
+import subprocess
+from functools import cache
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from topics.pipeline import POOLS, RUN_SCHEDULED, STAGES, TOPICS
+from topics.settings import REPO_ROOT, StackSettings
+
+CHART = REPO_ROOT / "deploy" / "helm" / "parley"
+VALUE_SETS = ("cpu-demo", "gpu-production", "external-stores")
+KUBERNETES = "1.37.0"  # the newest release kubernetes-validate bundles; helm renders for it too
+
+
+@cache
+def helm() -> str:
+    built = subprocess.run(["bash", str(REPO_ROOT / "infra/local/build-helm.sh")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return built.stdout.strip()
+
+
+@cache
+def rendered(values: str) -> tuple[dict, ...]:
+    out = subprocess.run(
+        [
+            helm(),
+            "template",
+            "rel",
+            str(CHART),
+            "-f",
+            str(CHART / "ci" / f"{values}.yaml"),
+            "--kube-version",
+            KUBERNETES,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    return tuple(doc for doc in yaml.safe_load_all(out.stdout) if doc)
+
+
+@cache
+def scaled_object_schema() -> dict:
+    crd = yaml.safe_load((REPO_ROOT / "tests/unit/data/keda/keda.sh_scaledobjects.yaml").read_text())
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def of_kind(values: str, kind: str) -> list[dict]:
+    return [doc for doc in rendered(values) if doc["kind"] == kind]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_the_chart_lints(values):
+    out = subprocess.run(
+        [helm(), "lint", str(CHART), "-f", str(CHART / "ci" / f"{values}.yaml"), "--kube-version", KUBERNETES],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_rendered_object_is_valid_against_the_api_schemas(values):
+    docs = rendered(values)
+    assert len(docs) > 20
+    for doc in docs:
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["apiVersion"] == "keda.sh/v1alpha1":
+            assert doc["kind"] == "ScaledObject", name
+            jsonschema.validate(doc, scaled_object_schema())
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_the_validation_fails_on_an_invalid_object():
+    [deployment, *_] = of_kind("cpu-demo", "Deployment")
+    broken = yaml.safe_load(yaml.safe_dump(deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["paht"] = "/livez"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES, strict=True)
+    [scaled, *_] = of_kind("cpu-demo", "ScaledObject")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**scaled, "spec": {**scaled["spec"], "minReplicaCount": "two"}}, scaled_object_schema())
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_workload_has_probes_that_mean_what_they_say_requests_and_a_disruption_budget(values):
+    budgets = {
+        d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
+        for d in of_kind(values, "PodDisruptionBudget")
+    }
+    deployments = of_kind(values, "Deployment")
+    for deployment in deployments:
+        component = deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
+        assert component in budgets, component
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in pod["containers"]:
+            assert container["resources"]["requests"], (component, container["name"])
+            if container["image"].startswith("ghcr.io/parley-chat/parley:"):
+                assert container["livenessProbe"]["httpGet"]["path"] == "/livez", component
+                assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", component
+                assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            else:  # an engine beside its consumer
+                assert container["readinessProbe"] and container["livenessProbe"], component
+    names = {d["metadata"]["name"].removeprefix("rel-parley-") for d in deployments}
+    stages = {s for s in STAGES if s not in ("api", "inference")}
+    assert {"api", *stages, *(f"inference-{p}" for p in POOLS)} <= names
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_keda_scales_each_stage_and_pool_on_its_own_lag_bounded_by_partitions(values):
+    partitions = {"cpu-demo": 12, "gpu-production": 12, "external-stores": 24}[values]
+    prefix = "parley-prod." if values == "external-stores" else ""
+    layout = StackSettings().layout  # the one-partition admin topics are read by every replica alike
+    scaled = {s["metadata"]["name"].removeprefix("rel-parley-"): s["spec"] for s in of_kind(values, "ScaledObject")}
+    for stage in (s for s in STAGES if s not in ("api", "inference")):
+        wanted = {f"{prefix}{t.name}" for t in TOPICS if stage in t.consumers and layout.partitions(t) > 1}
+        triggers = scaled[stage]["triggers"]
+        assert {t["metadata"]["topic"] for t in triggers} == wanted, stage
+        group = f"{prefix}{stage}" if prefix else f"parley.{stage}"
+        assert {t["metadata"]["consumerGroup"] for t in triggers} == {group}, stage
+        assert 1 <= scaled[stage]["minReplicaCount"] <= scaled[stage]["maxReplicaCount"] <= partitions
+    for pool in POOLS:
+        spec = scaled[f"inference-{pool}"]
+        [trigger] = spec["triggers"]
+        assert trigger["metadata"]["topic"] == f"{prefix}{RUN_SCHEDULED[pool].name}"
+        assert trigger["metadata"]["consumerGroup"] == (
+            f"{prefix}inference.{pool}" if prefix else f"parley.inference.{pool}"
+        )
+        assert spec["maxReplicaCount"] <= partitions
+    for deployment in of_kind(values, "Deployment"):
+        if deployment["metadata"]["name"].removeprefix("rel-parley-") in scaled:
+            assert "replicas" not in deployment["spec"]  # KEDA owns the count
+
+
+def test_the_gpu_pools_request_a_gpu_and_the_cpu_pools_run_llama_cpp():
+    for values, engine in (("gpu-production", "sglang"), ("cpu-demo", "llama.cpp")):
+        for deployment in of_kind(values, "Deployment"):
+            if not deployment["metadata"]["name"].startswith("rel-parley-inference-"):
+                continue
+            containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+            assert engine in containers["engine"]["image"]
+            limits = containers["engine"]["resources"].get("limits", {})
+            assert ("nvidia.com/gpu" in limits) == (engine == "sglang")
+
+
+def test_the_migration_runs_before_the_processes_and_secrets_are_referenced_not_inlined():
+    for values in VALUE_SETS:
+        [job] = of_kind(values, "Job")
+        assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+        assert job["spec"]["template"]["spec"]["containers"][0]["command"] == [
+            "python",
+            "-m",
+            "storage.schema",
+            "--topics",
+        ]
+        secrets = {s["metadata"]["name"] for s in of_kind(values, "Secret")} or {"parley-secrets"}
+        for deployment in of_kind(values, "Deployment"):
+            for container in deployment["spec"]["template"]["spec"]["containers"]:
+                if not container["image"].startswith("ghcr.io/parley-chat/parley:"):
+                    continue
+                env = {e["name"]: e for e in container["env"]}
+                for key in ("PARLEY_JWT_SECRET", "PARLEY_USAGE_PASSWORD", "PARLEY_INTERNAL_TOKEN"):
+                    assert env[key]["valueFrom"]["secretKeyRef"]["name"] in secrets, (values, key)
+                    assert "value" not in env[key]
+    assert len(of_kind("cpu-demo", "NetworkPolicy")) >= 3
