@@ -50,11 +50,12 @@ up: setup            ## start everything in the background
 down:                ## stop everything, the local cluster's brokers and nodes too (state is kept)
 	@if [ -x $(VENV)/bin/parley ]; then $(VENV)/bin/parley down; $(VENV)/bin/parley down --cluster; fi
 
-test: setup          ## the whole suite: the chat app's own tests, pytest against the real services and headless Chromium, then failover on a 3-broker, 3-node cluster
+test: setup          ## the whole suite: the chat app's own tests, pytest against the real services and headless Chromium, docker-compose.yml's topology run as compose would, then failover on a 3-broker, 3-node cluster
 	cd web && npm test --silent
 	bash infra/local/chromium.sh
 	bash infra/local/promtool.sh >/dev/null
 	$(PY) -m pytest
+	$(PY) -m pytest tests/compose
 	$(PY) -m pytest tests/cluster
 
 test-cluster: setup  ## failover tests on a local cluster: 3 Kafka brokers, 3 Cassandra nodes (127.0.0.11-13)

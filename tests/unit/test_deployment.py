@@ -18,7 +18,12 @@ def test_compose_file_validates_offline():
         ["docker-compose", "-f", str(COMPOSE), "config", "-q"],
         capture_output=True,
         text=True,
-        env={"PARLEY_JWT_SECRET": "test", "CLICKHOUSE_PASSWORD": "test", "PATH": "/usr/bin:/bin"},
+        env={
+            "PARLEY_JWT_SECRET": "t",
+            "PARLEY_INTERNAL_TOKEN": "t",
+            "CLICKHOUSE_PASSWORD": "t",
+            "PATH": "/usr/bin:/bin",
+        },
     )
     assert result.returncode == 0, result.stderr
 
