@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.staticfiles import StaticFiles
+from fastapi.telemetry import TelemetryConfig
 
 from api import errors, openapi
 from api.body_limit import BodyLimit
 from api.replies import ReplyHub
 from api.settings import ApiSettings
-from api.tracing import TraceRequests
 from registry import client as registry
 from safety.policy import PolicyView
 from storage.cassandra import Conversations
@@ -50,6 +50,10 @@ def services(request: Request) -> Services:
 
 
 Deps = Annotated[Services, Depends(services)]
+
+
+def untraced(scope: MutableMapping[str, Any]) -> bool:
+    return scope.get("path") in {"/livez", "/readyz", "/metrics"}
 
 
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
@@ -89,13 +93,16 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             await producer.close()
             conversations.close()
 
-    app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan)
+    # FastAPI's own OpenTelemetry server span per request continues the caller's traceparent (one trace from
+    # the user's service through every stage); probes and scrapes are left out, and so are its per-dependency
+    # spans (a request is one hop of the run's trace).
+    telemetry: TelemetryConfig = {"operation_spans": False, "metrics": False, "exclude": untraced}
+    app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan, telemetry=telemetry)
     app.state.settings = settings
     errors.install(app)
     openapi.install(app, settings)
     # before parsing, before any credential
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s)
-    app.add_middleware(TraceRequests)  # outermost: continues the caller's traceparent, even for a refusal
     from api.routes import admin, chats, keys, openai, safety, system, web
 
     app.include_router(chats.router)

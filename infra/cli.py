@@ -7,6 +7,7 @@ import getpass
 import signal
 import sys
 import time
+from pathlib import Path
 
 from infra.stack import CLUSTER, SINGLE_NODE, Stack
 
@@ -188,6 +189,17 @@ def cmd_reconcile(args: argparse.Namespace) -> None:
         raise SystemExit(2)
 
 
+def cmd_trace(args: argparse.Namespace) -> None:
+    from infra.traces import run_trace, tree
+
+    stack = Stack(namespace=args.namespace, port_base=args.port_base)
+    path = Path(args.file) if args.file else stack.spans_file
+    lines = tree(run_trace(path, args.run_id))
+    if not lines:
+        raise SystemExit(f"no span of run {args.run_id} in {path} (spans arrive about a second after they end)")
+    print(f"trace of run {args.run_id} (from {path}):\n" + "\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -238,6 +250,12 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--chat", type=int, default=0, help="partitions of every chat-keyed topic")
         p.add_argument("--reply", type=int, default=0, help="partitions of the reply topics (edge replicas)")
         p.set_defaults(fn=cmd_topics)
+    trace = sub.add_parser("trace", help="one run's trace, as the local collector received it, as a tree")
+    trace.add_argument("run_id")
+    trace.add_argument("--namespace", default="")
+    trace.add_argument("--port-base", type=int, default=8000)
+    trace.add_argument("--file", default="", help="an OTLP JSON spans file (default: the local stack's)")
+    trace.set_defaults(fn=cmd_trace)
     usage = sub.add_parser("usage", help="metered usage").add_subparsers(dest="usage_command", required=True)
     rec = usage.add_parser(
         "reconcile",

@@ -1,11 +1,12 @@
 """Every stage exports Prometheus metrics, one W3C trace follows a run across the stages and reaches a real
 collector, and every process answers its liveness and readiness probes."""
 
-import json
 import uuid
 
 import httpx
 
+from infra import traces
+from infra.cli import main
 from topics import tracing
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
 
@@ -48,27 +49,17 @@ def test_trace_context_travels_in_kafka_headers(live):
 
 def spans_of(path, trace_id: str) -> list[dict]:
     """Every span of one trace the collector wrote (OTLP JSON, one export batch a line), with its service."""
-    found = []
-    if not path.exists():
-        return found
-    for line in path.read_text().splitlines():
-        for resource in json.loads(line)["resourceSpans"]:
-            attrs = {a["key"]: a["value"].get("stringValue") for a in resource["resource"]["attributes"]}
-            for scope in resource["scopeSpans"]:
-                for span in scope["spans"]:
-                    if span["traceId"] == trace_id:
-                        found.append({**span, "service": attrs["service.name"]})
-    return found
+    return [s for s in traces.spans(path) if s["traceId"] == trace_id]
 
 
-def test_one_trace_of_a_run_reaches_the_collector_with_a_span_from_every_stage(live):
+def test_one_trace_of_a_run_reaches_the_collector_with_a_span_from_every_stage(live, capsys):
     """The caller's traceparent is continued by the edge, and every process the run passes through exports its
     span over OTLP to the stack's real OpenTelemetry Collector, which writes them to its file."""
     caller_trace, caller_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
     client = live.client(live.token())
     client.headers["traceparent"] = f"00-{caller_trace}-{caller_span}-01"
     chat = client.post("/v1/chats").json()
-    chat_turn(client, chat["id"], "Hello there", max_tokens=4)
+    run_id = chat_turn(client, chat["id"], "Hello there", max_tokens=4)[0]["data"]["run_id"]
     services = {"parley-api", "parley-moderation", "parley-scheduling", "parley-persistence", "parley-metering"}
     services |= {"parley-memory", "parley-inference-small"}
 
@@ -83,6 +74,11 @@ def test_one_trace_of_a_run_reaches_the_collector_with_a_span_from_every_stage(l
     ids = {s["spanId"] for s in spans}
     orphans = [s["name"] for s in spans if s.get("parentSpanId") not in ids | {caller_span}]
     assert orphans == []  # one tree: every span's parent is in the trace, the root's is the caller's
+
+    # `parley trace RUN_ID` prints that tree for an operator, a line a span, each service in it.
+    main(["trace", run_id, "--namespace", live.namespace, "--port-base", str(live.stack.port_base)])
+    printed = capsys.readouterr().out
+    assert printed.count("\n") >= len(spans) and all(f"{name}: " in printed for name in services), printed
 
 
 def test_every_process_answers_liveness_and_readiness(live):
