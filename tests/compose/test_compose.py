@@ -14,6 +14,7 @@ import pytest
 from api.auth import issue
 from api.settings import ApiSettings
 from tests.sse import iter_sse
+from tests.stack.conftest import forget_topics
 
 from .topology import Topology
 
@@ -37,6 +38,21 @@ def compose(stores, tmp_path_factory):
         yield topology, env
     finally:
         topology.stop()
+        forget(namespace)
+
+
+def forget(namespace: str) -> None:
+    """Drop what the topology made in the shared Kafka and Cassandra: its topics and its keyspace."""
+    from storage.cassandra import connect_session
+    from topics.settings import StackSettings
+
+    forget_topics(namespace)
+    settings = StackSettings(namespace=namespace).cassandra
+    session = connect_session(settings)
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
+    finally:
+        session.cluster.shutdown()
 
 
 def eventually(read, done, timeout_s: float = 60.0):
