@@ -43,6 +43,18 @@ class Replicas:
         time.sleep(0.2)
 
 
+# What the scheduler refuses with (a RunRejected event): the prompt is in the log by then, so the chat shows the
+# question and the refusal as its answer (processors/persist_turn.py). An edge refusal (503, or 429 shed at the
+# door) comes before the log and must leave nothing.
+SCHEDULER_REFUSALS = {
+    "concurrency_limit_exceeded",
+    "token_budget_exceeded",
+    "over_capacity",
+    "budget_too_small",
+    "context_length_exceeded",
+}
+
+
 @dataclass
 class Burst:
     """Clients creating chats and sending turns as fast as they are answered, until stopped."""
@@ -52,7 +64,7 @@ class Burst:
     creators: int = 16
     talkers: int = 3
     chats: list[str] = field(default_factory=list)  # answered 201
-    # (chat, question) -> its run; "refused"; or "unknown" (the connection was cut before an answer began)
+    # (chat, question) -> its run; "refused:<code>"; or "unknown" (the connection was cut before an answer began)
     sent: dict[tuple[str, str], str] = field(default_factory=dict)
     completed: set[str] = field(default_factory=set)  # runs whose stream ended with run.completed
     broken: dict[str, str] = field(default_factory=dict)  # run -> the last event of a stream that did not end
@@ -106,7 +118,8 @@ class Burst:
                 with replicas.client.stream("POST", f"/v1/chats/{chat}/messages", json=body) as response:
                     if response.status_code != 200:
                         response.read()
-                        self.sent[(chat, question)] = "refused"
+                        # A 429 may come from the scheduler, after the prompt is in the log: then its code
+                        self.sent[(chat, question)] = f"refused:{response.json()['error'].get('code') or ''}"
                         self.refuse(response)
                         continue
                     for event in iter_sse(response.iter_lines()):
@@ -166,14 +179,20 @@ class Burst:
                 if chat not in by_chat:
                     by_chat[chat] = client.get(f"/v1/chats/{chat}/messages", params={"limit": 100}).json()["data"]
                 stored = by_chat[chat]
-                asked = sum(m["role"] == "user" and m["content"] == question for m in stored)
+                asked = [m for m in stored if m["role"] == "user" and m["content"] == question]
                 answered = sum(m["role"] == "assistant" and m["id"] == run for m in stored)
-                if run == "refused" and asked:
-                    found.append(f"refused, yet stored: {question}")
-                elif run == "unknown" and asked > 1:
-                    found.append(f"cut off, and stored {asked} times: {question}")
-                elif run not in ("refused", "unknown") and (asked, answered) != (1, 1):
-                    found.append(f"{run}: question stored {asked} times, answer {answered}")
+                if run.startswith("refused:") and asked:
+                    # Only a refusal the scheduler made (the prompt already in the log) may be in the chat, and
+                    # then as the question with that refusal as its one answer: never answered, never twice.
+                    code = run.removeprefix("refused:")
+                    turns = [m for m in stored if m["role"] == "assistant" and m["run_id"] == asked[0]["run_id"]]
+                    refusal = [(m["finish_reason"], m["content"]) for m in turns]
+                    if code not in SCHEDULER_REFUSALS or len(asked) > 1 or [r[0] for r in refusal] != [code]:
+                        found.append(f"refused ({code}), yet stored {len(asked)} times, answered {refusal}: {question}")
+                elif run == "unknown" and len(asked) > 1:
+                    found.append(f"cut off, and stored {len(asked)} times: {question}")
+                elif not run.startswith("refused:") and run != "unknown" and (len(asked), answered) != (1, 1):
+                    found.append(f"{run}: question stored {len(asked)} times, answer {answered}")
             return found
 
         assert wait_for(lambda: not wrong(), 120), wrong()[:5]
