@@ -63,17 +63,22 @@ def test_one_trace_of_a_run_reaches_the_collector_with_a_span_from_every_stage(l
     services = {"parley-api", "parley-moderation", "parley-scheduling", "parley-persistence", "parley-metering"}
     services |= {"parley-memory", "parley-inference-small"}
 
-    def complete() -> bool:
-        return services <= {s["service"] for s in spans_of(live.stack.spans_file, caller_trace)}
+    def orphans(spans: list[dict]) -> list[str]:
+        ids = {s["spanId"] for s in spans}
+        return [s["name"] for s in spans if s.get("parentSpanId") not in ids | {caller_span}]
 
-    wait_for(complete, 30)
+    def complete() -> bool:
+        # Each process sends its spans when they end, in batches about a second apart: a child (a stage's span)
+        # can reach the file before its parent (the edge's request span, which ends with the stream).
+        spans = spans_of(live.stack.spans_file, caller_trace)
+        return services <= {s["service"] for s in spans} and not orphans(spans)
+
+    wait_for(complete, 60)
     spans = spans_of(live.stack.spans_file, caller_trace)
     assert services <= {s["service"] for s in spans}, sorted({s["service"] for s in spans})
     edge = [s for s in spans if s["service"] == "parley-api" and s.get("parentSpanId") == caller_span]
     assert {s["name"] for s in edge} >= {"POST /v1/chats/{chat_id}/messages"}, [s["name"] for s in edge]
-    ids = {s["spanId"] for s in spans}
-    orphans = [s["name"] for s in spans if s.get("parentSpanId") not in ids | {caller_span}]
-    assert orphans == []  # one tree: every span's parent is in the trace, the root's is the caller's
+    assert orphans(spans) == []  # one tree: every span's parent is in the trace, the root's is the caller's
 
     # `parley trace RUN_ID` prints that tree for an operator, a line a span, each service in it.
     main(["trace", run_id, "--namespace", live.namespace, "--port-base", str(live.stack.port_base)])
