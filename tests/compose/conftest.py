@@ -8,10 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from infra.stack import LOCAL
-
-
-def _running(script: str) -> bool:
-    return subprocess.run(["bash", str(LOCAL / script), "status"], capture_output=True).returncode == 0
+from tests.stack.conftest import _running
 
 
 @pytest.fixture(scope="session")
