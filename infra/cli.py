@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from infra.stack import CLUSTER, SINGLE_NODE, Stack
+from replay import OUTCOMES
+from topics.settings import StackSettings
 
 
 def workers(text: str) -> dict[str, int]:
@@ -200,6 +202,149 @@ def cmd_trace(args: argparse.Namespace) -> None:
     print(f"trace of run {args.run_id} (from {path}):\n" + "\n".join(lines))
 
 
+def _connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
+    """The stack's settings (PARLEY_* over the local stack's), the schema registry connected, and the metering
+    stage's URL: what the commands that read the log and the stores need."""
+    import os
+
+    from registry import client as registry
+
+    stack = Stack(namespace=args.namespace, port_base=args.port_base)
+    registry.connect(os.environ.get("PARLEY_SCHEMA_REGISTRY_URL") or stack.registry_url)
+    metering = os.environ.get("PARLEY_METERING_URL") or f"http://127.0.0.1:{args.port_base + 13}"
+    return stack.settings, metering
+
+
+def cmd_runs_show(args: argparse.Namespace) -> None:
+    import json
+
+    from replay import runs
+    from topics.window import Window
+
+    settings, metering = _connected(args)
+    try:
+        runs.minted_ms(args.run_id)
+        with Window(settings.kafka_bootstrap, settings.namespace) as window:
+            history = runs.find(window, args.run_id)
+    except (ValueError, LookupError) as exc:
+        raise SystemExit(f"parley runs show: {exc}") from None
+    if not args.no_stored:
+        history.stored = runs.stored(history, settings, metering)
+    print(json.dumps(history.as_json(), indent=2, default=str) if args.json else runs.text(history))
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    import json
+
+    from replay import redrive
+    from topics.window import Window
+
+    settings, _ = _connected(args)
+    now = int(time.time() * 1000)
+    plan = None
+    try:
+        if args.resume:
+            plan = redrive.Plan.load(args.resume)
+            with Window(settings.kafka_bootstrap, plan.production) as window:
+                runs = redrive.recorded_again(window, plan)
+        else:
+            if not args.policy:
+                raise redrive.ReplayError("say what to change: --policy FILE (a safety policy)")
+            policy = redrive.load_policy(args.policy)
+            selection = redrive.Selection(
+                runs=tuple(args.run),
+                chat=args.chat,
+                user=args.user,
+                since_ms=moment(args.since, now),
+                until_ms=moment(args.until, now),
+                outcome=args.outcome,
+                feedback=args.feedback,
+                limit=args.limit,
+            )
+            with Window(settings.kafka_bootstrap, settings.namespace) as window:
+                runs = redrive.select(window, selection)
+            if not runs:
+                raise redrive.ReplayError("no recorded run matches the selection (check the range and filters)")
+            plan = redrive.new_plan(settings, policy, selection, runs)
+            print(f"replay {plan.id}: {len(runs)} runs (resume with --resume {plan.id})", file=sys.stderr)
+        report = redrive.Replay(plan, settings, progress=not args.quiet).run(runs, keep=args.keep)
+    except (redrive.ReplayError, ValueError, LookupError) as exc:
+        raise SystemExit(f"parley replay: {exc}") from None
+    except KeyboardInterrupt:
+        resume = f" Resume with: parley replay --resume {plan.id}" if plan else ""
+        raise SystemExit(f"interrupted; production is untouched.{resume}") from None
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        s = report["summary"]
+        print(f"replay {report['replay_id']}: {report['runs']} runs under policy {report['policy_version']}")
+        print(f"  actions then {s['then']}, now {s['now']}; {s['changed']} changed")
+        for flip, count in s["flips"].items():
+            print(f"  {count:5}  {flip}")
+        for r in report["changed"][:20]:
+            print(f"  {r['run_id']}  {r['then']['action']} -> {r['now']['action']}  {r['content'][:60]!r}")
+    if report["missing"]:
+        raise SystemExit(f"{len(report['missing'])} runs got no verdict; resume with --resume {report['replay_id']}")
+
+
+def cmd_eval_run(args: argparse.Namespace) -> None:
+    import json
+
+    import httpx
+
+    from replay import evals
+    from topics.window import Window
+
+    settings, metering = _connected(args)
+    try:
+        suites = [evals.load(path) for path in args.suite]
+    except evals.SuiteError as exc:
+        raise SystemExit(f"parley eval: {exc}") from None
+    label = args.label or evals.new_label()
+    token = args.token or local_token(f"eval-{label}", args.tier, 24 * 3600)
+    url = args.url or Stack(port_base=args.port_base).api_url
+    since = int(time.time() * 1000)
+    results = []
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
+        for suite in suites:
+            results += evals.run_suite(suite, label, client, progress=not args.quiet)
+    with Window(settings.kafka_bootstrap, settings.namespace) as window:
+        evals.add_verdicts(window, results, since)
+    written = evals.Store(metering, settings.internal_headers()).write(results)
+    if args.json:
+        print(json.dumps({"label": label, "stored": written, "results": [r.row() for r in results]}, indent=2))
+        return
+    for r in results:
+        failed = [name for name, ok in r.checks.items() if not ok]
+        said = "pass" if r.passed else f"FAIL {','.join(failed) or r.turn.error}"
+        print(f"{r.suite:12} {r.case:32} {said:28} {r.turn.answer[:50]!r}")
+    passed = sum(r.passed for r in results)
+    print(f"label {label}: {passed}/{len(results)} passed, {written} rows in eval_results")
+
+
+def cmd_eval_compare(args: argparse.Namespace) -> None:
+    import json
+
+    from replay import evals
+
+    settings, metering = _connected(args)
+    store = evals.Store(metering, settings.internal_headers())
+    a, b = store.rows(args.a), store.rows(args.b)
+    for label, rows in ((args.a, a), (args.b, b)):
+        if not rows:
+            raise SystemExit(f"parley eval compare: no results under label {label!r}")
+    report = evals.compare(a, b, args.a, args.b)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    rates = report["pass_rate"]
+    print(f"{report['cases']} cases in both: {args.a} {rates[args.a]}, {args.b} {rates[args.b]}")
+    for f in report["flipped"]:
+        print(f"  {f['suite']}/{f['case']}: {'pass' if f[args.a] else 'fail'} -> {'pass' if f[args.b] else 'fail'}")
+    if not report["flipped"]:
+        print("  nothing flipped")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,6 +401,54 @@ def main(argv: list[str] | None = None) -> None:
     trace.add_argument("--port-base", type=int, default=8000)
     trace.add_argument("--file", default="", help="an OTLP JSON spans file (default: the local stack's)")
     trace.set_defaults(fn=cmd_trace)
+    runs = sub.add_parser("runs", help="recorded runs").add_subparsers(dest="runs_command", required=True)
+    show = runs.add_parser("show", help="one run's whole history across the topics, in order, and what was stored")
+    show.add_argument("run_id")
+    show.add_argument("--json", action="store_true", help='{"run_id", "trace_id", "events": [...], "stored": {...}}')
+    show.add_argument("--no-stored", action="store_true", help="the log only: skip Cassandra and metering")
+    show.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
+    show.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
+    show.set_defaults(fn=cmd_runs_show)
+    rp = sub.add_parser(
+        "replay",
+        help="send recorded runs again through the real moderation stage under a candidate policy, in a "
+        "namespace of their own, and report what changes",
+    )
+    rp.add_argument("--policy", default="", help="a safety policy file (the body of PUT /v1/admin/safety/policies)")
+    rp.add_argument("--run", action="append", default=[], help="a run id (repeatable)")
+    rp.add_argument("--chat", default=None, help="only this chat's runs")
+    rp.add_argument("--user", default=None, help="only this user's runs")
+    rp.add_argument("--since", default="24h", help="ISO 8601 (UTC unless it says), 90m/24h/7d ago, or epoch ms")
+    rp.add_argument("--until", default="now")
+    rp.add_argument("--outcome", choices=OUTCOMES, default=None, help="only runs that ended this way")
+    rp.add_argument("--feedback", choices=("up", "down"), default=None, help="only runs rated so")
+    rp.add_argument("--limit", type=int, default=0, help="at most this many runs (the earliest)")
+    rp.add_argument("--resume", default="", help="carry on an interrupted replay by its id")
+    rp.add_argument("--keep", action="store_true", help="keep the replay's topics afterwards")
+    rp.add_argument("--json", action="store_true", help='{"runs", "changed": [...], "summary": {...}, ...}')
+    rp.add_argument("--quiet", action="store_true", help="no progress bar")
+    rp.add_argument("--namespace", default="", help="the production namespace (tests use their own)")
+    rp.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
+    rp.set_defaults(fn=cmd_replay)
+    ev = sub.add_parser("eval", help="eval suites through the real pipeline").add_subparsers(
+        dest="eval_command", required=True
+    )
+    er = ev.add_parser("run", help="run suites through the edge; one row per case in ClickHouse's eval_results")
+    er.add_argument("suite", nargs="+", help="a suite YAML file, or a shipped suite: safety, memory, formatting")
+    er.add_argument("--label", default="", help="what this run is (a model, a policy, a build); default: the time")
+    er.add_argument("--url", default="", help="the edge (default: the local stack's)")
+    er.add_argument("--token", default="", help="a credential (default: one minted for the local stack)")
+    er.add_argument("--tier", default="pro", choices=("free", "pro", "enterprise"))
+    er.add_argument("--json", action="store_true")
+    er.add_argument("--quiet", action="store_true", help="no progress bar")
+    ec = ev.add_parser("compare", help="what flipped between two labels, from ClickHouse")
+    ec.add_argument("a")
+    ec.add_argument("b")
+    ec.add_argument("--json", action="store_true")
+    for p, fn in ((er, cmd_eval_run), (ec, cmd_eval_compare)):
+        p.add_argument("--namespace", default="", help="topic/table prefix (tests use their own)")
+        p.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
+        p.set_defaults(fn=fn)
     usage = sub.add_parser("usage", help="metered usage").add_subparsers(dest="usage_command", required=True)
     rec = usage.add_parser(
         "reconcile",

@@ -214,6 +214,25 @@ def register(stage: Stage, store: UsageStore) -> None:
         args = (int(q["since"]), int(q["until"]), q.get("user_id") or None, q.get("source", "rollup"))
         return web.json(await run(store.report, *args))
 
+    @stage.app.page("/eval-results")
+    class Evals(View):
+        async def get(self, request: Any) -> Any:
+            """?label=: one label's eval case results; no label: every label's totals."""
+            stage.require_internal(request)
+            label = request.query.get("label")
+            found = await run(store.evals, label) if label else await run(store.eval_labels)
+            return self.json({"data": found})
+
+        async def post(self, request: Any) -> Any:
+            """{"rows": [...]}: eval case results (`parley eval run`)."""
+            stage.require_internal(request)
+            body = await request.json()
+            written = await run(store.write_evals, body["rows"])
+            log.info(
+                "evals: %d case results stored for label %s", written, body["rows"][0]["label"] if written else "-"
+            )
+            return self.json({"written": written})
+
     @stage.app.page("/usage-rollup-rebuild")
     class Rebuild(View):
         async def post(self, request: Any) -> Any:

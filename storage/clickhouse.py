@@ -41,6 +41,24 @@ USAGE_COLUMNS = (
     "cost_usd",
     "created_at",
 )
+EVAL_COLUMNS = (
+    "label",
+    "suite",
+    "case",
+    "pass",
+    "refused",
+    "checks",
+    "scores",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "model",
+    "policy_version",
+    "run_id",
+    "answer",
+    "error",
+    "at",
+)
 # What reconciliation compares between a row rebuilt from Kafka and the stored one.
 COMPARED = ("user_id", "tier", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason")
 
@@ -112,6 +130,15 @@ def ddl(db: str) -> list[str]:
            ) ENGINE = ReplacingMergeTree(inserted_at) ORDER BY (user_id, run_id)""",
         *(f"ALTER TABLE {db}.usage ADD COLUMN IF NOT EXISTS {column}" for column in ADDED),
     ]
+    # One row per eval case run (`parley eval run`): labels compare from here (docs/decisions/0014).
+    statements.append(
+        f"""CREATE TABLE IF NOT EXISTS {db}.eval_results (
+             label String, suite LowCardinality(String), case String, pass UInt8, refused UInt8,
+             checks String, scores String, prompt_tokens UInt32, completion_tokens UInt32, ttft_ms Float64,
+             model LowCardinality(String), policy_version LowCardinality(String), run_id String, answer String,
+             error String, at DateTime64(3, 'UTC')
+           ) ENGINE = MergeTree ORDER BY (label, suite, case, at)"""
+    )
     for name, (columns, _, order, _, _) in ROLLUPS.items():
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {db}.{name} ({columns}, {_SUMS}, {_LATENCY_STATES}) "
@@ -132,6 +159,12 @@ def in_buckets(bucket: str, column: str, since_ms: int, until_ms: int) -> str:
 def quote(value: str) -> str:
     """A ClickHouse string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _iso(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def moment(ms: int) -> str:
@@ -237,6 +270,28 @@ class UsageStore:
         if batch:
             self.backend.insert_json(f"{self.db}.usage", list(batch.values()))
         return len(batch)
+
+    def write_evals(self, rows: list[dict[str, Any]]) -> int:
+        """Eval case results (`at` in epoch ms)."""
+        if rows:
+            cols = EVAL_COLUMNS
+            self.backend.insert_json(
+                f"{self.db}.eval_results", [{k: r[k] for k in cols} | {"at": _iso(r["at"])} for r in rows]
+            )
+        return len(rows)
+
+    def evals(self, label: str) -> list[dict[str, Any]]:
+        cols = ", ".join(EVAL_COLUMNS)
+        return self.backend.query(
+            f"SELECT {cols} FROM {self.db}.eval_results WHERE label = {quote(label)} ORDER BY suite, case, at"
+        )
+
+    def eval_labels(self) -> list[dict[str, Any]]:
+        """Every label's cases, passes and when it ran: what the dashboard lists."""
+        return self.backend.query(
+            "SELECT label, groupUniqArray(suite) AS suites, count() AS cases, sum(pass) AS passed, "
+            f"min(at) AS first_at, max(at) AS last_at FROM {self.db}.eval_results GROUP BY label ORDER BY last_at DESC"
+        )
 
     def rows(self, where: str = "1") -> list[dict[str, Any]]:
         cols = ", ".join(USAGE_COLUMNS)

@@ -1,27 +1,5 @@
-"""Server-sent events as the tests read them: one parser for the stack's and the cluster's tests."""
+"""Server-sent events as the tests read them: the one parser (replay/sse.py) the eval runner uses too."""
 
-from __future__ import annotations
+from replay.sse import iter_sse
 
-import json
-from collections.abc import Iterable, Iterator
-
-
-def iter_sse(lines: Iterable[str]) -> Iterator[dict]:
-    """Each event of an SSE body as it completes: {"event", "id", "data"} (data JSON-decoded)."""
-    current: dict = {}
-    for line in lines:
-        if not line:
-            if current:
-                yield current
-                current = {}
-            continue
-        if line.startswith(":"):  # a comment (the ping)
-            continue
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "data":
-            current["data"] = json.loads(value)
-        elif field in ("event", "id"):
-            current[field] = value
-    if current:
-        yield current
+__all__ = ["iter_sse"]

@@ -1,0 +1,296 @@
+"""`parley runs show RUN_ID`: one run's whole history across the topics, in order, with where each event sits.
+
+A run id is a version-1 UUID minted when the edge accepts the turn, so it carries its own time. The inspector
+reads the minute around that time of the prompt and scheduled-run topics to find the run and its partitions
+(a chat's topics share partition numbers; its reply stream is on the partition the prompt names), then only
+those partitions, from the run's start until it ended. Nothing is read from offset 0.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import closing
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from topics import tracing
+from topics.pipeline import (
+    OUTPUT_MODERATED,
+    PROMPT_ACCEPTED,
+    PROMPT_MODERATED,
+    RUN_COMPLETED,
+    RUN_CONTROL,
+    RUN_REJECTED,
+    RUN_SCHEDULED,
+    TOKEN_DELTA,
+)
+from topics.window import Read, Record, Window
+
+UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 in 100 ns intervals before 1970-01-01
+FIND_MS = 60_000  # how far around a run id's time its first event may be (clock skew between hosts)
+GRACE_MS = 10_000  # after a run ends, what else of it may still arrive (output moderation, the stored answer)
+LONGEST_RUN_MS = 3_600_000  # a run that has not ended is read this far past its start
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+def minted_ms(run_id: str) -> int:
+    """When a run id was minted (epoch ms). Raises ValueError for anything but a version-1 UUID."""
+    try:
+        parsed = uuid.UUID(run_id)
+    except ValueError as exc:
+        raise ValueError(f"{run_id!r} is not a run id (a UUID)") from exc
+    if parsed.version != 1:
+        raise ValueError(f"{run_id!r} is not a run id: run ids are time-based (version 1) UUIDs")
+    return (parsed.time - UUID_EPOCH) // 10_000
+
+
+def iso(ms: int | float) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _ms(value: Any) -> int | None:
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return int(value) if isinstance(value, int | float) else None
+
+
+def _prompt(event: dict[str, Any]) -> dict[str, Any]:
+    return event["prompt"] if "prompt" in event else event
+
+
+def run_of(record: Record) -> str | None:
+    event = record.event
+    return event.get("run_id") or (event.get("prompt") or {}).get("run_id")
+
+
+def detail(record: Record) -> dict[str, Any]:
+    """What a record says about the run, per type (its text only where it is the point: the question, the
+    answer, the deltas)."""
+    e, schema = record.event, record.topic.schema
+    if schema == "PromptAccepted":
+        keys = ("user_id", "tier", "chat_id", "message_id", "content", "max_tokens", "model", "temperature")
+        out = {k: e.get(k) for k in keys}
+        out |= {"reply_partition": e["reply_partition"], "store": e["store"], "messages": len(e.get("messages") or ())}
+        return out
+    if schema == "PromptModerated":
+        keys = ("decision", "action", "category", "reason", "policy_version", "scores", "error", "check_ms")
+        return {k: e.get(k) for k in keys}
+    if schema == "RunScheduled":
+        keys = ("pool", "model", "priority", "estimate_tokens", "context_turns", "degraded_from", "rescheduled")
+        return {k: e.get(k) for k in keys} | {"context": e.get("context"), "messages": e["messages"]}
+    if schema == "RunRejected":
+        return {k: e.get(k) for k in ("code", "message", "category", "retry_after_s")}
+    if schema == "OutputModerated":
+        peaks: dict[str, float] = {}
+        for window in e["windows"]:
+            for category, score in window["scores"].items():
+                peaks[category] = max(peaks.get(category, 0.0), score)
+        keys = ("action", "category", "policy_version", "retracted_from", "error")
+        return {k: e.get(k) for k in keys} | {"windows": len(e["windows"]), "peak_scores": peaks}
+    if schema == "RunCompleted":
+        keys = ("pool", "model", "finish_reason", "usage", "ttft_ms", "itl_p50_ms", "itl_p99_ms", "queue_ms")
+        keys += ("duration_ms", "served_by", "moderation", "error_message", "content")
+        return {k: e.get(k) for k in keys}
+    if schema == "RunControl":
+        return {k: e.get(k) for k in ("action", "reason")}
+    if schema == "TokenDelta":
+        keys = ("seq", "kind", "pool", "model", "estimated_wait_ms", "finish_reason", "error_code", "category")
+        return {k: e.get(k) for k in keys if e.get(k) is not None}
+    return {}
+
+
+def entry(record: Record) -> dict[str, Any]:
+    return {
+        "topic": record.topic.name,
+        "partition": record.partition,
+        "offset": record.offset,
+        "type": record.topic.schema,
+        "time": iso(record.timestamp_ms),
+        **detail(record),
+    }
+
+
+def coalesced(records: list[Record]) -> list[dict[str, Any]]:
+    """Entries in log time order, a run's token deltas folded into one entry between its started and
+    completed records: count, first and last time and offset, and the text they streamed."""
+    out: list[dict[str, Any]] = []
+    deltas: list[Record] = []
+    for record in sorted(records, key=lambda r: (r.timestamp_ms, r.topic.name, r.offset)):
+        if record.topic.schema == "TokenDelta" and record.event["kind"] == "delta":
+            if not deltas:
+                out.append({})  # its place in the order, filled below
+            deltas.append(record)
+            continue
+        out.append(entry(record))
+    if deltas:
+        first, last = deltas[0], deltas[-1]
+        folded = {
+            "topic": first.topic.name,
+            "partition": first.partition,
+            "offset": first.offset,
+            "type": "TokenDelta",
+            "time": iso(first.timestamp_ms),
+            "kind": "deltas",
+            "count": len(deltas),
+            "last_offset": last.offset,
+            "last_time": iso(last.timestamp_ms),
+            "text": "".join(d.event["text"] for d in deltas),
+        }
+        out[out.index({})] = folded
+    return out
+
+
+@dataclass
+class History:
+    run_id: str
+    chat_id: str
+    trace_id: str
+    records: list[Record] = field(default_factory=list)
+    stored: dict[str, Any] = field(default_factory=dict)  # what persistence and metering wrote
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "chat_id": self.chat_id,
+            "trace_id": self.trace_id,
+            "events": coalesced(self.records),
+            "stored": self.stored,
+        }
+
+
+def _chat_topics() -> list[Any]:
+    return [PROMPT_MODERATED, RUN_COMPLETED, OUTPUT_MODERATED, RUN_CONTROL]
+
+
+def find(window: Window, run_id: str) -> History:
+    """The run's events from the log. Raises RunNotFound saying whether it is unknown or aged out."""
+    run_id = str(uuid.UUID(run_id))
+    at = minted_ms(run_id)
+    first: Record | None = None
+    starts = [Read(t, at - FIND_MS, at + FIND_MS) for t in (PROMPT_ACCEPTED, *RUN_SCHEDULED.values())]
+    with closing(window.read(starts)) as found:
+        for record in found:
+            if run_of(record) == run_id:
+                first = record
+                if record.topic is PROMPT_ACCEPTED:
+                    break
+    if first is None:
+        oldest = window.oldest_ms(PROMPT_ACCEPTED)
+        if oldest is not None and oldest > at - FIND_MS:
+            raise RunNotFound(
+                f"run {run_id} (from {iso(at)}) has aged out of retention: the log's oldest prompt is from "
+                f"{iso(oldest)}"
+            )
+        raise RunNotFound(f"no run {run_id} in the log (it would be from {iso(at)})")
+    prompt = _prompt(first.event)
+    chat, reply = first.partition, prompt["reply_partition"]
+    since = min(first.timestamp_ms, at) - 1_000
+    reads = [Read(t, since, since + LONGEST_RUN_MS, (chat,)) for t in (PROMPT_ACCEPTED, *_chat_topics())]
+    # The scheduler may place a run on another partition of its pool's topic than its chat's (a consumer that
+    # is down or full), so those are read whole over the window.
+    reads += [Read(t, since, since + LONGEST_RUN_MS) for t in RUN_SCHEDULED.values()]
+    reads += [Read(t, since, since + LONGEST_RUN_MS, (reply,)) for t in (TOKEN_DELTA, RUN_REJECTED)]
+    ended: list[int] = []
+    history = History(run_id, prompt["chat_id"], "-")
+    for record in window.read(reads, until=lambda: ended[0] + GRACE_MS if ended else None):
+        if run_of(record) != run_id:
+            continue
+        history.records.append(record)
+        if record.topic is PROMPT_ACCEPTED or (history.trace_id == "-" and record.topic.schema == "RunScheduled"):
+            history.trace_id = tracing.trace_id(record.headers)
+        if record.topic in (RUN_COMPLETED, RUN_REJECTED) and not ended:
+            ended.append(record.timestamp_ms)
+    return history
+
+
+def stored(history: History, settings: Any, metering_url: str) -> dict[str, Any]:
+    """What persistence stored (the chat's messages of this run: the question and the answer, with its rating)
+    and what metering stored (the run's usage rows, read through the metering stage)."""
+    import httpx
+
+    from storage.cassandra import connect_session
+
+    out: dict[str, Any] = {}
+    question = next((r.event["message_id"] for r in history.records if r.topic is PROMPT_ACCEPTED), None)
+    session = connect_session(settings.cassandra, timeout_s=20)
+    try:
+        rows = session.execute(
+            f"SELECT message_id, role, content, run_id, model, pool, finish_reason, feedback, created_at "
+            f"FROM {settings.keyspace_name}.messages WHERE chat_id = %s",
+            (uuid.UUID(history.chat_id),),
+        )
+        out["messages"] = [
+            {**row._asdict(), "message_id": str(row.message_id), "created_at": iso(_ms(row.created_at) or 0)}
+            for row in rows
+            if row.run_id == history.run_id or str(row.message_id) in (question, history.run_id)
+        ]
+    finally:
+        session.cluster.shutdown()
+    try:
+        url = f"{metering_url}/usage-rows/{history.run_id}"
+        response = httpx.get(url, headers=settings.internal_headers(), timeout=10)
+        out["usage"] = response.json()["data"] if response.status_code == 200 else f"metering: {response.status_code}"
+    except httpx.HTTPError as exc:
+        out["usage"] = f"metering unreachable: {exc}"
+    return out
+
+
+def text(history: History) -> str:
+    """The history as lines a person reads: time from the first event, where it sits, what it says."""
+    data = history.as_json()
+    events = data["events"]
+    if not events:
+        return f"run {history.run_id}: no events"
+    start = datetime.fromisoformat(events[0]["time"].replace("Z", "+00:00"))
+    lines = [f"run {history.run_id}  chat {history.chat_id}  trace {history.trace_id}"]
+    for e in events:
+        offset = (datetime.fromisoformat(e["time"].replace("Z", "+00:00")) - start).total_seconds() * 1000
+        where = f"{e['topic']}[{e['partition']}]@{e['offset']}"
+        lines.append(f"{offset:+9.0f} ms  {where:42} {e['type']:16} {_summary(e)}")
+    for row in data["stored"].get("messages", []):
+        lines.append(f"  stored {row['role']:9} {row['message_id']}  {(row['content'] or '')[:80]!r}")
+    usage = data["stored"].get("usage")
+    if isinstance(usage, list):
+        for row in usage:
+            lines.append(
+                f"  metered {row['prompt_tokens']}+{row['completion_tokens']} tokens, {row['finish_reason']}, "
+                f"${row['cost_usd']}"
+            )
+    elif usage:
+        lines.append(f"  metered: {usage}")
+    return "\n".join(lines)
+
+
+def _summary(e: dict[str, Any]) -> str:
+    kind = e["type"]
+    if kind == "PromptAccepted":
+        return f"{e['user_id']} ({e['tier']}): {e['content'][:60]!r}"
+    if kind == "PromptModerated":
+        scores = ", ".join(f"{k} {v:.2f}" for k, v in sorted((e.get("scores") or {}).items()))
+        return f"{e['decision']} {e['action'] or ''} policy {e['policy_version']} [{scores}]"
+    if kind == "RunScheduled":
+        ctx = e.get("context") or {}
+        return (
+            f"pool {e['pool']} model {e['model']} prompt {ctx.get('prompt_tokens', '?')} tokens "
+            f"(summary v{ctx.get('summary_version')}, {len(ctx.get('verbatim_ids', []))} verbatim, "
+            f"{len(ctx.get('retrieved_ids', []))} recalled)"
+        )
+    if kind == "TokenDelta":
+        if e.get("kind") == "deltas":
+            return f"{e['count']} deltas until {e['last_time']}: {e['text'][:60]!r}"
+        return str(e.get("kind"))
+    if kind == "RunCompleted":
+        usage = e["usage"]
+        return (
+            f"{e['finish_reason']} {usage['prompt_tokens']}+{usage['completion_tokens']} tokens, "
+            f"TTFT {e['ttft_ms']:.0f} ms, ITL p50 {e['itl_p50_ms']:.0f} ms, by {e['served_by']}"
+        )
+    if kind == "RunRejected":
+        return f"{e['code']}: {e['message']}"
+    if kind == "OutputModerated":
+        return f"{e['action'] or 'passed'} over {e['windows']} windows, policy {e['policy_version']}"
+    return ""

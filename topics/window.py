@@ -1,0 +1,168 @@
+"""Reading a time window of the log: each partition from the first record at or after a time, never from 0.
+
+Kafka keeps a time index per partition (`offsets_for_times`), so a window costs the records inside it, not the
+records before it: finding a run from a year ago in a topic of a billion records reads its minute, not the
+billion. What the run inspector (`parley runs show`) and replay (`parley replay`) read the log with.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from topics import codec
+from topics.errors import PoisonEvent
+from topics.pipeline import Topic, named
+
+Key = tuple[str, int]  # (topic name on the broker, partition)
+
+
+@dataclass(frozen=True)
+class Read:
+    """Records of a topic with a timestamp in [since_ms, until_ms]; partitions None: every partition."""
+
+    topic: Topic
+    since_ms: int
+    until_ms: int
+    partitions: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: Topic
+    partition: int
+    offset: int
+    timestamp_ms: int
+    headers: list[tuple[str, bytes]]
+    event: dict[str, Any]
+
+
+class Window:
+    """One consumer (no group, nothing committed) reading several topic windows at once."""
+
+    def __init__(self, bootstrap: str, namespace: str) -> None:
+        self.namespace = namespace
+        self.bootstrap = bootstrap
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"parley-window-{uuid.uuid4().hex}",  # never committed: no group state is kept
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+            }
+        )
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def __enter__(self) -> Window:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def partitions(self, topic: Topic) -> list[int]:
+        name = named(topic, self.namespace)
+        meta = self.consumer.list_topics(name, timeout=10).topics.get(name)
+        if meta is None or meta.error is not None:
+            raise LookupError(f"topic {name} does not exist (is this the right namespace and cluster?)")
+        return sorted(meta.partitions)
+
+    def oldest_ms(self, topic: Topic) -> int | None:
+        """The timestamp of the oldest record the topic still keeps (None: empty): where retention has cut."""
+        oldest: int | None = None
+        for (name, partition), (low, high) in self._marks(topic, None).items():
+            if low < high:
+                found = self._first(name, partition, low)
+                if found is not None:
+                    oldest = found if oldest is None else min(oldest, found)
+        return oldest
+
+    def _marks(self, topic: Topic, partitions: tuple[int, ...] | None) -> dict[Key, tuple[int, int]]:
+        name = named(topic, self.namespace)
+        return {
+            (name, p): self.consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+            for p in (partitions if partitions is not None else self.partitions(topic))
+        }
+
+    def _first(self, name: str, partition: int, offset: int) -> int | None:
+        probe = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"parley-probe-{uuid.uuid4().hex}"})
+        try:
+            probe.assign([TopicPartition(name, partition, offset)])
+            for _ in range(20):
+                msg = probe.poll(0.5)
+                if msg is not None and not msg.error():
+                    return int(msg.timestamp()[1])
+            return None
+        finally:
+            probe.close()
+
+    def read(
+        self,
+        reads: list[Read],
+        until: Callable[[], int | None] | None = None,
+        on_record: Callable[[Record], None] | None = None,
+    ) -> Iterator[Record]:
+        """Every decodable record of the windows, in the order each partition holds them (partitions
+        interleaved). `until()`, asked after each record, may pull every window's end earlier (the inspector
+        stops once it has seen the run end). Poison records are skipped: they sit in the dead-letter topics."""
+        topics: dict[str, Topic] = {}
+        bounds: dict[Key, int] = {}
+        wanted: list[TopicPartition] = []
+        for r in reads:
+            name = named(r.topic, self.namespace)
+            topics[name] = r.topic
+            for p in r.partitions if r.partitions is not None else self.partitions(r.topic):
+                if (name, p) in bounds:
+                    bounds[(name, p)] = max(bounds[(name, p)], r.until_ms)
+                    continue
+                bounds[(name, p)] = r.until_ms
+                wanted.append(TopicPartition(name, p, max(0, r.since_ms)))
+        if not wanted:
+            return
+        starts = self.consumer.offsets_for_times(wanted, timeout=10)
+        ends: dict[Key, int] = {}
+        assign = []
+        for tp in starts:
+            low, high = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+            start = tp.offset if tp.offset >= 0 else high  # -1: no record at or after that time
+            if start < high:
+                ends[(tp.topic, tp.partition)] = high
+                assign.append(TopicPartition(tp.topic, tp.partition, max(start, low)))
+        if not assign:
+            return
+        self.consumer.assign(assign)
+        try:
+            while ends:
+                msg: Message | None = self.consumer.poll(1.0)
+                if msg is None:
+                    continue
+                key = (str(msg.topic()), int(msg.partition() or 0))
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        ends.pop(key, None)
+                    continue
+                if key not in ends:
+                    continue
+                offset, stamp = int(msg.offset() or 0), int(msg.timestamp()[1])
+                if offset >= ends[key] - 1:
+                    ends.pop(key)
+                limit = until() if until else None
+                if stamp > min(bounds[key], limit if limit is not None else bounds[key]):
+                    ends.pop(key, None)
+                    continue
+                topic = topics[key[0]]
+                try:
+                    event = codec.decode(topic.schema, msg.value())
+                except PoisonEvent:
+                    continue
+                headers = [(k, v or b"") for k, v in msg.headers() or []]
+                yield Record(topic, key[1], offset, stamp, headers, event)
+        finally:
+            self.consumer.unassign()
