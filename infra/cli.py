@@ -210,9 +210,10 @@ def _connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
     from registry import client as registry
 
     stack = Stack(namespace=args.namespace, port_base=args.port_base)
-    registry.connect(os.environ.get("PARLEY_SCHEMA_REGISTRY_URL") or stack.registry_url)
+    url = os.environ.get("PARLEY_SCHEMA_REGISTRY_URL") or stack.registry_url
+    registry.connect(url)
     metering = os.environ.get("PARLEY_METERING_URL") or f"http://127.0.0.1:{args.port_base + 13}"
-    return stack.settings, metering
+    return stack.settings.model_copy(update={"schema_registry_url": url}), metering
 
 
 def cmd_runs_show(args: argparse.Namespace) -> None:

@@ -156,7 +156,7 @@ def select(window: Window, selection: Selection) -> list[Recorded]:
 
 
 def run_of_event(event: dict[str, Any]) -> str:
-    return event.get("run_id") or event["prompt"]["run_id"]
+    return str(event.get("run_id") or event["prompt"]["run_id"])
 
 
 def verdict(moderated: dict[str, Any] | None) -> dict[str, Any]:

@@ -9,7 +9,6 @@ those partitions, from the run's start until it ended. Nothing is read from offs
 from __future__ import annotations
 
 import uuid
-from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -67,40 +66,69 @@ def run_of(record: Record) -> str | None:
     return event.get("run_id") or (event.get("prompt") or {}).get("run_id")
 
 
+# Per record type, the fields the inspector shows (text only where it is the point: the question, the answer).
+FIELDS: dict[str, tuple[str, ...]] = {
+    "PromptAccepted": (
+        "user_id",
+        "tier",
+        "chat_id",
+        "message_id",
+        "content",
+        "max_tokens",
+        "model",
+        "temperature",
+        "reply_partition",
+        "store",
+    ),
+    "PromptModerated": ("decision", "action", "category", "reason", "policy_version", "scores", "error", "check_ms"),
+    "RunScheduled": (
+        "pool",
+        "model",
+        "priority",
+        "estimate_tokens",
+        "context_turns",
+        "degraded_from",
+        "rescheduled",
+        "context",
+        "messages",
+    ),
+    "RunRejected": ("code", "message", "category", "retry_after_s"),
+    "OutputModerated": ("action", "category", "policy_version", "retracted_from", "error"),
+    "RunCompleted": (
+        "pool",
+        "model",
+        "finish_reason",
+        "usage",
+        "ttft_ms",
+        "itl_p50_ms",
+        "itl_p99_ms",
+        "queue_ms",
+        "duration_ms",
+        "served_by",
+        "moderation",
+        "error_message",
+        "content",
+    ),
+    "RunControl": ("action", "reason"),
+    "TokenDelta": ("seq", "kind", "pool", "model", "estimated_wait_ms", "finish_reason", "error_code", "category"),
+}
+
+
 def detail(record: Record) -> dict[str, Any]:
-    """What a record says about the run, per type (its text only where it is the point: the question, the
-    answer, the deltas)."""
+    """What a record says about the run, per type."""
     e, schema = record.event, record.topic.schema
+    out = {k: e.get(k) for k in FIELDS.get(schema, ())}
     if schema == "PromptAccepted":
-        keys = ("user_id", "tier", "chat_id", "message_id", "content", "max_tokens", "model", "temperature")
-        out = {k: e.get(k) for k in keys}
-        out |= {"reply_partition": e["reply_partition"], "store": e["store"], "messages": len(e.get("messages") or ())}
-        return out
-    if schema == "PromptModerated":
-        keys = ("decision", "action", "category", "reason", "policy_version", "scores", "error", "check_ms")
-        return {k: e.get(k) for k in keys}
-    if schema == "RunScheduled":
-        keys = ("pool", "model", "priority", "estimate_tokens", "context_turns", "degraded_from", "rescheduled")
-        return {k: e.get(k) for k in keys} | {"context": e.get("context"), "messages": e["messages"]}
-    if schema == "RunRejected":
-        return {k: e.get(k) for k in ("code", "message", "category", "retry_after_s")}
-    if schema == "OutputModerated":
+        out["messages"] = len(e.get("messages") or ())  # the OpenAI route's conversation: its size here
+    elif schema == "OutputModerated":
         peaks: dict[str, float] = {}
         for window in e["windows"]:
             for category, score in window["scores"].items():
                 peaks[category] = max(peaks.get(category, 0.0), score)
-        keys = ("action", "category", "policy_version", "retracted_from", "error")
-        return {k: e.get(k) for k in keys} | {"windows": len(e["windows"]), "peak_scores": peaks}
-    if schema == "RunCompleted":
-        keys = ("pool", "model", "finish_reason", "usage", "ttft_ms", "itl_p50_ms", "itl_p99_ms", "queue_ms")
-        keys += ("duration_ms", "served_by", "moderation", "error_message", "content")
-        return {k: e.get(k) for k in keys}
-    if schema == "RunControl":
-        return {k: e.get(k) for k in ("action", "reason")}
-    if schema == "TokenDelta":
-        keys = ("seq", "kind", "pool", "model", "estimated_wait_ms", "finish_reason", "error_code", "category")
-        return {k: e.get(k) for k in keys if e.get(k) is not None}
-    return {}
+        out |= {"windows": len(e["windows"]), "peak_scores": peaks}
+    elif schema == "TokenDelta":
+        out = {k: v for k, v in out.items() if v is not None}
+    return out
 
 
 def entry(record: Record) -> dict[str, Any]:
@@ -110,6 +138,7 @@ def entry(record: Record) -> dict[str, Any]:
         "offset": record.offset,
         "type": record.topic.schema,
         "time": iso(record.timestamp_ms),
+        "trace_id": tracing.trace_id(record.headers),  # "-": the record carried no trace context
         **detail(record),
     }
 
@@ -134,6 +163,7 @@ def coalesced(records: list[Record]) -> list[dict[str, Any]]:
             "offset": first.offset,
             "type": "TokenDelta",
             "time": iso(first.timestamp_ms),
+            "trace_id": tracing.trace_id(first.headers),
             "kind": "deltas",
             "count": len(deltas),
             "last_offset": last.offset,
@@ -172,15 +202,18 @@ def find(window: Window, run_id: str) -> History:
     at = minted_ms(run_id)
     first: Record | None = None
     starts = [Read(t, at - FIND_MS, at + FIND_MS) for t in (PROMPT_ACCEPTED, *RUN_SCHEDULED.values())]
-    with closing(window.read(starts)) as found:
+    found = window.read(starts)
+    try:
         for record in found:
             if run_of(record) == run_id:
                 first = record
                 if record.topic is PROMPT_ACCEPTED:
                     break
+    finally:
+        found.close()
     if first is None:
         oldest = window.oldest_ms(PROMPT_ACCEPTED)
-        if oldest is not None and oldest > at - FIND_MS:
+        if oldest is not None and oldest > at + FIND_MS:
             raise RunNotFound(
                 f"run {run_id} (from {iso(at)}) has aged out of retention: the log's oldest prompt is from "
                 f"{iso(oldest)}"
@@ -276,7 +309,7 @@ def _summary(e: dict[str, Any]) -> str:
         ctx = e.get("context") or {}
         return (
             f"pool {e['pool']} model {e['model']} prompt {ctx.get('prompt_tokens', '?')} tokens "
-            f"(summary v{ctx.get('summary_version')}, {len(ctx.get('verbatim_ids', []))} verbatim, "
+            f"(summary {ctx.get('summary_version') or 'none'}, {len(ctx.get('verbatim_ids', []))} verbatim, "
             f"{len(ctx.get('retrieved_ids', []))} recalled)"
         )
     if kind == "TokenDelta":

@@ -8,7 +8,7 @@ billion. What the run inspector (`parley runs show`) and replay (`parley replay`
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +107,7 @@ class Window:
         reads: list[Read],
         until: Callable[[], int | None] | None = None,
         on_record: Callable[[Record], None] | None = None,
-    ) -> Iterator[Record]:
+    ) -> Generator[Record, None, None]:
         """Every decodable record of the windows, in the order each partition holds them (partitions
         interleaved). `until()`, asked after each record, may pull every window's end earlier (the inspector
         stops once it has seen the run end). Poison records are skipped: they sit in the dead-letter topics."""
@@ -162,7 +162,10 @@ class Window:
                     event = codec.decode(topic.schema, msg.value())
                 except PoisonEvent:
                     continue
-                headers = [(k, v or b"") for k, v in msg.headers() or []]
+                headers: list[tuple[str, bytes]] = []
+                for pair in msg.headers() or []:
+                    name, value = pair[0], pair[1]
+                    headers.append((str(name), value if isinstance(value, bytes) else str(value or "").encode()))
                 yield Record(topic, key[1], offset, stamp, headers, event)
         finally:
             self.consumer.unassign()
