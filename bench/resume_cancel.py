@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from api.auth import issue  # noqa: E402
 from api.settings import ApiSettings  # noqa: E402
 from infra.stack import Stack  # noqa: E402
+from replay.sse import iter_sse  # noqa: E402
 
 PORT_BASE = 19000
 LONG = "Write a very long, detailed story about a lighthouse keeper and the sea."
@@ -47,21 +48,10 @@ def pct(values: list[float], q: float) -> float:
 def events(lines: Iterator[str], until_tokens: int | None = None) -> list[dict[str, Any]]:
     """SSE events from a response's line iterator (reading can go on later from the same iterator)."""
     found: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    for line in lines:
-        if not line:
-            if current:
-                found.append(current)
-                current = {}
-                if until_tokens is not None and sum(e["event"] == "token" for e in found) >= until_tokens:
-                    return found
-            continue
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "data":
-            current["data"] = json.loads(value)
-        elif field in ("event", "id"):
-            current[field] = value
+    for event in iter_sse(lines):
+        found.append(event)
+        if until_tokens is not None and sum(e.get("event") == "token" for e in found) >= until_tokens:
+            return found
     return found
 
 

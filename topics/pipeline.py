@@ -16,6 +16,13 @@ CHAT = "chat"
 REPLY = "reply"
 SINGLE = "single"
 
+# How long the log keeps each kind of topic (docs/decisions/0014-topic-replay-and-evals.md): the event history
+# is what `parley runs show`, `parley replay` and `parley export` read, so a conversation's events are kept 30
+# days; the reply stream's deltas (bulky, and the answer is whole in RunCompleted) and run commands 7 days;
+# tables are compacted (the latest record per key, forever); pool status an hour.
+EVENTS = (("retention.ms", str(30 * 86_400_000)),)
+STREAM = (("retention.ms", str(7 * 86_400_000)),)
+
 
 @dataclass(frozen=True)
 class Topic:
@@ -60,6 +67,7 @@ PROMPT_ACCEPTED = Topic(
     ("moderation", "persistence"),
     CHAT,
     "chat_id",
+    EVENTS,
 )
 PROMPT_MODERATED = Topic(
     "chat.prompt-moderated.v1",
@@ -68,6 +76,7 @@ PROMPT_MODERATED = Topic(
     ("scheduling", "persistence"),
     CHAT,
     "chat_id",
+    EVENTS,
 )
 # Model pools: each has its own scheduled-runs topic, read by that pool's inference consumers as one group.
 # Keyed by chat_id, so every turn of a chat lands on the partition (and so the consumer and engine) that
@@ -77,7 +86,7 @@ POOLS = ("small", "large")
 
 def _scheduled(pool: str) -> Topic:
     name = f"chat.run-scheduled-{pool}.v1"
-    return Topic(name, "RunScheduled", "scheduling", ("inference",), CHAT, "chat_id")
+    return Topic(name, "RunScheduled", "scheduling", ("inference",), CHAT, "chat_id", EVENTS)
 
 
 RUN_SCHEDULED = {pool: _scheduled(pool) for pool in POOLS}
@@ -88,6 +97,7 @@ RUN_REJECTED = Topic(
     ("api", "persistence", "metering"),
     REPLY,
     "reply_partition",
+    EVENTS,  # how a run ended: history, not stream
 )
 # A run's reply stream: written by the inference consumer serving it, and opened by the scheduler's `queued`
 # record (the admission the edge waits for before it starts the SSE stream).
@@ -98,6 +108,7 @@ TOKEN_DELTA = Topic(
     ("api",),
     REPLY,
     "reply_partition",
+    STREAM,
 )
 RUN_COMPLETED = Topic(
     "chat.run-completed.v1",
@@ -106,6 +117,7 @@ RUN_COMPLETED = Topic(
     ("persistence", "metering", "scheduling", "memory"),
     CHAT,
     "chat_id",
+    EVENTS,
 )
 # Edits, deletes and context resets of a chat's messages, for the memory stage (which re-embeds, forgets and
 # summarises again). The memory stage also writes RunScheduled itself: a summary is a run on the small pool
@@ -117,6 +129,7 @@ MEMORY_CHANGED = Topic(
     ("memory",),
     CHAT,
     "chat_id",
+    EVENTS,
 )
 # Thumbs up/down on answers, from the chat frontend: kept in the log for evals, shown on the stored answer.
 FEEDBACK = Topic(
@@ -126,6 +139,7 @@ FEEDBACK = Topic(
     ("persistence",),
     CHAT,
     "chat_id",
+    EVENTS,
 )
 # Commands to a running run (cancel). Every inference consumer reads all of it (no group): control events
 # are rare, and only the consumer holding the run acts (docs/decisions/0004-cancel-and-openai-route.md).
@@ -136,6 +150,7 @@ RUN_CONTROL = Topic(
     ("inference",),
     CHAT,
     "chat_id",
+    EVENTS,
 )
 
 # Tables: small keyed topics every replica reads whole and keeps in memory (latest record per key).
@@ -168,6 +183,7 @@ OUTPUT_MODERATED = Topic(
     ("persistence",),
     CHAT,
     "chat_id",
+    EVENTS,
 )
 # Each inference consumer's load, every quarter second: what the scheduler's bounded queues and the edge's
 # shedding at the door are measured by.
