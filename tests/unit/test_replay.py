@@ -1,0 +1,151 @@
+"""The pure parts of replay and evals: run ids' times, folding deltas, verdict comparison, checks, label compare."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from replay import evals, runs
+from replay.redrive import Recorded, compared, load_policy, summary
+from storage.cassandra import new_id
+from topics.pipeline import PROMPT_ACCEPTED, TOKEN_DELTA
+from topics.window import Record
+
+
+def test_a_run_id_carries_the_time_it_was_minted():
+    before = int(time.time() * 1000)
+    at = runs.minted_ms(str(new_id()))
+    assert before - 5 <= at <= int(time.time() * 1000) + 5
+    with pytest.raises(ValueError, match="version 1"):
+        runs.minted_ms(str(uuid.uuid4()))
+    with pytest.raises(ValueError, match="not a run id"):
+        runs.minted_ms("nope")
+
+
+def _record(topic, offset, ms, event):
+    return Record(topic, 0, offset, ms, [], event)
+
+
+def test_deltas_fold_into_one_entry_in_their_place():
+    prompt = {
+        "run_id": "r",
+        "user_id": "u",
+        "tier": "pro",
+        "chat_id": "c",
+        "message_id": "m",
+        "content": "hi",
+        "max_tokens": 4,
+        "model": None,
+        "temperature": None,
+        "reply_partition": 0,
+        "store": True,
+    }
+    records = [
+        _record(PROMPT_ACCEPTED, 0, 1000, prompt),
+        _record(TOKEN_DELTA, 0, 1100, {"run_id": "r", "seq": 0, "kind": "started", "text": ""}),
+        _record(TOKEN_DELTA, 1, 1200, {"run_id": "r", "seq": 1, "kind": "delta", "text": "Hel"}),
+        _record(TOKEN_DELTA, 2, 1300, {"run_id": "r", "seq": 2, "kind": "delta", "text": "lo"}),
+        _record(TOKEN_DELTA, 3, 1400, {"run_id": "r", "seq": 3, "kind": "completed", "text": ""}),
+    ]
+    events = runs.coalesced(records)
+    assert [(e["type"], e.get("kind")) for e in events] == [
+        ("PromptAccepted", None),
+        ("TokenDelta", "started"),
+        ("TokenDelta", "deltas"),
+        ("TokenDelta", "completed"),
+    ]
+    folded = events[2]
+    assert (folded["count"], folded["text"], folded["offset"], folded["last_offset"]) == (2, "Hello", 1, 2)
+
+
+def _verdict(decision, action, version="v1"):
+    return {
+        "decision": decision,
+        "action": action,
+        "category": "toxic" if action else None,
+        "policy_version": version,
+        "scores": {"toxic": 0.3},
+    }
+
+
+def test_a_replayed_verdict_is_compared_with_the_recorded_one():
+    run = Recorded({"run_id": "r1", "chat_id": "c", "user_id": "u", "content": "x"}, _verdict("allowed", None))
+    same = compared(run, _verdict("allowed", None, "v2"))
+    flipped = compared(run, _verdict("blocked", "block", "v2"))
+    warned = compared(run, _verdict("allowed", "warn", "v2"))
+    assert not same["changed"] and flipped["changed"] and warned["changed"]
+    report = summary([same, flipped, warned])
+    assert report["changed"] == 2 and report["newly_blocked"] == 1
+    assert report["flips"] == {"allowed/none -> blocked/block": 1, "allowed/none -> allowed/warn": 1}
+    assert report["then"] == {"none": 3} and report["now"] == {"none": 1, "block": 1, "warn": 1}
+
+
+def test_outcomes_of_a_recorded_run():
+    run = Recorded({"run_id": "r"}, _verdict("allowed", "warn"), "completed:content_filter", "down")
+    assert run.outcomes() == {"allowed", "warned", "completed", "retracted"}
+    assert Recorded({"run_id": "r"}, _verdict("blocked", "block"), "rejected:content_filter").outcomes() == {
+        "blocked",
+        "rejected",
+    }
+
+
+def test_a_policy_file_that_is_not_a_policy_is_refused(tmp_path):
+    from replay.redrive import ReplayError
+
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"version": "x", "rules": [{"stage": "input", "category": "nope"}]}))
+    with pytest.raises(ReplayError, match="is not a policy"):
+        load_policy(str(bad))
+    with pytest.raises(ReplayError, match="no policy file"):
+        load_policy(str(tmp_path / "missing.json"))
+
+
+def test_checks_judge_the_last_turn():
+    turn = evals.Turn(answer='Sure: {"name": "Ana", "age": 30}', completion_tokens=12, ttft_ms=80.0)
+    checks = evals.Checks(
+        json_valid=True, contains="ana", regex=r"\d+", max_tokens=12, not_refused=True, max_ttft_ms=100
+    )
+    assert all(evals.judged(checks, turn).values())
+    refused = evals.Turn(refused=True)
+    assert evals.judged(evals.Checks(refused=True, not_refused=False), refused) == {
+        "refused": True,
+        "not_refused": True,
+    }
+    assert evals.judged(evals.Checks(recalls="Biscuit", max_tokens=3), turn) == {"recalls": False, "max_tokens": False}
+    assert evals.judged(evals.Checks(max_ttft_ms=50), turn) == {"max_ttft_ms": False}
+    with pytest.raises(ValueError, match="at least one check"):
+        evals.Checks()
+
+
+def test_shipped_suites_load_and_a_bad_one_is_named(tmp_path):
+    for name in ("safety", "memory", "formatting"):
+        assert evals.load(name).cases
+    twice = tmp_path / "s.yaml"
+    twice.write_text(
+        "suite: s\ncases:\n- {id: a, turns: [hi], checks: {not_refused: true}}\n"
+        "- {id: a, turns: [hi], checks: {not_refused: true}}\n"
+    )
+    with pytest.raises(evals.SuiteError, match="repeat"):
+        evals.load(str(twice))
+    with pytest.raises(evals.SuiteError, match="no suite"):
+        evals.load(str(tmp_path / "none.yaml"))
+
+
+def test_labels_compare_by_their_latest_result_per_case():
+    def row(case, passed, at):
+        return {"suite": "s", "case": case, "pass": passed, "checks": "{}", "at": at}
+
+    a = [
+        row("x", 1, "2026-01-01 00:00:00"),
+        row("y", 0, "2026-01-01 00:00:00"),
+        row("y", 1, "2026-01-02 00:00:00"),
+        row("only-a", 1, "2026-01-01 00:00:00"),
+    ]
+    b = [row("x", 0, "2026-01-03 00:00:00"), row("y", 1, "2026-01-03 00:00:00")]
+    report = evals.compare(a, b, "A", "B")
+    assert report["cases"] == 2
+    assert [(f["case"], f["A"], f["B"]) for f in report["flipped"]] == [("x", True, False)]
+    assert report["pass_rate"] == {"A": 1.0, "B": 0.5} and report["only_in"] == {"A": ["s/only-a"], "B": []}
