@@ -8,9 +8,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.stack import CLUSTER, SINGLE_NODE, Stack
 from replay import OUTCOMES
+
+if TYPE_CHECKING:
+    from replay.candidate import Candidate
 from topics.settings import StackSettings
 
 
@@ -234,10 +238,41 @@ def cmd_runs_show(args: argparse.Namespace) -> None:
     print(json.dumps(history.as_json(), indent=2, default=str) if args.json else runs.text(history))
 
 
+def candidate_of(args: argparse.Namespace) -> Candidate:
+    """The candidate configuration the replay arguments name."""
+    from replay import candidate as cand
+    from topics.settings import StackSettings as Settings
+
+    settings = dict(cand.setting(text) for text in args.set)
+    if args.system_prompt is not None:
+        settings["system_prompt"] = args.system_prompt
+    model = args.model
+    if args.pool:
+        pools = Settings().pools
+        if args.pool not in pools:
+            raise cand.CandidateError(f"--pool is one of {', '.join(pools)}")
+        model = pools[args.pool].model
+    through = args.through or (
+        "pipeline"
+        if settings or model or args.limits or args.max_tokens or args.temperature is not None
+        else "moderation"
+    )
+    return cand.Candidate(
+        through=through,
+        policy=cand.load_policy(args.policy) if args.policy else None,
+        limits=cand.load_limits(args.limits) if args.limits else None,
+        settings=settings,
+        model=model,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+    )
+
+
 def cmd_replay(args: argparse.Namespace) -> None:
     import json
 
-    from replay import redrive
+    from replay import candidate as cand
+    from replay import redrive, report
     from topics.window import Window
 
     settings, _ = _connected(args)
@@ -249,9 +284,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
             with Window(settings.kafka_bootstrap, plan.production) as window:
                 runs = redrive.recorded_again(window, plan)
         else:
-            if not args.policy:
-                raise redrive.ReplayError("say what to change: --policy FILE (a safety policy)")
-            policy = redrive.load_policy(args.policy)
+            candidate = candidate_of(args)
             selection = redrive.Selection(
                 runs=tuple(args.run),
                 chat=args.chat,
@@ -266,26 +299,20 @@ def cmd_replay(args: argparse.Namespace) -> None:
                 runs = redrive.select(window, selection)
             if not runs:
                 raise redrive.ReplayError("no recorded run matches the selection (check the range and filters)")
-            plan = redrive.new_plan(settings, policy, selection, runs)
+            plan = redrive.new_plan(settings, candidate, selection, runs)
             print(f"replay {plan.id}: {len(runs)} runs (resume with --resume {plan.id})", file=sys.stderr)
-        report = redrive.Replay(plan, settings, progress=not args.quiet).run(runs, keep=args.keep)
-    except (redrive.ReplayError, ValueError, LookupError) as exc:
+        found = redrive.Replay(plan, settings, progress=not args.quiet).run(runs, keep=args.keep)
+    except (redrive.ReplayError, cand.CandidateError, ValueError, LookupError) as exc:
         raise SystemExit(f"parley replay: {exc}") from None
     except KeyboardInterrupt:
         resume = f" Resume with: parley replay --resume {plan.id}" if plan else ""
         raise SystemExit(f"interrupted; production is untouched.{resume}") from None
-    if args.json:
-        print(json.dumps(report, indent=2, default=str))
-    else:
-        s = report["summary"]
-        print(f"replay {report['replay_id']}: {report['runs']} runs under policy {report['policy_version']}")
-        print(f"  actions then {s['then']}, now {s['now']}; {s['changed']} changed")
-        for flip, count in s["flips"].items():
-            print(f"  {count:5}  {flip}")
-        for r in report["changed"][:20]:
-            print(f"  {r['run_id']}  {r['then']['action']} -> {r['now']['action']}  {r['content'][:60]!r}")
-    if report["missing"]:
-        raise SystemExit(f"{len(report['missing'])} runs got no verdict; resume with --resume {report['replay_id']}")
+    if args.html:
+        Path(args.html).write_text(report.html(found))
+        print(f"report: {args.html}", file=sys.stderr)
+    print(json.dumps(found, indent=2, default=str) if args.json else report.text(found))
+    if found["missing"]:
+        raise SystemExit(f"{len(found['missing'])} runs got no result; resume with --resume {found['replay_id']}")
 
 
 def cmd_eval_run(args: argparse.Namespace) -> None:
@@ -416,6 +443,21 @@ def main(argv: list[str] | None = None) -> None:
         "namespace of their own, and report what changes",
     )
     rp.add_argument("--policy", default="", help="a safety policy file (the body of PUT /v1/admin/safety/policies)")
+    rp.add_argument("--limits", default="", help='a limits file: {"tiers": {tier: {...}}, "users": {user: {...}}}')
+    rp.add_argument("--set", action="append", default=[], help="a stage setting, KEY=VALUE (recall_k=3, pools=...)")
+    rp.add_argument("--system-prompt", default=None, help="the system prompt the scheduler puts first")
+    rp.add_argument("--model", default=None, help="every prompt asks for this model id")
+    rp.add_argument("--pool", default=None, help="every prompt asks for this pool's model")
+    rp.add_argument("--temperature", type=float, default=None)
+    rp.add_argument("--max-tokens", type=int, default=None)
+    rp.add_argument(
+        "--through",
+        choices=("moderation", "pipeline"),
+        default=None,
+        help="moderation only, or the whole pipeline (scheduling and inference with engines of its own); "
+        "default: moderation for a policy alone, else the pipeline",
+    )
+    rp.add_argument("--html", default="", help="also write an HTML report with plots here")
     rp.add_argument("--run", action="append", default=[], help="a run id (repeatable)")
     rp.add_argument("--chat", default=None, help="only this chat's runs")
     rp.add_argument("--user", default=None, help="only this user's runs")

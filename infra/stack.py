@@ -187,6 +187,11 @@ class Stack:
     topology: Topology = SINGLE_NODE
     state: Path = field(default_factory=state_dir)
     timings: dict[str, float] = field(default_factory=dict)
+    # A part of a stack (parley replay runs a few stages of its own against production's Kafka and registry):
+    # only these services, this registry instead of the stack's own, and these settings over the shared ones.
+    only: tuple[str, ...] = ()
+    registry: str = ""
+    overrides: dict[str, str] = field(default_factory=dict)
 
     @property
     def tag(self) -> str:
@@ -221,11 +226,12 @@ class Stack:
             "LOCAL_INFRA_STATE": str(self.state),
             "PARLEY_METERING_URL": f"http://127.0.0.1:{self.port_base + 13}",
             "PARLEY_USAGE_URL": f"chdb://{self.state / 'clickhouse' / self.tag}",
-            "PARLEY_SCHEMA_REGISTRY_URL": self.registry_url,
+            "PARLEY_SCHEMA_REGISTRY_URL": self.registry or self.registry_url,
             # Spans go to this stack's collector, unless the caller names an OTLP endpoint of their own.
             "OTEL_EXPORTER_OTLP_ENDPOINT": os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp_url),
             "OTEL_BSP_SCHEDULE_DELAY": os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "1000"),
             **self.topology.env(),
+            **self.overrides,
         }
         py = sys.executable
         # The collector first (OpenTelemetry's, built by infra/local/build-otelcol.sh), then the schema registry:
@@ -289,7 +295,7 @@ class Stack:
                     "/readyz",
                 )
             )
-        return out
+        return [s for s in out if s.name in self.only] if self.only else out
 
     def engine_url(self, pool: str = "small", index: int = 0) -> str:
         """The llama-server behind one inference consumer (for benchmarks that compare against it directly)."""

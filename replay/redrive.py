@@ -1,26 +1,24 @@
-"""`parley replay`: send recorded runs again through a real stage under a candidate configuration, in a
+"""`parley replay`: send recorded runs again through the real stages under a candidate configuration, in a
 namespace of their own, and report what changes.
 
-Selection reads the time window of the log the filters name (never from offset 0). The replay namespace
-`<production>-replay-<id>` gets its own topics, its own consumer groups and the candidate policy on its own
-policy table; the moderation stage that serves it is the production code (`python -m processors
-moderation`) started with that namespace. The recorded PromptAccepted events are written there unchanged
-(same run ids), and each PromptModerated the stage writes is compared with the one production recorded.
-Nothing is written to a production topic, table or usage row.
+Selection reads the time window of the log the filters name (never from offset 0). The candidate's namespace
+(replay/candidate.py) gets its own topics, consumer groups, tables and (whole pipeline) keyspace; its
+processes are the production code. The recorded PromptAccepted events are written there (same run ids, the
+candidate's model and sampling), and what the stages write is compared with what production recorded:
+`--through moderation` the verdicts, `--through pipeline` also the pool, the prompt's tokens, the answer
+(similarity), its tokens, TTFT and finish. Nothing is written to a production topic, table or usage row.
 
 A replay keeps its plan and each run's result under the state folder (replays/<id>/) as it goes, so an
-interrupted replay resumes (`--resume ID`) with the runs it has no result for; its topics are deleted once
-it is complete (unless --keep).
+interrupted replay resumes (`--resume ID`) with the runs it has no result for; its topics and keyspace are
+deleted once it is complete (unless --keep).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
+import statistics
 import time
 import uuid
 from collections import Counter
@@ -28,25 +26,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from confluent_kafka import Consumer, Producer, TopicPartition
 from tqdm import tqdm
 
+from replay import candidate as cand
+from replay.candidate import Candidate
 from replay.runs import FIND_MS, GRACE_MS, minted_ms
-from safety.policy import ANY_TIER, Policy, to_record
 from topics import codec
 from topics.errors import PoisonEvent
-from topics.kafka import ensure_topics, producer_config
+from topics.kafka import producer_config
 from topics.pipeline import (
     FEEDBACK,
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
     RUN_COMPLETED,
     RUN_REJECTED,
-    SAFETY_POLICIES,
+    RUN_SCHEDULED,
+    Topic,
     named,
 )
-from topics.settings import REPO_ROOT, StackSettings, state_dir
+from topics.settings import StackSettings, state_dir
 from topics.window import Read, Window
 
 ENDED_WITHIN_MS = 600_000  # a selected run's end is looked for this long after its window
@@ -82,6 +81,8 @@ class Recorded:
     moderated: dict[str, Any] | None = None
     ended: str | None = None
     rating: str | None = None
+    scheduled: dict[str, Any] | None = None
+    completed: dict[str, Any] | None = None
 
     def outcomes(self) -> set[str]:
         found = set()
@@ -99,22 +100,13 @@ class Recorded:
         return found
 
 
-def load_policy(path: str) -> Policy:
-    """A policy file (the body of PUT /v1/admin/safety/policies/{tier}), or a clear error."""
-    try:
-        return Policy(**json.loads(Path(path).read_text()))
-    except FileNotFoundError:
-        raise ReplayError(f"no policy file {path}") from None
-    except (json.JSONDecodeError, TypeError, ValueError) as exc:
-        raise ReplayError(f"{path} is not a policy ({{version, rules, on_error}}): {exc}") from None
-
-
 def select(window: Window, selection: Selection) -> list[Recorded]:
     """The recorded runs the filters match, in the order they were accepted."""
     since, until = selection.window()
     reads = [
         Read(PROMPT_ACCEPTED, since, until),
         Read(PROMPT_MODERATED, since, until + GRACE_MS),
+        *(Read(t, since, until + ENDED_WITHIN_MS) for t in RUN_SCHEDULED.values()),
         Read(RUN_COMPLETED, since, until + ENDED_WITHIN_MS),
         Read(RUN_REJECTED, since, until + ENDED_WITHIN_MS),
         Read(FEEDBACK, since, int(time.time() * 1000)),
@@ -140,8 +132,11 @@ def select(window: Window, selection: Selection) -> list[Recorded]:
             continue
         if schema == "PromptModerated":
             run.moderated = event
+        elif schema == "RunScheduled":
+            run.scheduled = event
         elif schema == "RunCompleted":
             run.ended = f"completed:{event['finish_reason']}"
+            run.completed = event
         elif schema == "RunRejected":
             run.ended = f"rejected:{event['code']}"
         elif schema == "Feedback":
@@ -166,18 +161,48 @@ def verdict(moderated: dict[str, Any] | None) -> dict[str, Any]:
     return {k: moderated.get(k) for k in keys} | {"scores": moderated.get("scores") or {}}
 
 
-def compared(run: Recorded, now: dict[str, Any]) -> dict[str, Any]:
-    """One run's result: the verdict then and now, and whether the decision or action changed (pure)."""
-    then, new = verdict(run.moderated), verdict(now)
+def served(scheduled: dict[str, Any] | None, done: dict[str, Any] | None, ended: str | None) -> dict[str, Any]:
+    """What a run's answer was (pure): pool, prompt tokens, the answer, its tokens, TTFT, how it ended."""
+    context = (scheduled or {}).get("context") or {}
+    usage = (done or {}).get("usage") or {}
     return {
+        "pool": (scheduled or {}).get("pool"),
+        "model": (done or scheduled or {}).get("model"),
+        "prompt_tokens": context.get("prompt_tokens", usage.get("prompt_tokens")),
+        "completion_tokens": usage.get("completion_tokens"),
+        "ttft_ms": (done or {}).get("ttft_ms"),
+        "ended": ended,
+        "answer": (done or {}).get("content"),
+    }
+
+
+COMPARED = ("pool", "prompt_tokens", "completion_tokens", "ended")
+
+
+def compared(run: Recorded, now: dict[str, Any] | None, replayed: Recorded | None = None) -> dict[str, Any]:
+    """One run's result (pure): the verdict then and now and, when the run went through the whole pipeline
+    (`replayed`), what it was served then and now; `changed` names every field that differs."""
+    then, new = verdict(run.moderated), verdict(now)
+    what = [k for k in ("decision", "action") if then[k] != new[k]]
+    out = {
         "run_id": run.prompt["run_id"],
         "chat_id": run.prompt["chat_id"],
         "user_id": run.prompt["user_id"],
         "content": run.prompt["content"][:200],
         "then": then,
         "now": new,
-        "changed": (then["decision"], then["action"]) != (new["decision"], new["action"]),
     }
+    if replayed is not None:
+        was = served(run.scheduled, run.completed, run.ended)
+        now_served = served(replayed.scheduled, replayed.completed, replayed.ended)
+        out["then"] |= was
+        out["now"] |= now_served
+        what += [k for k in COMPARED if was[k] != now_served[k]]
+        a, b = was["answer"] or "", now_served["answer"] or ""
+        out["similarity"] = round(difflib.SequenceMatcher(None, a, b).ratio(), 3) if a or b else 1.0
+    out["changed"] = bool(what)
+    out["what"] = what
+    return out
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -188,14 +213,39 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     def said(v: dict[str, Any]) -> str:
         return f"{v['decision']}/{v['action'] or 'none'}"
 
-    flips = Counter(f"{said(r['then'])} -> {said(r['now'])}" for r in results if r["changed"])
+    moderated = [r for r in results if {"decision", "action"} & set(r.get("what", ()))]
+    flips = Counter(f"{said(r['then'])} -> {said(r['now'])}" for r in moderated)
+    served: dict[str, Any] = {}
+    sims = [r["similarity"] for r in results if "similarity" in r]
+    if sims:
+
+        def total(when: str, key: str) -> int:
+            return sum(r[when].get(key) or 0 for r in results)
+
+        def median(when: str, key: str) -> float | None:
+            found = [r[when][key] for r in results if r[when].get(key)]
+            return round(statistics.median(found), 1) if found else None
+
+        served = {
+            "fields_changed": dict(Counter(w for r in results for w in r["what"])),
+            "answer_similarity_mean": round(sum(sims) / len(sims), 3),
+            "completion_tokens": {"then": total("then", "completion_tokens"), "now": total("now", "completion_tokens")},
+            "prompt_tokens": {"then": total("then", "prompt_tokens"), "now": total("now", "prompt_tokens")},
+            "ttft_ms_median": {"then": median("then", "ttft_ms"), "now": median("now", "ttft_ms")},
+            "pools": {
+                "then": dict(Counter(r["then"].get("pool") for r in results)),
+                "now": dict(Counter(r["now"].get("pool") for r in results)),
+            },
+        }
     return {
+        **served,
         "then": dict(then),
         "now": dict(now),
         "changed": sum(r["changed"] for r in results),
+        "moderation_changed": len(moderated),
         "flips": dict(flips),
-        "newly_blocked": sum(r["changed"] and r["now"]["decision"] == "blocked" for r in results),
-        "newly_allowed": sum(r["changed"] and r["now"]["decision"] == "allowed" for r in results),
+        "newly_blocked": sum(r["now"]["decision"] == "blocked" for r in moderated),
+        "newly_allowed": sum(r["now"]["decision"] == "allowed" for r in moderated),
     }
 
 
@@ -203,7 +253,7 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 class Plan:
     id: str
     production: str  # the production namespace ('' for none)
-    policy: dict[str, Any]
+    candidate: dict[str, Any]
     selection: dict[str, Any]
     run_ids: list[str]
     created_at: float = field(default_factory=time.time)
@@ -238,125 +288,95 @@ class Plan:
         return {r["run_id"]: r for r in map(json.loads, filter(None, lines))}
 
 
-def _free_port() -> int:
+def free_port_base(start: int = 20_000) -> int:
+    """A port base whose stage and consumer ports (base+10..14, base+20..29) are all free."""
+    for base in range(start, 60_000, 100):
+        if all(_free(base + offset) for offset in (*range(10, 15), *range(20, 30))):
+            return base
+    raise ReplayError("no free ports for the replay's processes")
+
+
+def _free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ModerationStage:
-    """The production moderation stage, run as a process under the replay's namespace."""
-
-    def __init__(self, plan: Plan, settings: StackSettings) -> None:
-        self.port = _free_port()
-        self.log = Plan.folder(plan.id) / "moderation.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
-        env |= {
-            "PARLEY_NAMESPACE": plan.namespace,
-            "PARLEY_WEB_PORT": str(self.port),
-            "PARLEY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "PARLEY_SCHEMA_REGISTRY_URL": settings.schema_registry_url,
-            "PARLEY_KAFKA_REPLICATION_FACTOR": str(settings.kafka_replication_factor),
-            "PARLEY_KAFKA_MIN_INSYNC_REPLICAS": str(settings.kafka_min_insync_replicas),
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "processors", "moderation"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, timeout_s: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ReplayError(f"the replay's moderation stage exited:\n{self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise ReplayError(f"the replay's moderation stage was not ready in {timeout_s:.0f} s (log: {self.log})")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 class Replay:
     def __init__(self, plan: Plan, settings: StackSettings, progress: bool = True) -> None:
         self.plan, self.settings, self.progress = plan, settings, progress
+        self.candidate = Candidate(**plan.candidate)
 
     def run(self, runs: list[Recorded], keep: bool = False) -> dict[str, Any]:
-        """Moderate every run not yet replayed under the candidate policy; returns the report."""
-        plan, settings = self.plan, self.settings
+        """Send every run not yet replayed through the candidate's processes; returns the report."""
+        plan, settings, candidate = self.plan, self.settings, self.candidate
         done = plan.results()
         pending = [r for r in runs if r.prompt["run_id"] not in done]
         started = time.monotonic()
         if pending:
-            ensure_topics(settings.kafka_bootstrap, plan.namespace, settings.layout)
-            self._publish_policy()
-            stage = ModerationStage(plan, settings)
+            chats: dict[str, int] = {}
+            for r in pending:
+                at = minted_ms(r.prompt["run_id"])
+                chats[r.prompt["chat_id"]] = max(chats.get(r.prompt["chat_id"], 0), at)
+            cand.prepare(settings, plan.namespace, candidate, chats, {r.prompt["run_id"] for r in pending})
+            stack = cand.processes(settings, plan.namespace, candidate, free_port_base())
             try:
-                stage.wait_ready()
+                stack.start()
+                stack.wait_ready()
                 started = time.monotonic()
                 self._send(pending)
                 self._collect({r.prompt["run_id"]: r for r in pending})
             finally:
-                stage.stop()
+                stack.stop()
         took = time.monotonic() - started
         results = list(plan.results().values())
         missing = sorted(set(plan.run_ids) - {r["run_id"] for r in results})
         if not missing and not keep:
-            self.drop_topics()
-        report = {
+            self.drop()
+        return {
             "replay_id": plan.id,
             "namespace": plan.namespace,
-            "through": "moderation",
-            "policy_version": plan.policy["version"],
+            "through": candidate.through,
+            "candidate": candidate.describe(),
+            "policy_version": (candidate.policy or {}).get("version"),
             "runs": len(results),
             "changed": [r for r in results if r["changed"]],
             "summary": summary(results),
             "missing": missing,
             "runs_per_s": round(len(pending) / took, 2) if pending and took > 0 else None,
+            "similarities": [r["similarity"] for r in results if "similarity" in r],
         }
-        return report
-
-    def _publish_policy(self) -> None:
-        producer = Producer(producer_config(self.settings.kafka_bootstrap))
-        record = to_record(ANY_TIER, Policy(**self.plan.policy), "replay")
-        name = named(SAFETY_POLICIES, self.plan.namespace)
-        producer.produce(name, key=ANY_TIER, value=codec.encode(SAFETY_POLICIES.schema, record))
-        if producer.flush(30):
-            raise ReplayError(f"could not write the candidate policy to {name}")
 
     def _send(self, runs: list[Recorded]) -> None:
         producer = Producer(producer_config(self.settings.kafka_bootstrap))
         name = named(PROMPT_ACCEPTED, self.plan.namespace)
         for run in runs:
-            prompt = run.prompt
+            prompt = self.candidate.prompt(run.prompt)
             producer.produce(name, key=prompt["chat_id"], value=codec.encode(PROMPT_ACCEPTED.schema, prompt))
             producer.poll(0)
         if producer.flush(60):
             raise ReplayError("could not write the replayed prompts")
 
-    def _collect(self, pending: dict[str, Recorded], quiet_s: float = 120.0) -> None:
-        """Read the replay's verdicts until each pending run has one, or none came for quiet_s."""
-        name = named(PROMPT_MODERATED, self.plan.namespace)
+    def _collect(self, pending: dict[str, Recorded], quiet_s: float = 180.0) -> None:
+        """Read what the replay's stages wrote until each pending run is decided (moderation) or ended
+        (pipeline), or nothing came for quiet_s; each result is kept as it arrives."""
+        pipeline = self.candidate.through == "pipeline"
+        topics: list[Topic] = [PROMPT_MODERATED]
+        if pipeline:
+            topics += [*RUN_SCHEDULED.values(), RUN_COMPLETED, RUN_REJECTED]
+        by_name = {named(t, self.plan.namespace): t for t in topics}
         consumer = Consumer(
             {"bootstrap.servers": self.settings.kafka_bootstrap, "group.id": f"{self.plan.namespace}.collect"}
         )
-        parts = consumer.list_topics(name, timeout=10).topics[name].partitions
-        consumer.assign([TopicPartition(name, p, 0) for p in parts])
+        assign = []
+        for name in by_name:
+            parts = consumer.list_topics(name, timeout=10).topics[name].partitions
+            assign += [TopicPartition(name, p, 0) for p in parts]
+        consumer.assign(assign)
+        now: dict[str, Recorded] = {}
         last = time.monotonic()
         try:
             with (
@@ -367,21 +387,36 @@ class Replay:
                     msg = consumer.poll(0.5)
                     if msg is None or msg.error():
                         continue
+                    topic = by_name[str(msg.topic())]
                     try:
-                        event = codec.decode(PROMPT_MODERATED.schema, msg.value())
+                        event = codec.decode(topic.schema, msg.value())
                     except PoisonEvent:
                         continue
-                    run = pending.pop(event["prompt"]["run_id"], None)
-                    if run is None:
+                    run_id = run_of_event(event)
+                    if run_id not in pending:
                         continue
-                    out.write(json.dumps(compared(run, event), default=str) + "\n")
+                    replayed = now.setdefault(run_id, Recorded(event.get("prompt") or {}))
+                    if topic is PROMPT_MODERATED:
+                        replayed.moderated = event
+                    elif topic.schema == "RunScheduled":
+                        replayed.scheduled = event
+                    elif topic is RUN_COMPLETED:
+                        replayed.completed, replayed.ended = event, f"completed:{event['finish_reason']}"
+                    else:
+                        replayed.ended = f"rejected:{event['code']}"
+                    waiting = replayed.ended is None if pipeline else replayed.moderated is None
+                    if waiting:
+                        continue
+                    result = compared(pending.pop(run_id), replayed.moderated, replayed if pipeline else None)
+                    out.write(json.dumps(result, default=str) + "\n")
                     out.flush()
                     bar.update(1)
                     last = time.monotonic()
         finally:
             consumer.close()
 
-    def drop_topics(self) -> None:
+    def drop(self) -> None:
+        """The replay's topics and keyspace, once it is complete."""
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
@@ -389,13 +424,22 @@ class Replay:
         mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
         for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
             future.result()
+        if self.candidate.through == "pipeline":
+            from storage.cassandra import connect_session
+
+            replay = cand.replay_settings(self.settings, self.plan.namespace)
+            session = connect_session(replay.cassandra)
+            try:
+                session.execute(f"DROP KEYSPACE IF EXISTS {replay.keyspace_name}", timeout=60)
+            finally:
+                session.cluster.shutdown()
 
 
-def new_plan(settings: StackSettings, policy: Policy, selection: Selection, runs: list[Recorded]) -> Plan:
+def new_plan(settings: StackSettings, candidate: Candidate, selection: Selection, runs: list[Recorded]) -> Plan:
     plan = Plan(
         id=uuid.uuid4().hex[:10],
         production=settings.namespace,
-        policy=policy.model_dump(),
+        candidate=asdict(candidate),
         selection=asdict(selection),
         run_ids=[r.prompt["run_id"] for r in runs],
     )
@@ -405,5 +449,4 @@ def new_plan(settings: StackSettings, policy: Policy, selection: Selection, runs
 
 def recorded_again(window: Window, plan: Plan) -> list[Recorded]:
     """The plan's runs, read again from the log (a resumed replay keeps no copy of production events)."""
-    selection = Selection(runs=tuple(plan.run_ids))
-    return select(window, selection)
+    return select(window, Selection(runs=tuple(plan.run_ids)))

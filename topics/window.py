@@ -39,6 +39,7 @@ class Record:
     timestamp_ms: int
     headers: list[tuple[str, bytes]]
     event: dict[str, Any]
+    key: bytes | None = None
 
 
 class Window:
@@ -166,6 +167,6 @@ class Window:
                 for pair in msg.headers() or []:
                     name, value = pair[0], pair[1]
                     headers.append((str(name), value if isinstance(value, bytes) else str(value or "").encode()))
-                yield Record(topic, key[1], offset, stamp, headers, event)
+                yield Record(topic, key[1], offset, stamp, headers, event, msg.key())
         finally:
             self.consumer.unassign()

@@ -212,3 +212,36 @@ def test_a_shipped_suite_runs_twice_and_the_labels_compare_from_clickhouse(live)
     assert compared["pass_rate"][labels[0]] == round(sum(passes[labels[0]].values()) / 4, 3)
     missing = parley(live, "eval", "compare", labels[0], "no-such-label", check=False)
     assert missing.returncode != 0 and "no results under label" in missing.stderr
+
+
+def test_the_whole_pipeline_replays_with_the_same_context_under_the_candidates_sampling(live, recorded, tmp_path):
+    user, runs, chats = recorded
+    before = (ends(live), stored_rows(live, chats), [len(live.usage_rows(r)) for r in runs])
+    page = tmp_path / "replay.html"
+    argv = ("replay", "--user", user, "--since", "1h", "--max-tokens", "1", "--html", str(page), "--json", "--quiet")
+    report = json.loads(parley(live, *argv).stdout)
+    assert report["through"] == "pipeline" and report["runs"] == len(runs) and not report["missing"]
+    changed = {r["run_id"]: r for r in report["changed"]}
+    for r in changed.values():
+        # The replay's keyspace was seeded with the chat as it stood, so the prompt is the same size; the
+        # candidate's sampling is what changed.
+        assert r["now"]["prompt_tokens"] == r["then"]["prompt_tokens"] and r["now"]["pool"] == r["then"]["pool"]
+        assert r["now"]["completion_tokens"] == 1 < r["then"]["completion_tokens"]
+        assert "completion_tokens" in r["what"] and 0 <= r["similarity"] <= 1
+    blocked = {
+        r
+        for r, s in {
+            r: json.loads(parley(live, "runs", "show", r, "--json", "--no-stored").stdout) for r in runs
+        }.items()
+        if any(e["type"] == "RunRejected" for e in s["events"])
+    }
+    assert set(runs) - set(changed) == blocked  # refused then and now: nothing else to compare
+    assert "<svg" in page.read_text() and report["replay_id"] in page.read_text()
+    after = (ends(live), stored_rows(live, chats), [len(live.usage_rows(r)) for r in runs])
+    assert after == before
+    session = connect_session(live.stack.settings.cassandra)
+    try:
+        keyspaces = [r.keyspace_name for r in session.execute("SELECT keyspace_name FROM system_schema.keyspaces")]
+    finally:
+        session.cluster.shutdown()
+    assert not [k for k in keyspaces if "_replay_" in k and live.namespace in k]  # dropped once complete

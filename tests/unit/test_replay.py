@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from replay import evals, runs
-from replay.redrive import Recorded, compared, load_policy, summary
+from replay.candidate import CandidateError, load_policy
+from replay.redrive import Recorded, compared, summary
 from storage.cassandra import new_id
 from topics.pipeline import PROMPT_ACCEPTED, TOKEN_DELTA
 from topics.window import Record
@@ -93,13 +94,11 @@ def test_outcomes_of_a_recorded_run():
 
 
 def test_a_policy_file_that_is_not_a_policy_is_refused(tmp_path):
-    from replay.redrive import ReplayError
-
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({"version": "x", "rules": [{"stage": "input", "category": "nope"}]}))
-    with pytest.raises(ReplayError, match="is not a policy"):
+    with pytest.raises(CandidateError, match="is not a policy"):
         load_policy(str(bad))
-    with pytest.raises(ReplayError, match="no policy file"):
+    with pytest.raises(CandidateError, match="no policy file"):
         load_policy(str(tmp_path / "missing.json"))
 
 
