@@ -103,7 +103,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     openapi.install(app, settings)
     # before parsing, before any credential
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s)
-    from api.routes import admin, chats, keys, openai, safety, system, web
+    from api.routes import admin, chats, keys, openai, runs, safety, system, web
 
     app.include_router(chats.router)
     app.include_router(openai.router)
@@ -111,6 +111,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(system.router)
     app.include_router(admin.router)
     app.include_router(safety.router)
+    app.include_router(runs.router)
     app.include_router(web.router)
     app.mount("/static", StaticFiles(directory=system.STATIC), name="static")  # the dashboard's page and Chart.js
     app.mount("/app", StaticFiles(directory=settings.web_dir, check_dir=False), name="app")  # the chat app's assets

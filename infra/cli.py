@@ -373,6 +373,24 @@ def cmd_eval_compare(args: argparse.Namespace) -> None:
         print("  nothing flipped")
 
 
+def cmd_export_feedback(args: argparse.Namespace) -> None:
+    import json
+
+    from replay import export
+    from topics.window import Window
+
+    settings, _ = _connected(args)
+    now = int(time.time() * 1000)
+    counts = {"rated": 0, "pair": 0}
+    with Window(settings.kafka_bootstrap, settings.namespace) as window:
+        for line in export.lines(window, moment(args.since, now), moment(args.until, now), args.pairs_only):
+            counts[line["type"]] += 1
+            print(json.dumps(line, ensure_ascii=False))
+    print(f"{counts['rated']} rated answers, {counts['pair']} preference pairs", file=sys.stderr)
+    if not any(counts.values()):
+        raise SystemExit("parley export: no rated answer in the range")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -492,6 +510,18 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--namespace", default="", help="topic/table prefix (tests use their own)")
         p.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
         p.set_defaults(fn=fn)
+    exp = sub.add_parser("export", help="datasets from production").add_subparsers(dest="export_command", required=True)
+    fb = exp.add_parser(
+        "feedback",
+        help="JSON lines: each rated answer with the context the model saw, and up/down answers to one question "
+        "as preference pairs",
+    )
+    fb.add_argument("--since", default="7d", help="ratings given since: ISO 8601, 90m/24h/7d ago, or epoch ms")
+    fb.add_argument("--until", default="now")
+    fb.add_argument("--pairs-only", action="store_true", help="only the preference pairs")
+    fb.add_argument("--namespace", default="", help="topic prefix (tests use their own)")
+    fb.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
+    fb.set_defaults(fn=cmd_export_feedback)
     usage = sub.add_parser("usage", help="metered usage").add_subparsers(dest="usage_command", required=True)
     rec = usage.add_parser(
         "reconcile",

@@ -351,13 +351,29 @@ class Replay:
         }
 
     def _send(self, runs: list[Recorded]) -> None:
-        producer = Producer(producer_config(self.settings.kafka_bootstrap))
-        name = named(PROMPT_ACCEPTED, self.plan.namespace)
+        """Write the prompts. Through moderation all at once; through the pipeline each user's runs one after
+        another in their recorded order (the next when the last has ended), as the user sent them: sent at
+        once they would meet the user's concurrency limit, which they never did live."""
+        self._producer = Producer(producer_config(self.settings.kafka_bootstrap))
+        self._queues: dict[str, list[Recorded]] = {}
         for run in runs:
+            self._queues.setdefault(run.prompt["user_id"] if self.candidate.through == "pipeline" else "", []).append(
+                run
+            )
+        for user in list(self._queues):
+            self._next(user)
+
+    def _next(self, user: str) -> None:
+        """Send the user's next queued run (every queued run when through moderation)."""
+        queue = self._queues.get(user) or []
+        batch = queue if self.candidate.through == "moderation" else queue[:1]
+        name = named(PROMPT_ACCEPTED, self.plan.namespace)
+        for run in batch:
             prompt = self.candidate.prompt(run.prompt)
-            producer.produce(name, key=prompt["chat_id"], value=codec.encode(PROMPT_ACCEPTED.schema, prompt))
-            producer.poll(0)
-        if producer.flush(60):
+            self._producer.produce(name, key=prompt["chat_id"], value=codec.encode(PROMPT_ACCEPTED.schema, prompt))
+            self._producer.poll(0)
+        del queue[: len(batch)]
+        if self._producer.flush(60):
             raise ReplayError("could not write the replayed prompts")
 
     def _collect(self, pending: dict[str, Recorded], quiet_s: float = 180.0) -> None:
@@ -407,7 +423,10 @@ class Replay:
                     waiting = replayed.ended is None if pipeline else replayed.moderated is None
                     if waiting:
                         continue
-                    result = compared(pending.pop(run_id), replayed.moderated, replayed if pipeline else None)
+                    run = pending.pop(run_id)
+                    result = compared(run, replayed.moderated, replayed if pipeline else None)
+                    if pipeline:
+                        self._next(run.prompt["user_id"])
                     out.write(json.dumps(result, default=str) + "\n")
                     out.flush()
                     bar.update(1)

@@ -19,7 +19,7 @@ from safety.policy import Policy, decide
 from storage.cassandra import connect_session
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, SAFETY_POLICIES, dead_letter_name
 
-from .conftest import BOOTSTRAP, PORT_BASE, chat_turn, wait_for
+from .conftest import BOOTSTRAP, PORT_BASE, chat_turn, sse_events, wait_for
 
 STRICT = {
     "version": "strict-test",
@@ -245,3 +245,86 @@ def test_the_whole_pipeline_replays_with_the_same_context_under_the_candidates_s
     finally:
         session.cluster.shutdown()
     assert not [k for k in keyspaces if "_replay_" in k and live.namespace in k]  # dropped once complete
+
+
+def test_rated_answers_export_with_their_context_and_regenerates_become_preference_pairs(live):
+    client = live.client(live.token(f"rater-{int(time.time())}", "pro"))
+    chat = client.post("/v1/chats").json()["id"]
+    chat_turn(client, chat, "I keep a parrot named Kiwi.", max_tokens=8)
+    first = chat_turn(client, chat, "Suggest a name for my next bird.", max_tokens=8)
+    first_run = next(e["data"]["run_id"] for e in first if e["event"] == "run.completed")
+
+    def rate(run_id: str, rating: str) -> None:
+        def stored() -> bool:
+            return any(m["id"] == run_id for m in client.get(f"/v1/chats/{chat}/messages").json()["data"])
+
+        wait_for(stored, 20)
+        answer = client.post(f"/v1/chats/{chat}/messages/{run_id}/feedback", json={"rating": rating, "comment": "t"})
+        assert answer.status_code == 202, answer.text
+
+    rate(first_run, "down")  # a bad answer, then the same question answered again
+    with client.stream("POST", f"/v1/chats/{chat}/runs/{first_run}/regenerate", json={"max_tokens": 8}) as response:
+        assert response.status_code == 200
+        second_run = next(e["data"]["run_id"] for e in sse_events(response) if e["event"] == "run.completed")
+    rate(second_run, "up")
+    time.sleep(1)
+    out = parley(live, "export", "feedback", "--since", "10m").stdout
+    found = [json.loads(line) for line in out.splitlines() if chat in line]
+    rated = {r["run_id"]: r for r in found if r["type"] == "rated"}
+    assert {rated[first_run]["rating"], rated[second_run]["rating"]} == {"down", "up"}
+    for r in rated.values():
+        # the context as the model saw it: the system prompt, the earlier turn and its answer, the question
+        assert (
+            r["messages"][0]["role"] == "system" and r["messages"][-1]["content"] == "Suggest a name for my next bird."
+        )
+        assert any("Kiwi" in m["content"] for m in r["messages"][1:-1])
+        assert r["answer"] and r["model"] and r["pool"] and r["policy_version"] == "builtin-2" and r["comment"] == "t"
+    pairs = [r for r in found if r["type"] == "pair"]
+    assert [(p["chosen_run_id"], p["rejected_run_id"]) for p in pairs] == [(second_run, first_run)]
+    assert pairs[0]["chosen"] == rated[second_run]["answer"] and pairs[0]["rejected"] == rated[first_run]["answer"]
+    empty = parley(live, "export", "feedback", "--since", "2020-01-01", "--until", "2020-01-02", check=False)
+    assert empty.returncode != 0 and "no rated answer" in empty.stderr
+
+
+def test_admins_inspect_a_run_from_an_answer_and_the_dashboard(live, recorded, chromium):
+    from storage.cassandra import new_id
+
+    from .test_frontend import answer_when, finished, open_app, send
+
+    _, runs, _ = recorded
+    admin = live.token("inspector", "pro", admin=True)
+    with live.client(admin) as client:
+        shown = client.get(f"/v1/admin/runs/{runs[0]}").json()
+        assert shown["run_id"] == runs[0] and shown["events"][0]["type"] == "PromptAccepted"
+        assert shown["stored"]["usage"][0]["run_id"] == runs[0]
+        assert client.get("/v1/admin/runs/not-a-run").status_code == 400
+        unknown = client.get(f"/v1/admin/runs/{new_id()}")
+        assert unknown.status_code == 404 and "no run" in unknown.json()["error"]["message"]
+        labels = client.get("/v1/admin/evals").json()["data"]
+    with live.client(live.token()) as user:
+        assert user.get(f"/v1/admin/runs/{runs[0]}").status_code == 403
+    page = open_app(chromium, live, admin)
+    send(page, "Say hello to the inspector.")
+    done = answer_when(page, finished)
+    link = page.locator(".msg.assistant").last.locator("a.inspect")
+    assert link.get_attribute("href").startswith(f"/runs/{done['run']}#token=")
+    page.goto(live.url + link.get_attribute("href"))
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    types = page.locator("#events tr td:nth-child(3)").all_inner_texts()
+    assert types[0] == "PromptAccepted" and "RunCompleted" in types and "PromptModerated" in types
+    assert "Say hello to the inspector." in page.inner_text("#events")
+    page.goto(f"{live.url}/dashboard#token={admin}")
+    page.wait_for_selector("#evals-panel:not([hidden])", timeout=20_000)
+    assert page.locator("#evals tr").count() == len(labels)
+    with page.context.expect_page() as opened:
+        page.fill("#run-id", runs[0])
+        page.click("#inspect button")
+    inspector = opened.value
+    inspector.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    assert runs[0] in inspector.inner_text("#title")
+    page.context.close()
+    page = open_app(chromium, live, live.token())  # the answer's link is for admins only
+    send(page, "Say hello.")
+    answer_when(page, finished)
+    assert page.locator(".msg.assistant").last.locator("a.inspect").count() == 0
+    page.context.close()

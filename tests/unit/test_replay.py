@@ -148,3 +148,14 @@ def test_labels_compare_by_their_latest_result_per_case():
     assert report["cases"] == 2
     assert [(f["case"], f["A"], f["B"]) for f in report["flipped"]] == [("x", True, False)]
     assert report["pass_rate"] == {"A": 1.0, "B": 0.5} and report["only_in"] == {"A": ["s/only-a"], "B": []}
+
+
+def test_rated_runs_close_in_time_are_read_in_one_window():
+    from replay.export import CLUSTER_GAP_MS, windows
+    from replay.runs import FIND_MS
+
+    assert windows([1_000_000, 1_000_000 + 60_000, 10_000_000]) == [
+        (1_000_000 - FIND_MS, 1_060_000 + CLUSTER_GAP_MS),
+        (10_000_000 - FIND_MS, 10_000_000 + CLUSTER_GAP_MS),
+    ]
+    assert windows([]) == []

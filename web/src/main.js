@@ -320,6 +320,10 @@ function answerActions(run, message, last) {
         "aria-pressed": String(message.feedback === rating), onclick: (event) => rate(message, rating, event.currentTarget) }, icon(rating)));
     }
   }
+  if (state.me?.admin && message.run_id) { // admins open the run's history: every stage's event and what was stored
+    actions.push(h("a", { class: "text inspect", href: `/runs/${encodeURIComponent(message.run_id)}#token=${encodeURIComponent(state.api.token)}`,
+      target: "_blank", rel: "noopener" }, "Inspect"));
+  }
   if (last && state.chatId) {
     actions.push(h("button", { class: "text regenerate", type: "button", onclick: () => regenerate(message) }, icon("regenerate"), "Regenerate"));
   }

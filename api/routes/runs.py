@@ -1,0 +1,71 @@
+"""The run inspector for admins: one run's history across the topics and what was stored, and eval results.
+
+The same history `parley runs show --json` prints (replay/runs.py reads it from the log by the run's time),
+drawn by /runs/{run_id}; the dashboard and each answer in the chat app link there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse
+
+from api.app import Deps
+from api.auth import Admin
+from api.errors import ApiError
+from api.routes.system import metering
+from replay import runs
+from topics.window import Window
+
+router = APIRouter()
+STATIC = Path(__file__).resolve().parent.parent / "static"
+
+
+def _history(bootstrap: str, namespace: str, run_id: str) -> runs.History:
+    with Window(bootstrap, namespace) as window:
+        return runs.find(window, run_id)
+
+
+@router.get("/v1/admin/runs/{run_id}")
+async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
+    """{"run_id", "chat_id", "trace_id", "events": [{"topic", "partition", "offset", "type", "time", ...}],
+    "stored": {"messages": [...], "usage": [...]}}"""
+    try:
+        runs.minted_ms(run_id)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "invalid_run_id", param="run_id") from None
+    settings = deps.settings
+    try:
+        history = await asyncio.to_thread(_history, settings.kafka_bootstrap, settings.namespace, run_id)
+    except runs.RunNotFound as exc:
+        raise ApiError(404, str(exc), "run_not_found") from None
+    question = next((e["message_id"] for e in history.as_json()["events"] if e["type"] == "PromptAccepted"), None)
+    stored = await deps.conversations.list_messages(uuid.UUID(history.chat_id), 10_000, None)
+    history.stored = {
+        "messages": [
+            {"message_id": m.id, "role": m.role, "content": m.content, "run_id": m.run_id, "model": m.model,
+             "pool": m.pool, "finish_reason": m.finish_reason, "feedback": m.feedback,
+             "created_at": m.created_at.isoformat()}
+            for m in stored
+            if m.id in (question, history.run_id)
+        ],
+        "usage": (await metering(deps, f"/usage-rows/{quote(history.run_id, safe='')}"))["data"],
+    }
+    return history.as_json()
+
+
+@router.get("/v1/admin/evals")
+async def eval_results(deps: Deps, admin: Admin, label: str | None = Query(None)) -> dict[str, Any]:
+    """Every eval label's totals (no label), or one label's case results (`parley eval run` writes them)."""
+    return await metering(deps, "/eval-results", {"label": label} if label else None)
+
+
+@router.get("/runs/{run_id}", include_in_schema=False)
+async def inspector(run_id: str) -> FileResponse:
+    """The inspector page (drawn in the browser from /v1/admin/runs/{run_id}; it asks for a credential)."""
+    return FileResponse(STATIC / "run.html", media_type="text/html")
