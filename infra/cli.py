@@ -317,27 +317,46 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 def cmd_eval_run(args: argparse.Namespace) -> None:
     import json
+    import uuid
 
     import httpx
 
+    from replay import candidate as cand
     from replay import evals
+    from replay.redrive import free_port_base
     from topics.window import Window
 
     settings, metering = _connected(args)
     try:
         suites = [evals.load(path) for path in args.suite]
-    except evals.SuiteError as exc:
+        policy = cand.load_policy(args.policy) if args.policy else None
+    except (evals.SuiteError, cand.CandidateError) as exc:
         raise SystemExit(f"parley eval: {exc}") from None
     label = args.label or evals.new_label()
     token = args.token or local_token(f"eval-{label}", args.tier, 24 * 3600)
-    url = args.url or Stack(port_base=args.port_base).api_url
+    url, namespace, stack = args.url or Stack(port_base=args.port_base).api_url, settings.namespace, None
     since = int(time.time() * 1000)
     results = []
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
-        for suite in suites:
-            results += evals.run_suite(suite, label, client, progress=not args.quiet)
-    with Window(settings.kafka_bootstrap, settings.namespace) as window:
-        evals.add_verdicts(window, results, since)
+    try:
+        if policy is not None:
+            # Under a candidate policy the suite runs through a pipeline of its own (edge included), in a
+            # namespace of its own: production's policy is never changed for an eval.
+            candidate = cand.Candidate(through="pipeline", policy=policy)
+            namespace = f"{settings.namespace or 'parley'}-eval-{uuid.uuid4().hex[:8]}"
+            cand.prepare(settings, namespace, candidate, {}, set())
+            stack = cand.processes(settings, namespace, candidate, free_port_base(), serving=True)
+            stack.start()
+            stack.wait_ready()
+            url = stack.api_url
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
+            for suite in suites:
+                results += evals.run_suite(suite, label, client, progress=not args.quiet, model=args.model)
+        with Window(settings.kafka_bootstrap, namespace) as window:
+            evals.add_verdicts(window, results, since)
+    finally:
+        if stack is not None:
+            stack.stop()
+            cand.drop(settings, namespace, keyspace=True)
     written = evals.Store(metering, settings.internal_headers()).write(results)
     if args.json:
         print(json.dumps({"label": label, "stored": written, "results": [r.row() for r in results]}, indent=2))
@@ -500,6 +519,13 @@ def main(argv: list[str] | None = None) -> None:
     er.add_argument("--url", default="", help="the edge (default: the local stack's)")
     er.add_argument("--token", default="", help="a credential (default: one minted for the local stack)")
     er.add_argument("--tier", default="pro", choices=("free", "pro", "enterprise"))
+    er.add_argument("--model", default=None, help="ask every turn of this model id")
+    er.add_argument(
+        "--policy",
+        default="",
+        help="a candidate safety policy: the suite runs through a pipeline of its own under it (production's "
+        "policy is not changed)",
+    )
     er.add_argument("--json", action="store_true")
     er.add_argument("--quiet", action="store_true", help="no progress bar")
     ec = ev.add_parser("compare", help="what flipped between two labels, from ClickHouse")

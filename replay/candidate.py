@@ -211,15 +211,20 @@ def _before(table: str, row: dict[str, Any], until_ms: int) -> bool:
     return True
 
 
-def processes(settings: StackSettings, namespace: str, candidate: Candidate, port_base: int) -> Any:
-    """The replay's processes: the moderation stage, and for the whole pipeline the scheduler and one
-    inference consumer (with its engine) per pool. Persistence, metering and memory do not run: a replay
-    stores nothing."""
+def processes(
+    settings: StackSettings, namespace: str, candidate: Candidate, port_base: int, serving: bool = False
+) -> Any:
+    """The candidate's processes: the moderation stage, and for the whole pipeline the scheduler and one
+    inference consumer (with its engine) per pool. A replay stores nothing, so persistence, metering and
+    memory do not run. `serving` (an eval under a candidate): an edge, persistence and memory too, so a
+    conversation of several turns is kept and remembered in the candidate's keyspace."""
     from infra.stack import Stack
 
     only: tuple[str, ...] = ("moderation",)
     if candidate.through == "pipeline":
         only += ("scheduling", *(f"inference-{pool}-0" for pool in POOLS))
+    if serving:
+        only += ("persistence", "memory", "api-0")
     overrides = {"OTEL_TRACES_EXPORTER": "none", **candidate.environment()}
     return Stack(
         namespace=namespace,
@@ -228,3 +233,22 @@ def processes(settings: StackSettings, namespace: str, candidate: Candidate, por
         registry=settings.schema_registry_url,
         overrides=overrides,
     )
+
+
+def drop(settings: StackSettings, namespace: str, keyspace: bool) -> None:
+    """A candidate namespace's topics and (whole pipeline) keyspace."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{namespace}.")]
+    for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
+        future.result()
+    if keyspace:
+        from storage.cassandra import connect_session
+
+        replay = replay_settings(settings, namespace)
+        session = connect_session(replay.cassandra)
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {replay.keyspace_name}", timeout=60)
+        finally:
+            session.cluster.shutdown()

@@ -145,11 +145,13 @@ def judged(checks: Checks, turn: Turn) -> dict[str, bool]:
     return out
 
 
-def send(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> Turn:
+def send(client: httpx.Client, chat_id: str, content: str, max_tokens: int, model: str | None = None) -> Turn:
     """One turn through the chat API's stream."""
     turn = Turn()
     started = time.perf_counter()
-    body = {"content": content, "max_tokens": max_tokens}
+    body: dict[str, Any] = {"content": content, "max_tokens": max_tokens}
+    if model:
+        body["model"] = model
     with client.stream("POST", f"/v1/chats/{chat_id}/messages", json=body) as response:
         if response.status_code != 200:
             turn.error = f"{response.status_code}: {response.read().decode(errors='replace')[:200]}"
@@ -210,14 +212,16 @@ class Result:
         }
 
 
-def run_suite(suite: Suite, label: str, client: httpx.Client, progress: bool = True) -> list[Result]:
+def run_suite(
+    suite: Suite, label: str, client: httpx.Client, progress: bool = True, model: str | None = None
+) -> list[Result]:
     results = []
     for case in tqdm(suite.cases, unit="case", desc=f"eval {suite.suite}", disable=not progress):
         chat = client.post("/v1/chats", json={"title": f"eval {label} {suite.suite}/{case.id}"})
         chat.raise_for_status()
         turn = Turn()
         for content in case.turns:
-            turn = send(client, chat.json()["id"], content, case.max_tokens)
+            turn = send(client, chat.json()["id"], content, case.max_tokens, model)
             if turn.error:
                 break
         checks = judged(case.checks, turn)

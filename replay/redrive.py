@@ -289,9 +289,9 @@ class Plan:
 
 
 def free_port_base(start: int = 20_000) -> int:
-    """A port base whose stage and consumer ports (base+10..14, base+20..29) are all free."""
+    """A port base whose edge, stage and consumer ports (base, base+10..14, base+20..29) are all free."""
     for base in range(start, 60_000, 100):
-        if all(_free(base + offset) for offset in (*range(10, 15), *range(20, 30))):
+        if all(_free(base + offset) for offset in (0, *range(10, 15), *range(20, 30))):
             return base
     raise ReplayError("no free ports for the replay's processes")
 
@@ -436,22 +436,7 @@ class Replay:
 
     def drop(self) -> None:
         """The replay's topics and keyspace, once it is complete."""
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
-        prefix = f"{self.plan.namespace}."
-        mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-        for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
-            future.result()
-        if self.candidate.through == "pipeline":
-            from storage.cassandra import connect_session
-
-            replay = cand.replay_settings(self.settings, self.plan.namespace)
-            session = connect_session(replay.cassandra)
-            try:
-                session.execute(f"DROP KEYSPACE IF EXISTS {replay.keyspace_name}", timeout=60)
-            finally:
-                session.cluster.shutdown()
+        cand.drop(self.settings, self.plan.namespace, keyspace=self.candidate.through == "pipeline")
 
 
 def new_plan(settings: StackSettings, candidate: Candidate, selection: Selection, runs: list[Recorded]) -> Plan:

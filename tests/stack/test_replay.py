@@ -328,3 +328,30 @@ def test_admins_inspect_a_run_from_an_answer_and_the_dashboard(live, recorded, c
     answer_when(page, finished)
     assert page.locator(".msg.assistant").last.locator("a.inspect").count() == 0
     page.context.close()
+
+
+def test_an_eval_under_a_candidate_policy_runs_apart_and_leaves_productions_policy(live, tmp_path):
+    policy = tmp_path / "block-all.json"
+    rules = [{"stage": "input", "category": "toxic", "threshold": 0.0, "action": "block"}]
+    policy.write_text(json.dumps({"version": "block-all", "rules": rules}))
+    stamp = int(time.time())
+    base, strict = f"fmt-base-{stamp}", f"fmt-strict-{stamp}"
+    ran = {
+        label: json.loads(
+            parley(live, "eval", "run", "formatting", "--label", label, *extra, "--json", "--quiet").stdout
+        )
+        for label, extra in ((strict, ("--policy", str(policy))), (base, ()))
+    }
+    for row in ran[strict]["results"]:  # every turn refused by the candidate, before any engine
+        assert row["refused"] == 1 and row["policy_version"] == "block-all" and row["completion_tokens"] == 0
+    for row in ran[base]["results"]:  # production's policy is untouched
+        assert row["policy_version"] == "builtin-2" and row["refused"] == 0
+    compared = json.loads(parley(live, "eval", "compare", base, strict, "--json").stdout)
+    passed = {r["case"] for r in ran[base]["results"] if r["pass"]}
+    assert {f["case"] for f in compared["flipped"]} == passed and compared["pass_rate"][strict] == 0.0
+    left = [
+        t
+        for t in AdminClient({"bootstrap.servers": BOOTSTRAP}).list_topics(timeout=10).topics
+        if t.startswith(f"{live.namespace}-eval-")
+    ]
+    assert not left
