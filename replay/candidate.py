@@ -225,7 +225,20 @@ def processes(
         only += ("scheduling", *(f"inference-{pool}-0" for pool in POOLS))
     if serving:
         only += ("persistence", "memory", "api-0")
-    overrides = {"OTEL_TRACES_EXPORTER": "none", **candidate.environment()}
+    # The CLI's own connection and durability settings (PARLEY_* where it runs: a laptop's stack or a pod on
+    # a cluster), over the local stack's defaults, then the candidate's.
+    connection = {
+        "PARLEY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "PARLEY_KAFKA_REPLICATION_FACTOR": str(settings.kafka_replication_factor),
+        "PARLEY_KAFKA_MIN_INSYNC_REPLICAS": str(settings.kafka_min_insync_replicas),
+        "PARLEY_CHAT_PARTITIONS": str(settings.chat_partitions),
+        "PARLEY_REPLY_PARTITIONS": str(settings.reply_partitions),
+        "PARLEY_CASSANDRA_HOSTS": settings.cassandra_hosts,
+        "PARLEY_CASSANDRA_PORT": str(settings.cassandra_port),
+        "PARLEY_CASSANDRA_REPLICATION": json.dumps(settings.cassandra_replication),
+        "PARLEY_CASSANDRA_CONSISTENCY": settings.cassandra_consistency,
+    }
+    overrides = {**connection, "OTEL_TRACES_EXPORTER": "none", **candidate.environment()}
     return Stack(
         namespace=namespace,
         port_base=port_base,

@@ -159,3 +159,71 @@ def test_rated_runs_close_in_time_are_read_in_one_window():
         (10_000_000 - FIND_MS, 10_000_000 + CLUSTER_GAP_MS),
     ]
     assert windows([]) == []
+
+
+def test_a_run_through_the_whole_pipeline_is_compared_field_by_field():
+    prompt = {"run_id": "r1", "chat_id": "c", "user_id": "u", "content": "hi"}
+    scheduled = {"pool": "small", "model": "m", "context": {"prompt_tokens": 40}}
+    done = {
+        "model": "m",
+        "content": "Hello there",
+        "ttft_ms": 90.0,
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 40, "completion_tokens": 3},
+    }
+    then = Recorded(prompt, _verdict("allowed", None), "completed:stop", None, scheduled, done)
+    same = Recorded(prompt, _verdict("allowed", None), "completed:stop", None, scheduled, done)
+    result = compared(then, same.moderated, same)
+    assert not result["changed"] and result["what"] == [] and result["similarity"] == 1.0
+    shorter = dict(done, content="Hel", usage={"prompt_tokens": 40, "completion_tokens": 1}, finish_reason="length")
+    other = Recorded(
+        prompt, _verdict("allowed", None), "completed:length", None, dict(scheduled, pool="large"), shorter
+    )
+    result = compared(then, other.moderated, other)
+    assert result["what"] == ["pool", "completion_tokens", "ended"] and 0 < result["similarity"] < 1
+    report = summary([result])
+    assert report["moderation_changed"] == 0 and report["flips"] == {}
+    assert report["completion_tokens"] == {"then": 3, "now": 1} and report["pools"]["now"] == {"large": 1}
+
+
+def test_a_candidate_must_change_something_within_its_reach():
+    from replay.candidate import Candidate
+
+    with pytest.raises(CandidateError, match="say what to change"):
+        Candidate(through="pipeline")
+    with pytest.raises(CandidateError, match="use --through pipeline"):
+        Candidate(through="moderation", max_tokens=4)
+    candidate = Candidate(through="pipeline", model="m2", temperature=0.0, settings={"recall_k": "2"})
+    sent = candidate.prompt({"run_id": "r", "model": None, "temperature": None, "max_tokens": 9})
+    assert (sent["model"], sent["temperature"], sent["max_tokens"]) == ("m2", 0.0, 9)
+    assert candidate.environment() == {"PARLEY_RECALL_K": "2"}
+
+
+def test_the_html_report_draws_its_plots():
+    from replay import report
+
+    found = {
+        "replay_id": "abc",
+        "through": "pipeline",
+        "runs": 1,
+        "candidate": {"max_tokens": 1},
+        "runs_per_s": 2.0,
+        "changed": [],
+        "similarities": [0.5],
+        "summary": {
+            "then": {"none": 1},
+            "now": {"block": 1},
+            "changed": 1,
+            "moderation_changed": 1,
+            "flips": {},
+            "answer_similarity_mean": 0.5,
+            "pools": {"then": {"small": 1}, "now": {"small": 1}},
+            "prompt_tokens": {"then": 4, "now": 4},
+            "completion_tokens": {"then": 3, "now": 1},
+            "ttft_ms_median": {"then": 1, "now": 2},
+            "fields_changed": {},
+        },
+    }
+    page = report.html(found)
+    assert page.count("<svg") == 4 and "Replay abc" in page
+    assert "block" in page and "0.5-0.6" in page
