@@ -48,9 +48,17 @@ async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
     stored = await deps.conversations.list_messages(uuid.UUID(history.chat_id), 10_000, None)
     history.stored = {
         "messages": [
-            {"message_id": m.id, "role": m.role, "content": m.content, "run_id": m.run_id, "model": m.model,
-             "pool": m.pool, "finish_reason": m.finish_reason, "feedback": m.feedback,
-             "created_at": m.created_at.isoformat()}
+            {
+                "message_id": m.id,
+                "role": m.role,
+                "content": m.content,
+                "run_id": m.run_id,
+                "model": m.model,
+                "pool": m.pool,
+                "finish_reason": m.finish_reason,
+                "feedback": m.feedback,
+                "created_at": m.created_at.isoformat(),
+            }
             for m in stored
             if m.id in (question, history.run_id)
         ],
