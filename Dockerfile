@@ -23,6 +23,7 @@ COPY registry ./registry
 COPY topics ./topics
 COPY storage ./storage
 COPY safety ./safety
+COPY replay ./replay
 COPY schemas ./schemas
 COPY --from=web /web/dist ./web/dist
 COPY infra/__init__.py infra/cli.py infra/stack.py ./infra/

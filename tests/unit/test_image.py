@@ -19,7 +19,7 @@ import yaml
 
 from topics.settings import REPO_ROOT
 
-OURS = {"api", "processors", "inference", "registry", "topics", "storage", "safety", "infra"}
+OURS = {"api", "processors", "inference", "registry", "topics", "storage", "safety", "infra", "replay"}
 DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
 
 
