@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from safety.policy import ANY_TIER, Policy, to_record
 from topics import codec
 from topics.kafka import ensure_topics, producer_config
-from topics.limits import Limits, change, row_key
+from topics.limits import DEFAULT_TIERS, Limits, change, row_key
 from topics.pipeline import LIMITS, POOLS, SAFETY_POLICIES, named
 from topics.settings import StackSettings
 from topics.window import Read, Window
@@ -104,8 +104,11 @@ def load_limits(path: str) -> dict[str, Any]:
         raise CandidateError(f"{path}: a limits file has 'tiers' and/or 'users'")
     for scope in body.values():
         for name, fields in scope.items():
+            unknown = set(fields) - set(Limits.model_fields)
             try:
-                Limits(**fields)
+                if unknown:
+                    raise ValueError(f"unknown fields {sorted(unknown)}; known: {', '.join(Limits.model_fields)}")
+                Limits(**{**DEFAULT_TIERS["pro"].model_dump(), **fields})  # the fields named, type-checked
             except (TypeError, ValueError) as exc:
                 raise CandidateError(f"{path}: limits of {name!r}: {exc}") from None
     return body

@@ -355,3 +355,62 @@ def test_an_eval_under_a_candidate_policy_runs_apart_and_leaves_productions_poli
         if t.startswith(f"{live.namespace}-eval-")
     ]
     assert not left
+
+
+def test_a_replay_under_candidate_limits_refuses_what_they_refuse(live, recorded, tmp_path):
+    user, runs, _ = recorded
+    limits = tmp_path / "limits.json"
+    limits.write_text(json.dumps({"users": {user: {"budget_tokens": 1, "refill_tokens_per_hour": 1}}}))
+    report = json.loads(
+        parley(live, "replay", "--limits", str(limits), "--user", user, "--since", "1h", "--json", "--quiet").stdout
+    )
+    assert report["through"] == "pipeline" and report["runs"] == len(runs) and not report["missing"]
+    served_then = {r["run_id"] for r in report["changed"] if (r["then"]["ended"] or "").startswith("completed")}
+    assert served_then  # every run production served is refused under a one-token budget
+    for r in report["changed"]:
+        if r["run_id"] in served_then:
+            assert r["now"]["ended"].startswith("rejected:") and r["now"]["completion_tokens"] is None
+            assert "ended" in r["what"] and r["now"]["ended"] != "rejected:content_filter"
+
+
+def test_an_interrupted_replay_leaves_production_alone_and_resumes(live, recorded):
+    import signal
+
+    user, runs, chats = recorded
+    before = (ends(live), stored_rows(live, chats))
+    argv = [
+        sys.executable,
+        "-m",
+        "infra.cli",
+        "replay",
+        "--user",
+        user,
+        "--since",
+        "1h",
+        "--max-tokens",
+        "2",
+        "--json",
+        "--quiet",
+        "--namespace",
+        live.namespace,
+        "--port-base",
+        str(PORT_BASE),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()  # "replay <id>: N runs (resume with --resume <id>)", before its processes start
+    replay_id = first.split()[1].rstrip(":")
+    time.sleep(3)  # its processes are starting
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and f"parley replay --resume {replay_id}" in rest, first + rest
+    assert (ends(live), stored_rows(live, chats)) == before
+    report = json.loads(parley(live, "replay", "--resume", replay_id, "--json", "--quiet").stdout)
+    assert report["replay_id"] == replay_id and report["runs"] == len(runs) and not report["missing"]
+    assert report["through"] == "pipeline"
+    assert (ends(live), stored_rows(live, chats)) == before
+    left = [
+        t
+        for t in AdminClient({"bootstrap.servers": BOOTSTRAP}).list_topics(timeout=10).topics
+        if t.startswith(f"{live.namespace}-replay-{replay_id}")
+    ]
+    assert not left

@@ -227,3 +227,19 @@ def test_the_html_report_draws_its_plots():
     page = report.html(found)
     assert page.count("<svg") == 4 and "Replay abc" in page
     assert "block" in page and "0.5-0.6" in page
+
+
+def test_a_limits_file_names_known_fields_with_valid_values(tmp_path):
+    from replay.candidate import load_limits
+
+    good = tmp_path / "limits.json"
+    good.write_text(json.dumps({"users": {"alice": {"budget_tokens": 10}}, "tiers": {"free": {"max_concurrent": 1}}}))
+    assert load_limits(str(good))["users"]["alice"] == {"budget_tokens": 10}
+    for body, message in (
+        ({"users": {"alice": {"budget": 10}}}, "unknown fields"),
+        ({"users": {"alice": {"budget_tokens": "lots"}}}, "budget_tokens"),
+        ({"groups": {}}, "'tiers' and/or 'users'"),
+    ):
+        good.write_text(json.dumps(body))
+        with pytest.raises(CandidateError, match=message):
+            load_limits(str(good))
