@@ -1,4 +1,5 @@
-"""`parley`: bring the local stack up or down, mint credentials for it, and reconcile metered usage."""
+"""`parley`: bring the local stack up or down, mint credentials for it, reconcile metered usage, and read the
+log: inspect a run, replay recorded runs under a candidate, run evals, export rated answers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import getpass
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -410,6 +412,13 @@ def cmd_export_feedback(args: argparse.Namespace) -> None:
         raise SystemExit("parley export: no rated answer in the range")
 
 
+def _reads_the_stack(parser: argparse.ArgumentParser, fn: Callable[[argparse.Namespace], None]) -> None:
+    """The options of a command that reads a stack's log and stores: which namespace, which local stack."""
+    parser.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
+    parser.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
+    parser.set_defaults(fn=fn)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -471,9 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     show.add_argument("run_id")
     show.add_argument("--json", action="store_true", help='{"run_id", "trace_id", "events": [...], "stored": {...}}')
     show.add_argument("--no-stored", action="store_true", help="the log only: skip Cassandra and metering")
-    show.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
-    show.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
-    show.set_defaults(fn=cmd_runs_show)
+    _reads_the_stack(show, cmd_runs_show)
     rp = sub.add_parser(
         "replay",
         help="send recorded runs again through the real moderation stage under a candidate policy, in a "
@@ -507,9 +514,7 @@ def main(argv: list[str] | None = None) -> None:
     rp.add_argument("--keep", action="store_true", help="keep the replay's topics afterwards")
     rp.add_argument("--json", action="store_true", help='{"runs", "changed": [...], "summary": {...}, ...}')
     rp.add_argument("--quiet", action="store_true", help="no progress bar")
-    rp.add_argument("--namespace", default="", help="the production namespace (tests use their own)")
-    rp.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
-    rp.set_defaults(fn=cmd_replay)
+    _reads_the_stack(rp, cmd_replay)
     ev = sub.add_parser("eval", help="eval suites through the real pipeline").add_subparsers(
         dest="eval_command", required=True
     )
@@ -532,10 +537,8 @@ def main(argv: list[str] | None = None) -> None:
     ec.add_argument("a")
     ec.add_argument("b")
     ec.add_argument("--json", action="store_true")
-    for p, fn in ((er, cmd_eval_run), (ec, cmd_eval_compare)):
-        p.add_argument("--namespace", default="", help="topic/table prefix (tests use their own)")
-        p.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
-        p.set_defaults(fn=fn)
+    _reads_the_stack(er, cmd_eval_run)
+    _reads_the_stack(ec, cmd_eval_compare)
     exp = sub.add_parser("export", help="datasets from production").add_subparsers(dest="export_command", required=True)
     fb = exp.add_parser(
         "feedback",
@@ -545,9 +548,7 @@ def main(argv: list[str] | None = None) -> None:
     fb.add_argument("--since", default="7d", help="ratings given since: ISO 8601, 90m/24h/7d ago, or epoch ms")
     fb.add_argument("--until", default="now")
     fb.add_argument("--pairs-only", action="store_true", help="only the preference pairs")
-    fb.add_argument("--namespace", default="", help="topic prefix (tests use their own)")
-    fb.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
-    fb.set_defaults(fn=cmd_export_feedback)
+    _reads_the_stack(fb, cmd_export_feedback)
     usage = sub.add_parser("usage", help="metered usage").add_subparsers(dest="usage_command", required=True)
     rec = usage.add_parser(
         "reconcile",
