@@ -242,7 +242,9 @@ def main() -> None:
         moderation, moderation_wall = replay("--policy", str(policy))
         pipeline, pipeline_wall = replay("--through", "pipeline", "--max-tokens", "8", "--temperature", "0")
         out["replay"] = {
-            "runs": len(live),
+            # every recorded run of the user: those the live burst completed and those its scheduler refused
+            "runs": pipeline["runs"],
+            "refused_live": sum(1 for r in pipeline["changed"] if (r["then"]["ended"] or "").startswith("rejected")),
             "live_runs_per_s_whole_pipeline": out["live_runs_per_s"],
             "moderation": {
                 "runs_per_s": moderation["runs_per_s"],

@@ -344,8 +344,8 @@ def test_an_eval_under_a_candidate_policy_runs_apart_and_leaves_productions_poli
     }
     for row in ran[strict]["results"]:  # every turn refused by the candidate, before any engine
         assert row["refused"] == 1 and row["policy_version"] == "block-all" and row["completion_tokens"] == 0
-    for row in ran[base]["results"]:  # production's policy is untouched
-        assert row["policy_version"] == "builtin-2" and row["refused"] == 0
+    for row in ran[base]["results"]:  # production's policy is untouched (what it refuses is the model's and
+        assert row["policy_version"] == "builtin-2"  # output moderation's business: not asserted here)
     compared = json.loads(parley(live, "eval", "compare", base, strict, "--json").stdout)
     passed = {r["case"] for r in ran[base]["results"] if r["pass"]}
     assert {f["case"] for f in compared["flipped"]} == passed and compared["pass_rate"][strict] == 0.0
