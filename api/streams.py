@@ -21,6 +21,7 @@ from api.app import Services
 from api.auth import Principal
 from api.errors import ApiError
 from api.replies import ACCEPTED, HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
+from storage.cassandra import id_time_ms
 from topics import codec
 from topics.admission import at_the_door, capacity_message, estimate_tokens
 from topics.codec import Event
@@ -29,7 +30,6 @@ from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL, named
 
 log = logging.getLogger(__name__)
 
-UUID_EPOCH_100NS = 0x01B21DD213814000  # 1582-10-15 -> 1970-01-01 in the 100 ns units of a version-1 uuid
 REPLAY_MARGIN_MS = 5_000  # clock skew between the edge that minted the run id and the producers' timestamps
 
 
@@ -49,7 +49,7 @@ class ForeignCursor(Exception):
 
 def since_ms(run_id: str) -> int:
     """Where in the log (by time) a run's records can start: its time-ordered id's timestamp, less a margin."""
-    return (uuid.UUID(run_id).time - UUID_EPOCH_100NS) // 10_000 - REPLAY_MARGIN_MS
+    return id_time_ms(uuid.UUID(run_id)) - REPLAY_MARGIN_MS
 
 
 async def live(deps: Services, run_id: str, partition: int, run: LiveRun) -> AsyncIterator[Reply]:

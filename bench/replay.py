@@ -38,6 +38,7 @@ from infra.stack import Stack  # noqa: E402
 from registry import client as registry  # noqa: E402
 from replay import runs  # noqa: E402
 from replay.sse import iter_sse  # noqa: E402
+from storage.cassandra import UUID_EPOCH  # noqa: E402
 from topics import codec  # noqa: E402
 from topics.kafka import ensure_topics, producer_config  # noqa: E402
 from topics.pipeline import PROMPT_ACCEPTED, named  # noqa: E402
@@ -61,7 +62,7 @@ def turn(client: httpx.Client, text: str, max_tokens: int = 8) -> str:
 
 def minted(at_ms: int) -> str:
     """A version-1 UUID minted at a given time (what the edge mints, back-dated)."""
-    ticks = at_ms * 10_000 + runs.UUID_EPOCH
+    ticks = at_ms * 10_000 + UUID_EPOCH
     fields = (ticks & 0xFFFFFFFF, (ticks >> 32) & 0xFFFF, ((ticks >> 48) & 0x0FFF) | 0x1000, 0x80, 0x00, uuid.getnode())
     return str(uuid.UUID(fields=fields))
 

@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from safety.policy import ANY_TIER, Policy, to_record
+from storage.cassandra import id_time_ms
 from topics import codec
 from topics.kafka import ensure_topics, producer_config
 from topics.limits import DEFAULT_TIERS, Limits, change, row_key
@@ -199,15 +200,10 @@ def seed(production: StackSettings, replay: StackSettings, chats: dict[str, int]
         session.cluster.shutdown()
 
 
-def _ms_of(value: Any) -> int:
-    parsed = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-    return int((parsed.time - 0x01B21DD213814000) // 10_000) if parsed.version == 1 else 0
-
-
 def _before(table: str, row: dict[str, Any], until_ms: int) -> bool:
     """Whether a row existed before the chat's latest selected run was answered (its answer excluded)."""
     if table in ("messages", "memory"):
-        return _ms_of(row["message_id"]) < until_ms
+        return id_time_ms(row["message_id"]) < until_ms  # a timeuuid column
     if table == "summaries":
         created = row.get("created_at")
         return created is None or created.timestamp() * 1000 < until_ms

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from storage.cassandra import id_time_ms
 from topics import tracing
 from topics.pipeline import (
     OUTPUT_MODERATED,
@@ -26,7 +27,6 @@ from topics.pipeline import (
 )
 from topics.window import Read, Record, Window
 
-UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 in 100 ns intervals before 1970-01-01
 FIND_MS = 60_000  # how far around a run id's time its first event may be (clock skew between hosts)
 GRACE_MS = 10_000  # after a run ends, what else of it may still arrive (output moderation, the stored answer)
 LONGEST_RUN_MS = 3_600_000  # a run that has not ended is read this far past its start
@@ -44,7 +44,7 @@ def minted_ms(run_id: str) -> int:
         raise ValueError(f"{run_id!r} is not a run id (a UUID)") from exc
     if parsed.version != 1:
         raise ValueError(f"{run_id!r} is not a run id: run ids are time-based (version 1) UUIDs")
-    return (parsed.time - UUID_EPOCH) // 10_000
+    return id_time_ms(parsed)
 
 
 def iso(ms: int | float) -> str:

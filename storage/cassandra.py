@@ -98,6 +98,15 @@ def new_id() -> uuid.UUID:
     return uuid.uuid1(node=uuid.getnode() ^ int.from_bytes(uuid.uuid4().bytes[:6], "big") | 0x010000000000)
 
 
+UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 -> 1970-01-01 in the 100 ns units of a version-1 uuid
+
+
+def id_time_ms(value: uuid.UUID) -> int:
+    """When a time-ordered id was minted (epoch ms), in exact integer arithmetic (the driver's
+    unix_time_from_uuid1 goes through a float)."""
+    return (value.time - UUID_EPOCH) // 10_000
+
+
 def parse_id(value: str) -> uuid.UUID | None:
     try:
         parsed = uuid.UUID(value)
