@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from replay import candidate as cand
 from replay.candidate import Candidate
-from replay.runs import FIND_MS, GRACE_MS, minted_ms
+from replay.runs import FIND_MS, GRACE_MS, minted_ms, run_of
 from topics import codec
 from topics.errors import PoisonEvent
 from topics.kafka import producer_config
@@ -84,6 +84,17 @@ class Recorded:
     scheduled: dict[str, Any] | None = None
     completed: dict[str, Any] | None = None
 
+    def add(self, schema: str, event: dict[str, Any]) -> None:
+        """Take in one of the run's later events (its verdict, schedule, completion or rejection)."""
+        if schema == "PromptModerated":
+            self.moderated = event
+        elif schema == "RunScheduled":
+            self.scheduled = event
+        elif schema == "RunCompleted":
+            self.completed, self.ended = event, f"completed:{event['finish_reason']}"
+        elif schema == "RunRejected":
+            self.ended = f"rejected:{event['code']}"
+
     def outcomes(self) -> set[str]:
         found = set()
         if self.moderated:
@@ -127,20 +138,13 @@ def select(window: Window, selection: Selection) -> list[Recorded]:
         else:
             later.append((schema, event))
     for schema, event in later:  # a chat's events are in order per partition; topics are read interleaved
-        run = runs.get(event["message_id"] if schema == "Feedback" else run_of_event(event))
+        run = runs.get(event["message_id"] if schema == "Feedback" else str(run_of(event)))
         if run is None:
             continue
-        if schema == "PromptModerated":
-            run.moderated = event
-        elif schema == "RunScheduled":
-            run.scheduled = event
-        elif schema == "RunCompleted":
-            run.ended = f"completed:{event['finish_reason']}"
-            run.completed = event
-        elif schema == "RunRejected":
-            run.ended = f"rejected:{event['code']}"
-        elif schema == "Feedback":
+        if schema == "Feedback":
             run.rating = event["rating"] if event["rating"] != "none" else None
+        else:
+            run.add(schema, event)
     chosen = [
         r
         for r in runs.values()
@@ -148,10 +152,6 @@ def select(window: Window, selection: Selection) -> list[Recorded]:
         and (not selection.feedback or r.rating == selection.feedback)
     ]
     return chosen[: selection.limit] if selection.limit else chosen
-
-
-def run_of_event(event: dict[str, Any]) -> str:
-    return str(event.get("run_id") or event["prompt"]["run_id"])
 
 
 def verdict(moderated: dict[str, Any] | None) -> dict[str, Any]:
@@ -408,18 +408,11 @@ class Replay:
                         event = codec.decode(topic.schema, msg.value())
                     except PoisonEvent:
                         continue
-                    run_id = run_of_event(event)
+                    run_id = str(run_of(event))
                     if run_id not in pending:
                         continue
                     replayed = now.setdefault(run_id, Recorded(event.get("prompt") or {}))
-                    if topic is PROMPT_MODERATED:
-                        replayed.moderated = event
-                    elif topic.schema == "RunScheduled":
-                        replayed.scheduled = event
-                    elif topic is RUN_COMPLETED:
-                        replayed.completed, replayed.ended = event, f"completed:{event['finish_reason']}"
-                    else:
-                        replayed.ended = f"rejected:{event['code']}"
+                    replayed.add(topic.schema, event)
                     waiting = replayed.ended is None if pipeline else replayed.moderated is None
                     if waiting:
                         continue

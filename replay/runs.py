@@ -61,8 +61,8 @@ def _prompt(event: dict[str, Any]) -> dict[str, Any]:
     return event["prompt"] if "prompt" in event else event
 
 
-def run_of(record: Record) -> str | None:
-    event = record.event
+def run_of(event: dict[str, Any]) -> str | None:
+    """The run an event is about: its own run_id, or its prompt's."""
     return event.get("run_id") or (event.get("prompt") or {}).get("run_id")
 
 
@@ -205,7 +205,7 @@ def find(window: Window, run_id: str) -> History:
     found = window.read(starts)
     try:
         for record in found:
-            if run_of(record) == run_id:
+            if run_of(record.event) == run_id:
                 first = record
                 if record.topic is PROMPT_ACCEPTED:
                     break
@@ -230,7 +230,7 @@ def find(window: Window, run_id: str) -> History:
     ended: list[int] = []
     history = History(run_id, prompt["chat_id"], "-")
     for record in window.read(reads, until=lambda: ended[0] + GRACE_MS if ended else None):
-        if run_of(record) != run_id:
+        if run_of(record.event) != run_id:
             continue
         history.records.append(record)
         if record.topic is PROMPT_ACCEPTED or (history.trace_id == "-" and record.topic.schema == "RunScheduled"):
