@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from storage.cassandra import id_time_ms
+from cassandra.query import ValueSequence
+
+from storage.cassandra import connect_session, id_time_ms
 from topics import tracing
 from topics.pipeline import (
     OUTPUT_MODERATED,
@@ -30,6 +32,7 @@ from topics.window import Read, Record, Window
 FIND_MS = 60_000  # how far around a run id's time its first event may be (clock skew between hosts)
 GRACE_MS = 10_000  # after a run ends, what else of it may still arrive (output moderation, the stored answer)
 LONGEST_RUN_MS = 3_600_000  # a run that has not ended is read this far past its start
+ENDED_WITHIN_MS = 600_000  # when reading many runs at once, their ends are looked for this long after their window
 
 
 class RunNotFound(LookupError):
@@ -182,6 +185,13 @@ class History:
     records: list[Record] = field(default_factory=list)
     stored: dict[str, Any] = field(default_factory=dict)  # what persistence and metering wrote
 
+    @property
+    def stored_ids(self) -> list[str]:
+        """The message rows persistence writes for the run: its question (absent for a summary run, which has
+        no prompt) and its answer (the run's own id)."""
+        questions = [r.event["message_id"] for r in self.records if r.topic is PROMPT_ACCEPTED]
+        return [*questions[:1], self.run_id]
+
     def as_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
@@ -245,21 +255,17 @@ def stored(history: History, settings: Any, metering_url: str) -> dict[str, Any]
     and what metering stored (the run's usage rows, read through the metering stage)."""
     import httpx
 
-    from storage.cassandra import connect_session
-
     out: dict[str, Any] = {}
-    question = next((r.event["message_id"] for r in history.records if r.topic is PROMPT_ACCEPTED), None)
     session = connect_session(settings.cassandra, timeout_s=20)
     try:
         rows = session.execute(
             f"SELECT message_id, role, content, run_id, model, pool, finish_reason, feedback, created_at "
-            f"FROM {settings.keyspace_name}.messages WHERE chat_id = %s",
-            (uuid.UUID(history.chat_id),),
+            f"FROM {settings.keyspace_name}.messages WHERE chat_id = %s AND message_id IN %s",
+            (uuid.UUID(history.chat_id), ValueSequence([uuid.UUID(m) for m in history.stored_ids])),
         )
         out["messages"] = [
             {**row._asdict(), "message_id": str(row.message_id), "created_at": iso(_ms(row.created_at) or 0)}
             for row in rows
-            if row.run_id == history.run_id or str(row.message_id) in (question, history.run_id)
         ]
     finally:
         session.cluster.shutdown()

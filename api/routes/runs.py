@@ -44,8 +44,8 @@ async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
         history = await asyncio.to_thread(_history, settings.kafka_bootstrap, settings.namespace, run_id)
     except runs.RunNotFound as exc:
         raise ApiError(404, str(exc), "run_not_found") from None
-    question = next((e["message_id"] for e in history.as_json()["events"] if e["type"] == "PromptAccepted"), None)
-    stored = await deps.conversations.list_messages(uuid.UUID(history.chat_id), 10_000, None)
+    chat_id = uuid.UUID(history.chat_id)
+    found = [await deps.conversations.get_message(chat_id, uuid.UUID(m)) for m in history.stored_ids]
     history.stored = {
         "messages": [
             {
@@ -59,8 +59,8 @@ async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
                 "feedback": m.feedback,
                 "created_at": m.created_at.isoformat(),
             }
-            for m in stored
-            if m.id in (question, history.run_id)
+            for m in found
+            if m is not None
         ],
         "usage": (await metering(deps, f"/usage-rows/{quote(history.run_id, safe='')}"))["data"],
     }
