@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from replay.runs import FIND_MS, LONGEST_RUN_MS, iso, minted_ms
+from replay.runs import ENDED_WITHIN_MS, FIND_MS, iso, minted_ms
 from topics.pipeline import FEEDBACK, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
 from topics.window import Read, Window
 
@@ -47,7 +47,7 @@ def runs_of(window: Window, run_ids: set[str]) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for since, until in windows(times):
         topics = (*RUN_SCHEDULED.values(), PROMPT_MODERATED, RUN_COMPLETED)
-        for record in window.read([Read(t, since, until + LONGEST_RUN_MS // 12) for t in topics]):
+        for record in window.read([Read(t, since, until + ENDED_WITHIN_MS) for t in topics]):
             event = record.event
             prompt = event["prompt"]
             run = found.setdefault(prompt["run_id"], {"prompt": prompt})

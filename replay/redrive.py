@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from replay import candidate as cand
 from replay.candidate import Candidate
-from replay.runs import FIND_MS, GRACE_MS, minted_ms, run_of
+from replay.runs import ENDED_WITHIN_MS, FIND_MS, GRACE_MS, minted_ms, run_of
 from topics import codec
 from topics.errors import PoisonEvent
 from topics.kafka import producer_config
@@ -47,8 +47,6 @@ from topics.pipeline import (
 )
 from topics.settings import StackSettings, state_dir
 from topics.window import Read, Window
-
-ENDED_WITHIN_MS = 600_000  # a selected run's end is looked for this long after its window
 
 
 class ReplayError(Exception):
