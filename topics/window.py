@@ -7,6 +7,7 @@ billion. What the run inspector (`parley runs show`) and replay (`parley replay`
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -47,7 +48,6 @@ class Window:
 
     def __init__(self, bootstrap: str, namespace: str) -> None:
         self.namespace = namespace
-        self.bootstrap = bootstrap
         self.consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
@@ -74,40 +74,33 @@ class Window:
             raise LookupError(f"topic {name} does not exist (is this the right namespace and cluster?)")
         return sorted(meta.partitions)
 
-    def oldest_ms(self, topic: Topic) -> int | None:
-        """The timestamp of the oldest record the topic still keeps (None: empty): where retention has cut."""
-        oldest: int | None = None
-        for (name, partition), (low, high) in self._marks(topic, None).items():
-            if low < high:
-                found = self._first(name, partition, low)
-                if found is not None:
-                    oldest = found if oldest is None else min(oldest, found)
-        return oldest
-
-    def _marks(self, topic: Topic, partitions: tuple[int, ...] | None) -> dict[Key, tuple[int, int]]:
+    def oldest_ms(self, topic: Topic, timeout_s: float = 10.0) -> int | None:
+        """The timestamp of the oldest record the topic still keeps (None: empty): where retention has cut.
+        Reads the first retained record of every partition, all at once."""
         name = named(topic, self.namespace)
-        return {
-            (name, p): self.consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)
-            for p in (partitions if partitions is not None else self.partitions(topic))
-        }
-
-    def _first(self, name: str, partition: int, offset: int) -> int | None:
-        probe = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"parley-probe-{uuid.uuid4().hex}"})
-        try:
-            probe.assign([TopicPartition(name, partition, offset)])
-            for _ in range(20):
-                msg = probe.poll(0.5)
-                if msg is not None and not msg.error():
-                    return int(msg.timestamp()[1])
+        starts = []
+        for p in self.partitions(topic):
+            low, high = self.consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+            if low < high:
+                starts.append(TopicPartition(name, p, low))
+        if not starts:
             return None
+        firsts: dict[int, int] = {}
+        self.consumer.assign(starts)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(firsts) < len(starts) and time.monotonic() < deadline:
+                msg = self.consumer.poll(0.5)
+                if msg is not None and not msg.error():
+                    firsts.setdefault(int(msg.partition() or 0), int(msg.timestamp()[1]))
         finally:
-            probe.close()
+            self.consumer.unassign()
+        return min(firsts.values()) if firsts else None
 
     def read(
         self,
         reads: list[Read],
         until: Callable[[], int | None] | None = None,
-        on_record: Callable[[Record], None] | None = None,
     ) -> Generator[Record, None, None]:
         """Every decodable record of the windows, in the order each partition holds them (partitions
         interleaved). `until()`, asked after each record, may pull every window's end earlier (the inspector
