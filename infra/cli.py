@@ -179,19 +179,11 @@ def cmd_reconcile(args: argparse.Namespace) -> None:
 
     now = int(time.time() * 1000)
     since, until = moment(args.since, now), moment(args.until, now)
-    local = Stack(port_base=args.port_base).services()
-    stage = next(s for s in local if s.name == "metering")  # the local stack's metering stage
-    metering = args.metering_url or os.environ.get("PARLEY_METERING_URL") or f"http://127.0.0.1:{stage.port}"
-    bootstrap = args.bootstrap or os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    from registry import client as registry
-
-    registry.connect(
-        args.registry_url
-        or os.environ.get("PARLEY_SCHEMA_REGISTRY_URL")
-        or Stack(port_base=args.port_base).registry_url
-    )
+    settings, metering = _connected(args)
     prices = Prices.load(args.price_table or os.environ.get("PARLEY_PRICE_TABLE", ""))
-    drift = reconcile(bootstrap, args.namespace, metering, since, until, prices, args.repair, not args.quiet)
+    drift = reconcile(
+        settings.kafka_bootstrap, args.namespace, metering, since, until, prices, args.repair, not args.quiet
+    )
     print(json.dumps(drift.summary(), indent=2, default=str))
     if not drift.zero:
         raise SystemExit(2)
@@ -209,17 +201,26 @@ def cmd_trace(args: argparse.Namespace) -> None:
 
 
 def _connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
-    """The stack's settings (PARLEY_* over the local stack's), the schema registry connected, and the metering
-    stage's URL: what the commands that read the log and the stores need."""
+    """The settings, the schema registry connected, and the metering stage's URL: what the commands that read
+    the log and the stores need. PARLEY_* where the command runs (a pod on a cluster) decide; the local
+    single-node stack's values fill in only what they leave unset. A command's own --bootstrap,
+    --registry-url or --metering-url, where it has them, come first."""
     import os
 
     from registry import client as registry
 
     stack = Stack(namespace=args.namespace, port_base=args.port_base)
-    url = os.environ.get("PARLEY_SCHEMA_REGISTRY_URL") or stack.registry_url
+    local = {k: v for k, v in stack.topology.settings().items() if f"PARLEY_{k.upper()}" not in os.environ}
+    url = getattr(args, "registry_url", "") or os.environ.get("PARLEY_SCHEMA_REGISTRY_URL") or stack.registry_url
     registry.connect(url)
-    metering = os.environ.get("PARLEY_METERING_URL") or f"http://127.0.0.1:{args.port_base + 13}"
-    return stack.settings.model_copy(update={"schema_registry_url": url}), metering
+    stage = next(s for s in stack.services() if s.name == "metering")  # the local stack's metering stage
+    metering = (
+        getattr(args, "metering_url", "") or os.environ.get("PARLEY_METERING_URL") or f"http://127.0.0.1:{stage.port}"
+    )
+    update: dict[str, object] = {**local, "namespace": args.namespace, "schema_registry_url": url}
+    if getattr(args, "bootstrap", ""):
+        update["kafka_bootstrap"] = args.bootstrap
+    return StackSettings().model_copy(update=update), metering
 
 
 def cmd_runs_show(args: argparse.Namespace) -> None:
@@ -243,14 +244,13 @@ def cmd_runs_show(args: argparse.Namespace) -> None:
 def candidate_of(args: argparse.Namespace) -> Candidate:
     """The candidate configuration the replay arguments name."""
     from replay import candidate as cand
-    from topics.settings import StackSettings as Settings
 
     settings = dict(cand.setting(text) for text in args.set)
     if args.system_prompt is not None:
         settings["system_prompt"] = args.system_prompt
     model = args.model
     if args.pool:
-        pools = Settings().pools
+        pools = StackSettings().pools
         if args.pool not in pools:
             raise cand.CandidateError(f"--pool is one of {', '.join(pools)}")
         model = pools[args.pool].model
