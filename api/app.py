@@ -65,7 +65,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, registry.connect, settings.schema_registry_url)
         conversations = await loop.run_in_executor(None, Conversations.connect, settings.cassandra)
-        producer = AsyncProducer(settings.kafka_bootstrap)
+        producer = AsyncProducer(settings.kafka_bootstrap, "api", settings.namespace)
         producer.start()
         replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.edge_session_timeout_s)
         await loop.run_in_executor(None, replies.start, loop)

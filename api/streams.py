@@ -22,11 +22,10 @@ from api.auth import Principal
 from api.errors import ApiError
 from api.replies import ACCEPTED, HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
 from storage.cassandra import id_time_ms
-from topics import codec
 from topics.admission import at_the_door, capacity_message, estimate_tokens
 from topics.codec import Event
 from topics.kafka import until_ready
-from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL, named
+from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
 log = logging.getLogger(__name__)
 
@@ -225,11 +224,7 @@ async def start_run(deps: Services, event: Event) -> LiveRun:
     try:
         with tracer.start_as_current_span("accept prompt", kind=trace.SpanKind.PRODUCER) as span:
             span.set_attribute("parley.run_id", event["run_id"])
-            await deps.producer.send(
-                named(PROMPT_ACCEPTED, deps.settings.namespace),
-                codec.encode(PROMPT_ACCEPTED.schema, event),
-                key=event["chat_id"],
-            )
+            await deps.producer.publish(PROMPT_ACCEPTED, event, key=event["chat_id"])
     except Exception:
         deps.replies.close(event["run_id"])
         raise
@@ -239,7 +234,5 @@ async def start_run(deps: Services, event: Event) -> LiveRun:
 async def request_cancel(deps: Services, *, run_id: str, chat_id: str, user_id: str, reason: str) -> None:
     """Publish RunControl(cancel); the inference consumer holding the run stops it between decode steps."""
     control = convert.run_control(run_id=run_id, chat_id=chat_id, user_id=user_id, reason=reason)
-    await deps.producer.send(
-        named(RUN_CONTROL, deps.settings.namespace), codec.encode(RUN_CONTROL.schema, control), key=chat_id
-    )
+    await deps.producer.publish(RUN_CONTROL, control, key=chat_id)
     log.info("run %s: cancel requested (%s)", run_id, reason)

@@ -225,7 +225,7 @@ class Worker:
         self.engine = engine
         self.revive = revive  # restarts an engine this process owns; True when it was down and came back
         self.tracer = tracing.setup(f"parley-inference-{settings.pool}")
-        self.producer = AsyncProducer(settings.kafka_bootstrap)
+        self.producer = AsyncProducer(settings.kafka_bootstrap, "inference", settings.namespace)
         self.consumer = Consumer(
             consumer_config(
                 settings.kafka_bootstrap,
@@ -242,8 +242,6 @@ class Worker:
         self._kafka_outage = Outage(log, f"Kafka (the {settings.pool} pool's consumer)")
         self.scheduled_topic = named(RUN_SCHEDULED[settings.pool], settings.namespace)
         self.delta_topic = named(TOKEN_DELTA, settings.namespace)
-        self.completed_topic = named(RUN_COMPLETED, settings.namespace)
-        self.moderated_topic = named(OUTPUT_MODERATED, settings.namespace)
         self.controls = RunControls(settings.kafka_bootstrap, named(RUN_CONTROL, settings.namespace))
         self.offsets = OffsetTracker()
         self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
@@ -266,9 +264,7 @@ class Worker:
 
     # -- Kafka I/O ---------------------------------------------------------------------------------
     async def _publish_delta(self, run: Event, record: Event) -> None:
-        await self.producer.send(
-            self.delta_topic, codec.encode(TOKEN_DELTA.schema, record), partition=run["prompt"]["reply_partition"]
-        )
+        await self.producer.publish(TOKEN_DELTA, record, partition=run["prompt"]["reply_partition"])
 
     async def _consumer_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         assert self._loop is not None
@@ -460,15 +456,9 @@ class Worker:
         duration_ms = (time.perf_counter() - started) * 1000
         message = error[1] if error else None
         done = completed(run, text, finish, usage, ttft_ms, duration_ms, self.settings.worker_id, message, timing)
-        await self.producer.send(
-            self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=run["prompt"]["chat_id"]
-        )
+        await self.producer.publish(RUN_COMPLETED, done, key=run["prompt"]["chat_id"])
         if guard is not None:
-            await self.producer.send(
-                self.moderated_topic,
-                codec.encode(OUTPUT_MODERATED.schema, guard.event(run)),
-                key=run["prompt"]["chat_id"],
-            )
+            await self.producer.publish(OUTPUT_MODERATED, guard.event(run), key=run["prompt"]["chat_id"])
         if first:
             TTFT.labels(pool).observe(first - started)
         TOKENS.labels(pool, "prompt").inc(usage["prompt_tokens"])
@@ -487,9 +477,7 @@ class Worker:
         message = terminal["error_message"] if error else None
         timing = Timing(moderation="retracted" if finish == "content_filter" else "passed")  # category: in the log
         done = completed(run, prior.text, finish, usage, 0.0, 0.0, self.settings.worker_id, message, timing)
-        await self.producer.send(
-            self.completed_topic, codec.encode(RUN_COMPLETED.schema, done), key=run["prompt"]["chat_id"]
-        )
+        await self.producer.publish(RUN_COMPLETED, done, key=run["prompt"]["chat_id"])
         return done
 
     async def _run_task(self, flight: Flight) -> None:
@@ -810,11 +798,9 @@ class Worker:
         }
 
     async def _publish_status(self) -> None:
-        topic = named(POOL_STATUS, self.settings.namespace)
         while not self._stopping.is_set():
             try:
-                value = codec.encode(POOL_STATUS.schema, self.status())
-                await self.producer.send(topic, value, key=self.settings.worker_id)
+                await self.producer.publish(POOL_STATUS, self.status(), key=self.settings.worker_id)
             except Exception:
                 log.exception("could not publish this consumer's status")
             await asyncio.sleep(self.settings.status_interval_s)

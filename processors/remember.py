@@ -88,7 +88,6 @@ def register(
     pool = settings.pools[settings.memory_pool]
     counter = tokens.load(pool.tokenizer)
     pending: dict[str, float] = {}  # chat id -> when its summary run was requested (this replica's chats)
-    runs = RUN_SCHEDULED[settings.memory_pool]
     partitions: list[int] = []  # of the pool's topic, read from the cluster once (as the scheduler does)
 
     async def embed(texts: list[str]) -> list[list[float]]:
@@ -160,10 +159,12 @@ def register(
         }
         pending[chat_key] = time.monotonic()
         if not partitions:
-            name = named(runs, settings.namespace)
+            name = named(RUN_SCHEDULED[settings.memory_pool], settings.namespace)
             loop = asyncio.get_running_loop()
             partitions.append(await loop.run_in_executor(None, partition_count, settings.kafka_bootstrap, name))
-        await stage.publish(runs, run, key=chat_key, partition=home_partition(chat_key, partitions[0]))
+        await stage.publish(
+            RUN_SCHEDULED[settings.memory_pool], run, key=chat_key, partition=home_partition(chat_key, partitions[0])
+        )
         SUMMARIES.labels("requested").inc()
         log.info("chat %s: summary v%d of %d messages requested (run %s)", chat_key, version, n, run_id)
 

@@ -27,7 +27,7 @@ from topics import codec, logs, tracing
 from topics.codec import Event
 from topics.errors import PoisonEvent, RetriableError
 from topics.outage import Outage
-from topics.pipeline import Topic, dead_letter_name, named
+from topics.pipeline import Topic, check_publish, dead_letter_name, named
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,9 @@ class Stage:
         key: str | None = None,
         partition: int | None = None,
     ) -> None:
-        """Send and wait for the broker's ack: the input offset is committed only after this returns."""
+        """Send and wait for the broker's ack: the input offset is committed only after this returns. A topic the
+        pipeline does not declare this stage a producer of is refused (UndeclaredPublish)."""
+        check_publish(self.name, topic)
         headers = [(k, v) for k, v in tracing.inject() if isinstance(v, bytes)]
         fut = await self.topic(topic).send(
             key=key.encode() if key is not None else None,

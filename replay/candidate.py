@@ -15,14 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
-
 from safety.policy import ANY_TIER, Policy, to_record
 from storage.cassandra import id_time_ms
-from topics import codec
-from topics.kafka import ensure_topics, producer_config
+from topics.kafka import Publisher, ensure_topics
 from topics.limits import DEFAULT_TIERS, Limits, change, row_key
-from topics.pipeline import LIMITS, POOLS, SAFETY_POLICIES, named
+from topics.pipeline import LIMITS, POOLS, SAFETY_POLICIES
 from topics.settings import StackSettings
 from topics.window import Read, Window
 
@@ -127,28 +124,23 @@ def setting(text: str) -> tuple[str, str]:
 
 def publish_tables(settings: StackSettings, namespace: str, candidate: Candidate) -> None:
     """The replay's policy and limits tables: production's rows, then the candidate's on top."""
-    producer = Producer(producer_config(settings.kafka_bootstrap))
+    producer = Publisher(settings.kafka_bootstrap, "api", namespace)  # the replay writes what the edge would
     with Window(settings.kafka_bootstrap, settings.namespace) as window:
         rows = list(window.read([Read(SAFETY_POLICIES, 0, 2**62), Read(LIMITS, 0, 2**62)]))
     for row in rows:
-        producer.produce(named(row.topic, namespace), key=row.key, value=codec.encode(row.topic.schema, row.event))
+        producer.publish(row.topic, row.event, key=row.key)
     if candidate.policy is not None:
         record = to_record(ANY_TIER, Policy(**candidate.policy), "replay")
-        value = codec.encode(SAFETY_POLICIES.schema, record)
-        producer.produce(named(SAFETY_POLICIES, namespace), key=ANY_TIER, value=value)
+        producer.publish(SAFETY_POLICIES, record, key=ANY_TIER)
         for row in rows:  # a tier's own production policy would shadow the candidate's '*'
             if row.topic is SAFETY_POLICIES and row.key and row.key.decode() != ANY_TIER:
                 tiered = to_record(row.key.decode(), Policy(**candidate.policy), "replay")
-                producer.produce(
-                    named(SAFETY_POLICIES, namespace), key=row.key, value=codec.encode(SAFETY_POLICIES.schema, tiered)
-                )
+                producer.publish(SAFETY_POLICIES, tiered, key=row.key)
     for scope, names in (candidate.limits or {}).items():
         for name, fields in names.items():
             kind = scope.rstrip("s")  # tiers -> tier, users -> user
             record = change(kind, name, fields, "replay")
-            producer.produce(
-                named(LIMITS, namespace), key=row_key(kind, name), value=codec.encode(LIMITS.schema, record)
-            )
+            producer.publish(LIMITS, record, key=row_key(kind, name))
     if producer.flush(30):
         raise CandidateError("could not write the replay's tables")
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from tqdm import tqdm
 
 from replay import candidate as cand
@@ -34,7 +34,7 @@ from replay.candidate import Candidate
 from replay.runs import ENDED_WITHIN_MS, FIND_MS, GRACE_MS, minted_ms, run_of
 from topics import codec
 from topics.errors import PoisonEvent
-from topics.kafka import producer_config
+from topics.kafka import Publisher
 from topics.pipeline import (
     FEEDBACK,
     PROMPT_ACCEPTED,
@@ -352,7 +352,7 @@ class Replay:
         """Write the prompts. Through moderation all at once; through the pipeline each user's runs one after
         another in their recorded order (the next when the last has ended), as the user sent them: sent at
         once they would meet the user's concurrency limit, which they never did live."""
-        self._producer = Producer(producer_config(self.settings.kafka_bootstrap))
+        self._producer = Publisher(self.settings.kafka_bootstrap, "api", self.plan.namespace)  # as the edge would
         self._queues: dict[str, list[Recorded]] = {}
         for run in runs:
             self._queues.setdefault(run.prompt["user_id"] if self.candidate.through == "pipeline" else "", []).append(
@@ -365,11 +365,9 @@ class Replay:
         """Send the user's next queued run (every queued run when through moderation)."""
         queue = self._queues.get(user) or []
         batch = queue if self.candidate.through == "moderation" else queue[:1]
-        name = named(PROMPT_ACCEPTED, self.plan.namespace)
         for run in batch:
             prompt = self.candidate.prompt(run.prompt)
-            self._producer.produce(name, key=prompt["chat_id"], value=codec.encode(PROMPT_ACCEPTED.schema, prompt))
-            self._producer.poll(0)
+            self._producer.publish(PROMPT_ACCEPTED, prompt, key=prompt["chat_id"])
         del queue[: len(batch)]
         if self._producer.flush(60):
             raise ReplayError("could not write the replayed prompts")

@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-from topics import tracing
-from topics.pipeline import TOPICS, Layout, Topic, dead_letter_name, named
+from topics import codec, tracing
+from topics.codec import Event
+from topics.pipeline import TOPICS, Layout, Topic, check_publish, dead_letter_name, named
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -171,13 +172,35 @@ def dead_letter(
     log.warning("dead-lettered %s[%d]@%d: %s", source, partition, offset, error)
 
 
+class Publisher:
+    """A blocking producer for tools that write as a stage (a replay writes prompts and tables as the edge does,
+    into its own namespace): the same check as AsyncProducer's, then produce; flush() waits for the acks."""
+
+    def __init__(self, bootstrap: str, stage: str, namespace: str) -> None:
+        self.stage = stage
+        self.namespace = namespace
+        self.producer = Producer(producer_config(bootstrap))
+
+    def publish(self, topic: Topic, record: Event, *, key: str | bytes | None = None) -> None:
+        check_publish(self.stage, topic)
+        self.producer.produce(named(topic, self.namespace), key=key, value=codec.encode(topic.schema, record))
+        self.producer.poll(0)
+
+    def flush(self, timeout_s: float) -> int:
+        """The records still unacknowledged after timeout_s (0: all written)."""
+        return int(self.producer.flush(timeout_s))
+
+
 class AsyncProducer:
-    """confluent-kafka producer for asyncio: `await send(...)` returns once the broker has acknowledged.
+    """confluent-kafka producer for asyncio, publishing as one stage: `await publish(topic, record)` returns once
+    the broker has acknowledged, and refuses a topic the pipeline does not declare the stage a producer of.
 
     The trace context of the caller travels in the record's headers.
     """
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, stage: str, namespace: str) -> None:
+        self.stage = stage
+        self.namespace = namespace
         self.producer = Producer(producer_config(bootstrap))
         self._running = True
         self._task: asyncio.Task[None] | None = None
@@ -190,7 +213,13 @@ class AsyncProducer:
         while self._running:
             await loop.run_in_executor(None, self.producer.poll, 0.05)
 
-    async def send(self, topic: str, value: bytes | None, *, key: str | None = None, partition: int = -1) -> None:
+    async def publish(self, topic: Topic, record: Event | None, *, key: str | None = None, partition: int = -1) -> None:
+        """Encode and send one record (None: a table row's tombstone) and wait for the broker's ack."""
+        check_publish(self.stage, topic)
+        value = codec.encode(topic.schema, record) if record is not None else None
+        await self._send(named(topic, self.namespace), value, key=key, partition=partition)
+
+    async def _send(self, topic: str, value: bytes | None, *, key: str | None, partition: int) -> None:
         loop = asyncio.get_running_loop()
         acked: asyncio.Future[None] = loop.create_future()
 

@@ -1,4 +1,4 @@
-"""The pipeline, declared once: every topic, its schema, its key, and which stage produces and consumes it.
+"""The pipeline, declared once: every topic, its schema, its key, and which stages produce and consume it.
 
 Reading this file top to bottom reads the data flow:
     api -> moderation -> scheduling -> inference -> (api, persistence, metering, memory)
@@ -28,7 +28,7 @@ STREAM = (("retention.ms", str(7 * 86_400_000)),)
 class Topic:
     name: str
     schema: str
-    producer: str
+    producers: tuple[str, ...]  # every stage that writes it: publishing from any other fails (UndeclaredPublish)
     consumers: tuple[str, ...]
     scale: str  # CHAT | REPLY | SINGLE
     key: str  # "chat_id", "reply_partition", or the row key of a table topic
@@ -63,7 +63,7 @@ class Layout:
 PROMPT_ACCEPTED = Topic(
     "chat.prompt-accepted.v1",
     "PromptAccepted",
-    "api",
+    ("api",),
     ("moderation", "persistence"),
     CHAT,
     "chat_id",
@@ -72,7 +72,7 @@ PROMPT_ACCEPTED = Topic(
 PROMPT_MODERATED = Topic(
     "chat.prompt-moderated.v1",
     "PromptModerated",
-    "moderation",
+    ("moderation",),
     ("scheduling", "persistence"),
     CHAT,
     "chat_id",
@@ -86,14 +86,14 @@ POOLS = ("small", "large")
 
 def _scheduled(pool: str) -> Topic:
     name = f"chat.run-scheduled-{pool}.v1"
-    return Topic(name, "RunScheduled", "scheduling", ("inference",), CHAT, "chat_id", EVENTS)
+    return Topic(name, "RunScheduled", ("scheduling", "memory"), ("inference",), CHAT, "chat_id", EVENTS)
 
 
 RUN_SCHEDULED = {pool: _scheduled(pool) for pool in POOLS}
 RUN_REJECTED = Topic(
     "chat.run-rejected.v1",
     "RunRejected",
-    "scheduling",
+    ("scheduling",),
     ("api", "persistence", "metering"),
     REPLY,
     "reply_partition",
@@ -104,7 +104,7 @@ RUN_REJECTED = Topic(
 TOKEN_DELTA = Topic(
     "chat.token-delta.v1",
     "TokenDelta",
-    "inference",
+    ("inference", "scheduling"),
     ("api",),
     REPLY,
     "reply_partition",
@@ -113,7 +113,7 @@ TOKEN_DELTA = Topic(
 RUN_COMPLETED = Topic(
     "chat.run-completed.v1",
     "RunCompleted",
-    "inference",
+    ("inference",),
     ("persistence", "metering", "scheduling", "memory"),
     CHAT,
     "chat_id",
@@ -125,7 +125,7 @@ RUN_COMPLETED = Topic(
 MEMORY_CHANGED = Topic(
     "chat.memory-changed.v1",
     "MemoryChanged",
-    "api",
+    ("api",),
     ("memory",),
     CHAT,
     "chat_id",
@@ -135,7 +135,7 @@ MEMORY_CHANGED = Topic(
 FEEDBACK = Topic(
     "chat.feedback.v1",
     "Feedback",
-    "api",
+    ("api",),
     ("persistence",),
     CHAT,
     "chat_id",
@@ -146,7 +146,7 @@ FEEDBACK = Topic(
 RUN_CONTROL = Topic(
     "chat.run-control.v1",
     "RunControl",
-    "api",
+    ("api",),
     ("inference",),
     CHAT,
     "chat_id",
@@ -159,7 +159,7 @@ RUN_CONTROL = Topic(
 LIMITS = Topic(
     "admin.limits.v1",
     "LimitsChanged",
-    "api",
+    ("api",),
     ("scheduling", "inference"),
     SINGLE,
     "tier:<name> | user:<id>",
@@ -169,7 +169,7 @@ LIMITS = Topic(
 SAFETY_POLICIES = Topic(
     "admin.safety-policies.v1",
     "SafetyPolicy",
-    "api",
+    ("api",),
     ("moderation", "scheduling", "inference"),
     SINGLE,
     "<tier> | *",
@@ -179,7 +179,7 @@ SAFETY_POLICIES = Topic(
 OUTPUT_MODERATED = Topic(
     "chat.output-moderated.v1",
     "OutputModerated",
-    "inference",
+    ("inference",),
     ("persistence",),
     CHAT,
     "chat_id",
@@ -190,7 +190,7 @@ OUTPUT_MODERATED = Topic(
 POOL_STATUS = Topic(
     "chat.pool-status.v1",
     "PoolStatus",
-    "inference",
+    ("inference",),
     ("scheduling", "api"),
     SINGLE,
     "worker_id",
@@ -214,6 +214,16 @@ TOPICS: tuple[Topic, ...] = (
 )
 
 STAGES = ("api", "moderation", "scheduling", "inference", "persistence", "metering", "memory")
+
+
+class UndeclaredPublish(RuntimeError):
+    """A stage wrote to a topic the declaration above does not list it as a producer of."""
+
+
+def check_publish(stage: str, topic: Topic) -> None:
+    """Every publisher calls this before it sends: the declaration is the contract, not a comment."""
+    if stage not in topic.producers:
+        raise UndeclaredPublish(f"{stage} may not publish to {topic.name}: its producers are {topic.producers}")
 
 
 def named(topic: Topic, namespace: str) -> str:

@@ -16,9 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.app import Deps, Services
 from api.auth import TIERS, Admin
 from api.errors import ApiError
-from topics import codec
 from topics.limits import FIELDS, change, effective, row_key
-from topics.pipeline import LIMITS, Topic, named
+from topics.pipeline import LIMITS, Topic
 from topics.tables import TopicTable
 
 router = APIRouter(prefix="/v1/admin")
@@ -38,12 +37,11 @@ class LimitsPatch(BaseModel):
 
 
 async def publish(
-    deps: Services, key: str, record: dict[str, Any] | None, topic: Topic = LIMITS, view: TopicTable | None = None
+    deps: Services, key: str, record: dict[str, Any] | None, topic: Topic, view: TopicTable | None = None
 ) -> None:
     """Write a table row and wait (bounded) until this replica's view has it, so a read right after sees it."""
     view = view or deps.limits
-    value = codec.encode(topic.schema, record) if record is not None else None
-    await deps.producer.send(named(topic, deps.settings.namespace), value, key=key)
+    await deps.producer.publish(topic, record, key=key)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         row = view.get(key)
@@ -72,7 +70,7 @@ async def set_tier(deps: Deps, admin: Admin, tier: str, body: LimitsPatch) -> di
         raise ApiError(404, f"No tier '{tier}'; one of {', '.join(TIERS)}.", "tier_not_found")
     key = row_key("tier", tier)
     fields = {**overrides(deps.limits.get(key)), **body.model_dump(exclude_none=True)}
-    await publish(deps, key, change("tier", tier, fields, admin.user_id))
+    await publish(deps, key, change("tier", tier, fields, admin.user_id), LIMITS)
     return {"tier": tier, "limits": deps.limits.tier(tier).model_dump()}
 
 
@@ -80,13 +78,13 @@ async def set_tier(deps: Deps, admin: Admin, tier: str, body: LimitsPatch) -> di
 async def set_user(deps: Deps, admin: Admin, user_id: str, body: LimitsPatch) -> dict[str, Any]:
     key = row_key("user", user_id)
     fields = {**overrides(deps.limits.get(key)), **body.model_dump(exclude_none=True)}
-    await publish(deps, key, change("user", user_id, fields, admin.user_id))
+    await publish(deps, key, change("user", user_id, fields, admin.user_id), LIMITS)
     return {"user_id": user_id, "overrides": overrides(deps.limits.get(key))}
 
 
 @router.delete("/limits/users/{user_id}", status_code=204)
 async def clear_user(deps: Deps, admin: Admin, user_id: str) -> Response:
-    await publish(deps, row_key("user", user_id), None)
+    await publish(deps, row_key("user", user_id), None, LIMITS)
     return Response(status_code=204)
 
 

@@ -25,8 +25,7 @@ from api.auth import CurrentUser, Principal
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply, parse_cursor
 from storage.cassandra import decode_cursor, encode_cursor, new_id, parse_id, utc
-from topics import codec
-from topics.pipeline import FEEDBACK, MEMORY_CHANGED, named
+from topics.pipeline import FEEDBACK, MEMORY_CHANGED
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -212,9 +211,7 @@ async def memory_changed(deps: Services, chat_id: uuid.UUID, user: Principal, ac
         "content": fields.get("content"),
         "at": int(time.time() * 1000),
     }
-    await deps.producer.send(
-        named(MEMORY_CHANGED, deps.settings.namespace), codec.encode(MEMORY_CHANGED.schema, event), key=str(chat_id)
-    )
+    await deps.producer.publish(MEMORY_CHANGED, event, key=str(chat_id))
 
 
 @router.patch("/{chat_id}/messages/{message_id}")
@@ -488,8 +485,6 @@ async def feedback(deps: Deps, user: CurrentUser, chat_id: str, message_id: str,
         "model": message.model,
         "at": int(time.time() * 1000),
     }
-    await deps.producer.send(
-        named(FEEDBACK, deps.settings.namespace), codec.encode(FEEDBACK.schema, event), key=str(parsed)
-    )
+    await deps.producer.publish(FEEDBACK, event, key=str(parsed))
     log.info("chat %s: answer %s rated %s by %s", chat_id, message.id, event["rating"], user.user_id)
     return {"id": message.id, "object": "feedback", "rating": body.rating}

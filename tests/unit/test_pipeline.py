@@ -1,18 +1,113 @@
-"""The pipeline declaration is consistent: every topic has a schema, one producer, known consumers."""
+"""The pipeline declaration is consistent (every topic has a schema, known producers and consumers) and it is
+the code's: the producers it lists are the stages whose code publishes there, and nothing else may publish."""
 
+import ast
+import asyncio
 import re
+from pathlib import Path
 
-from topics import codec
-from topics.pipeline import CHAT, REPLY, SINGLE, STAGES, TOPICS, Layout, dead_letter_name, named
+import pytest
+
+from topics import codec, pipeline
+from topics.pipeline import (
+    CHAT,
+    LIMITS,
+    PROMPT_ACCEPTED,
+    REPLY,
+    RUN_COMPLETED,
+    SINGLE,
+    STAGES,
+    TOPICS,
+    Layout,
+    UndeclaredPublish,
+    dead_letter_name,
+    named,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where each stage's code lives: what it publishes is read from there.
+STAGE_CODE = {
+    "api": ["api"],
+    "moderation": ["processors/moderate_prompt.py"],
+    "scheduling": ["processors/schedule_run.py"],
+    "persistence": ["processors/persist_turn.py"],
+    "metering": ["processors/meter_usage.py"],
+    "memory": ["processors/remember.py"],
+    "inference": ["inference"],
+}
 
 
-def test_every_topic_has_a_schema_and_exactly_one_known_producer():
+def test_every_topic_has_a_schema_and_known_producers():
     schemas = codec.schemas()
     for topic in TOPICS:
         assert topic.schema in schemas, topic.name
-        assert isinstance(topic.producer, str) and topic.producer in STAGES, topic.name
+        assert topic.producers and set(topic.producers) <= set(STAGES), topic.name
         assert topic.consumers and set(topic.consumers) <= set(STAGES), topic.name
-        assert topic.producer not in topic.consumers, topic.name
+        assert not set(topic.producers) & set(topic.consumers), topic.name
+
+
+def _topics_named(node: ast.AST) -> set[str]:
+    """The pipeline topics an expression names: TOPIC, or RUN_SCHEDULED[...] (every pool's)."""
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Name) and hasattr(pipeline, node.id):
+        value = getattr(pipeline, node.id)
+        if isinstance(value, pipeline.Topic):
+            return {value.name}
+        if isinstance(value, dict) and value and all(isinstance(t, pipeline.Topic) for t in value.values()):
+            return {t.name for t in value.values()}
+    return set()
+
+
+def _published(paths: list[str]) -> set[str]:
+    """Every topic the code publishes to: the topic argument of each publish(...) call. One that names no
+    pipeline topic, unless it is inside a `publish` wrapper whose callers name it, fails the test (the
+    declaration could not be checked against it)."""
+    found: set[str] = set()
+    files = [f for p in paths for f in ((ROOT / p).rglob("*.py") if (ROOT / p).is_dir() else [ROOT / p])]
+    for file in files:
+        tree = ast.parse(file.read_text())
+        wrappers = [
+            n for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef | ast.FunctionDef) and n.name == "publish"
+        ]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != "publish":
+                continue
+            topics = set().union(*(_topics_named(a) for a in (*node.args, *(k.value for k in node.keywords))))
+            inside = any(w.lineno <= node.lineno <= (w.end_lineno or w.lineno) for w in wrappers)
+            assert topics or inside, f"{file}:{node.lineno}: publish() names no pipeline topic"
+            found |= topics
+    return found
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_declared_producers_of_each_topic_are_the_stages_whose_code_publishes_there(stage):
+    declared = {t.name for t in TOPICS if stage in t.producers}
+    assert _published(STAGE_CODE[stage]) == declared
+
+
+def test_publishing_to_a_topic_the_stage_does_not_produce_fails_in_both_kafka_clients():
+    """The edge's and the inference consumers' producer (confluent-kafka) and the faust stages' shell refuse
+    before anything is sent (nothing listens on the bootstrap address)."""
+    from processors.settings import ProcessorSettings
+    from processors.stage import Stage
+    from topics.kafka import AsyncProducer
+
+    async def attempts() -> None:
+        edge = AsyncProducer("127.0.0.1:9", "api", "t")
+        with pytest.raises(UndeclaredPublish, match="api may not publish to chat.run-completed.v1"):
+            await edge.publish(RUN_COMPLETED, {})
+        worker = AsyncProducer("127.0.0.1:9", "inference", "t")
+        with pytest.raises(UndeclaredPublish):
+            await worker.publish(LIMITS, None, key="tier:free")
+        stage = Stage("moderation", ProcessorSettings(kafka_bootstrap="127.0.0.1:9", namespace="t"))
+        with pytest.raises(UndeclaredPublish, match="moderation may not publish to chat.prompt-accepted.v1"):
+            await stage.publish(PROMPT_ACCEPTED, {})
+
+    asyncio.run(attempts())
 
 
 def test_topic_names_follow_domain_event_version():
@@ -44,7 +139,7 @@ def test_every_topic_is_durable_by_its_layout():
 
 def test_every_stage_but_the_edge_consumes_something_and_the_flow_is_connected():
     consumed = {c for t in TOPICS for c in t.consumers}
-    produced = {t.producer for t in TOPICS}
+    produced = {p for t in TOPICS for p in t.producers}
     assert set(STAGES) == consumed | produced
     assert {"moderation", "scheduling", "inference", "persistence", "metering", "api"} <= consumed
 
