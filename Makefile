@@ -72,7 +72,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check api processors inference registry topics storage infra safety replay
 	$(VENV)/bin/mypy
 
-bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover (JSON in bench/results/)
+bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover, run lookup and replay throughput (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
@@ -83,6 +83,7 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/memory_long_chat.py
 	$(PY) bench/frontend.py
 	$(PY) bench/cluster.py
+	$(PY) bench/log_replay.py
 
 lock: $(STAMP)       ## re-resolve the lock files from pyproject.toml (after changing a dependency)
 	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links --allow-unsafe --generate-hashes -o requirements.lock pyproject.toml

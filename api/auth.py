@@ -16,6 +16,7 @@ import jwt
 from fastapi import Depends, Request
 
 from api.errors import ApiError
+from api.settings import ApiSettings
 
 TIERS = ("free", "pro", "enterprise")
 
@@ -64,6 +65,16 @@ def issue(
     if admin:
         claims["admin"] = True
     return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def credential(
+    user: str, tier: str = "pro", ttl_s: int = 3600, admin: bool = False, settings: ApiSettings | None = None
+) -> str:
+    """A credential signed with the settings' secret (by default this machine's: the local stack's), for the
+    CLI's `parley token`, the tests and the benches."""
+    settings = settings or ApiSettings()
+    secret = settings.jwt_secret.get_secret_value()
+    return issue(secret, user, tier, settings.jwt_issuer, settings.jwt_audience, ttl_s, admin=admin)
 
 
 def verify(token: str, secret: str, issuer: str, audience: str) -> Principal:

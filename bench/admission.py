@@ -33,24 +33,20 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from api.auth import issue  # noqa: E402
-from api.settings import ApiSettings  # noqa: E402
+from measure import pct  # noqa: E402
+
+from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
+from replay.sse import aiter_sse  # noqa: E402
 
 PORT_BASE = 19200
 MAX_TOKENS = 32
 FREE_BUDGET = 2_000  # tokens, no refill: binds during the bench
 
 
-def pct(values: list[float], q: float) -> float | None:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else None
-
-
 @functools.cache
 def token(user: str, tier: str, admin: bool = False) -> str:
-    s = ApiSettings()
-    return issue(s.jwt_secret.get_secret_value(), user, tier, s.jwt_issuer, s.jwt_audience, 3600, admin=admin)
+    return credential(user, tier, 3600, admin)
 
 
 class Clients:
@@ -108,12 +104,9 @@ async def _one(client: httpx.AsyncClient, url: str, user: str, tier: str, conten
         if response.status_code != 200:
             out["code"] = json.loads(await response.aread())["error"]["code"]
             return out
-        event = None
-        async for line in response.aiter_lines():
-            if line.startswith("event:"):
-                event = line[7:]
-            elif line.startswith("data:") and event:
-                data = json.loads(line[6:])
+        async for sse in aiter_sse(response.aiter_lines()):
+            event, data = sse.get("event"), sse.get("data")
+            if event and isinstance(data, dict):
                 if event == "run.queued":
                     out["degraded"] = data.get("degraded_from") is not None
                 elif event == "run.started":
@@ -193,8 +186,8 @@ def summarise(results: list[dict]) -> dict[str, Any]:
         "admitted_per_s": round(len(ok) / seconds, 2),
         "rejected": len(refused),
         "rejected_by_code": {c: sum(r.get("code") == c for r in refused) for c in {r.get("code") for r in refused}},
-        "rejection_ms_p50": pct([r["decided_ms"] for r in refused], 0.5),
-        "rejection_ms_p99": pct([r["decided_ms"] for r in refused], 0.99),
+        "rejection_ms_p50": pct([r["decided_ms"] for r in refused], 50, 1),
+        "rejection_ms_p99": pct([r["decided_ms"] for r in refused], 99, 1),
         "degraded": sum(bool(r.get("degraded")) for r in ok),
         "failed_after_admission": sum(1 for r in results if r["status"] == 200 and "tokens" not in r),
         "transport_errors": sum(1 for r in results if r["status"] == 0),
@@ -203,8 +196,8 @@ def summarise(results: list[dict]) -> dict[str, Any]:
         mine = [r["ttft_ms"] for r in ok if r["tier"] == tier and "ttft_ms" in r]
         out[f"{tier}_admitted"] = len(mine)
         out[f"{tier}_rejected"] = sum(r["tier"] == tier for r in refused)
-        out[f"{tier}_ttft_ms_p50"] = pct(mine, 0.5)
-        out[f"{tier}_ttft_ms_p99"] = pct(mine, 0.99)
+        out[f"{tier}_ttft_ms_p50"] = pct(mine, 50, 1)
+        out[f"{tier}_ttft_ms_p99"] = pct(mine, 99, 1)
         # where an admitted run's TTFT goes: request -> admitted (the stream opens) -> its engine starts it
         # (queue) -> first token (prefill)
         mine_ok = [r for r in ok if r["tier"] == tier and "ttft_ms" in r and "started_ms" in r]
@@ -213,8 +206,8 @@ def summarise(results: list[dict]) -> dict[str, Any]:
             ("queue", [r["started_ms"] - r["decided_ms"] for r in mine_ok]),
             ("prefill", [r["ttft_ms"] - r["started_ms"] for r in mine_ok]),
         ):
-            out[f"{tier}_{part}_ms_p50"] = pct(values, 0.5)
-            out[f"{tier}_{part}_ms_p99"] = pct(values, 0.99)
+            out[f"{tier}_{part}_ms_p50"] = pct(values, 50, 1)
+            out[f"{tier}_{part}_ms_p99"] = pct(values, 99, 1)
     return out
 
 
@@ -246,7 +239,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
 
         unloaded = [await one(clients, urls[i % 2], f"solo-{tag}", "pro", content(i)) for i in range(args.solo)]
         solo = [r["ttft_ms"] for r in unloaded if "ttft_ms" in r]
-        baseline = {"pro_ttft_ms_p50": pct(solo, 0.5), "pro_ttft_ms_p99": pct(solo, 0.99), "samples": len(solo)}
+        baseline = {"pro_ttft_ms_p50": pct(solo, 50, 1), "pro_ttft_ms_p99": pct(solo, 99, 1), "samples": len(solo)}
         print(f"unloaded pro TTFT {baseline}", file=sys.stderr)
 
         users = [(f"free-{tag}-{i}", "free") for i in range(20)] + [(f"pro-{tag}-{i}", "pro") for i in range(20)]

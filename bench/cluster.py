@@ -36,7 +36,7 @@ from inference_pools import via_pipeline
 from pipeline_ttft import engine_ttft, pipeline_ttft, stack_memory, summary
 from tqdm import tqdm
 
-from infra.cli import local_token
+from api.auth import credential
 from infra.stack import CLUSTER, SINGLE_NODE, Stack, Topology
 from processors.settings import ProcessorSettings
 from topics.pipeline import TOKEN_DELTA, named
@@ -90,12 +90,12 @@ def measure(topology: Topology, args: argparse.Namespace) -> tuple[Stack, dict[s
     try:
         stack.up()
         result: dict[str, Any] = {"start_s": round(time.perf_counter() - started, 1), "start_steps_s": stack.timings}
-        token = local_token("bench", "pro", 3600)
+        token = credential("bench", "pro", 3600)
         client = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
         for _ in range(3):  # warm-up
             pipeline_ttft(client, client.post("/v1/chats").json()["id"], "Hi.", 16)
         result["ttft"] = added_ttft(stack, client, args.pairs)
-        enterprise = local_token("bench-8", "enterprise", 3600)  # 8 at once is over a pro user's concurrency limit
+        enterprise = credential("bench-8", "enterprise", 3600)  # 8 at once is over a pro user's concurrency limit
         result["eight_chats"] = asyncio.run(eight_at_once(stack.api_url, enterprise, args.rounds))
         time.sleep(2)
         result["rss_mb"] = stack_memory(stack)
@@ -125,7 +125,7 @@ class Streams:
     def _loop(self, i: int) -> None:
         client = httpx.Client(
             base_url=self.stack.api_url,
-            headers={"Authorization": f"Bearer {local_token(f'b-{uuid.uuid4().hex[:6]}', 'pro', 3600)}"},
+            headers={"Authorization": f"Bearer {credential(f'b-{uuid.uuid4().hex[:6]}', 'pro', 3600)}"},
             timeout=httpx.Timeout(60, read=120),
         )
         while self._running:
@@ -261,7 +261,7 @@ def all_nodes_up(timeout_s: float = 180) -> bool:
 def node_kills(stack: Stack, kills: int) -> dict[str, object]:
     """Kill -9 a Cassandra node (not the seed), time until a chat turn sent right after is stored, count what
     was refused meanwhile, restart the node and wait until the cluster sees it up again."""
-    token = local_token(f"b-{uuid.uuid4().hex[:6]}", "pro", 3600)
+    token = credential(f"b-{uuid.uuid4().hex[:6]}", "pro", 3600)
     client = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
     stored_after, refused = [], []
     for i in tqdm(range(kills), desc="cassandra node kills", unit="kill"):

@@ -35,6 +35,9 @@ from typing import Any
 
 import aiohttp
 import httpx
+from measure import pct
+
+from replay.sse import aiter_sse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -155,11 +158,6 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def feed(namespace: str, runs: list[tuple[str, int]], records: int, interval_s: float) -> None:
     """Write each run's records (started is implied; deltas carrying their send time, then completed)."""
     from confluent_kafka import Producer
@@ -216,15 +214,13 @@ async def clients(urls: list[str], go: Any) -> tuple[list[float], int, int]:
                     state["open"] += 1
                     if state["open"] + state["failed"] == len(urls):
                         opened.set()
-                    async for raw in response.content:
-                        line = raw.decode().strip()
-                        if line.startswith("data:") and '"delta"' in line:
-                            sent = float(json.loads(line[5:])["delta"])
-                            delays.append((time.time() - sent) * 1000)
-                            state["delivered"] += 1
-                        elif line.startswith("event: run.completed"):
+                    async for sse in aiter_sse(raw.decode() async for raw in response.content):
+                        if sse.get("event") == "run.completed":
                             state["delivered"] += 1
                             return
+                        if isinstance(sse.get("data"), dict) and "delta" in sse["data"]:
+                            delays.append((time.time() - float(sse["data"]["delta"])) * 1000)
+                            state["delivered"] += 1
             except (TimeoutError, aiohttp.ClientError):
                 state["failed"] += 1
                 if state["open"] + state["failed"] == len(urls):
@@ -269,8 +265,8 @@ def measure(kind: str, n: int, args: argparse.Namespace, namespace: str) -> dict
             "held": held,
             "records_delivered": delivered,
             "records_expected": n * args.records,
-            "delay_ms_p50": round(pct(delays, 0.5), 2),
-            "delay_ms_p99": round(pct(delays, 0.99), 2),
+            "delay_ms_p50": pct(delays, 50, 2),
+            "delay_ms_p99": pct(delays, 99, 2),
             "server_rss_mb_idle": round(rss_before, 1),
             "seconds": round(time.perf_counter() - started, 1),
         }

@@ -31,7 +31,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.cli import local_token  # noqa: E402
+from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
 
 PORT_BASE = 19400
@@ -126,12 +126,12 @@ def main() -> None:
     stack.up()
     try:
         user = f"bench-web-{uuid.uuid4().hex[:6]}"
-        credential = local_token(user, "pro", 3600)
-        client = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {credential}"}, timeout=120)
+        token = credential(user, "pro", 3600)
+        client = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.goto(f"{stack.api_url}/#token={credential}")
+            page.goto(f"{stack.api_url}/#token={token}")
             page.wait_for_selector("#app:not([hidden])")
             api_first_token_ms(client)  # warm both paths once
             page_first_token_ms(page)

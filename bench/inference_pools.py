@@ -28,12 +28,13 @@ import uuid
 from pathlib import Path
 
 import httpx
+from measure import pct
 from tqdm import tqdm
 
-from api.auth import issue
-from api.settings import ApiSettings
+from api.auth import credential
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
+from replay.sse import aiter_sse
 
 TOPICS = [
     "a lighthouse keeper",
@@ -55,11 +56,6 @@ TOPICS = [
 ]
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
 def prompt(i: int) -> str:
     return f"Write a long, detailed story about {TOPICS[i % len(TOPICS)]}."
 
@@ -72,16 +68,14 @@ async def via_pipeline(api: httpx.AsyncClient, content: str, max_tokens: int) ->
     async with api.stream(
         "POST", f"/v1/chats/{chat}/messages", json={"content": content, "max_tokens": max_tokens}
     ) as response:
-        async for line in response.aiter_lines():
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                if event == "token" and first is None:
-                    first = time.perf_counter() - sent
-                elif event == "run.completed":
-                    tokens = json.loads(line[5:])["usage"]["completion_tokens"]
-                elif event == "error":
-                    raise RuntimeError(line)
+        async for sse in aiter_sse(response.aiter_lines()):
+            event = sse.get("event")
+            if event == "token" and first is None:
+                first = time.perf_counter() - sent
+            elif event == "run.completed":
+                tokens = sse["data"]["usage"]["completion_tokens"]
+            elif event == "error":
+                raise RuntimeError(sse)
     assert first is not None
     return sent, first, tokens
 
@@ -100,10 +94,10 @@ async def direct(
     sent = time.perf_counter()
     first, tokens = None, 0
     async with engine.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+        async for sse in aiter_sse(response.aiter_lines()):
+            chunk = sse.get("data")
+            if not isinstance(chunk, dict):  # [DONE]
                 continue
-            chunk = json.loads(line[5:])
             if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
                 first = time.perf_counter() - sent
             if chunk.get("usage"):
@@ -190,10 +184,10 @@ async def openai_turn(api: httpx.AsyncClient, messages: list[dict]) -> dict:
     sent = time.perf_counter()
     first, usage, text = None, None, ""
     async with api.stream("POST", "/v1/chat/completions", json=body) as response:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+        async for sse in aiter_sse(response.aiter_lines()):
+            chunk = sse.get("data")
+            if not isinstance(chunk, dict):  # [DONE]
                 continue
-            chunk = json.loads(line[5:])
             for choice in chunk.get("choices") or ():
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
@@ -245,10 +239,7 @@ async def prefix_reuse(api: httpx.AsyncClient, samples: int) -> dict:
 
 
 async def run(stack: Stack, args: argparse.Namespace) -> dict:
-    settings = ApiSettings()
-    token = issue(
-        settings.jwt_secret.get_secret_value(), "bench", "enterprise", settings.jwt_issuer, settings.jwt_audience
-    )
+    token = credential("bench", "enterprise", 30 * 86_400)
     timeout = httpx.Timeout(300, connect=10)
     limits = httpx.Limits(max_connections=64)
     async with (

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pipeline_ttft import pct, summary
+from measure import pct, summary
 from tqdm import tqdm
 
-from api.auth import issue
-from api.settings import ApiSettings
+from api.auth import credential
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
+from replay.sse import iter_sse
 from safety.replay import events
 from topics import tokens
 from topics.limits import BACKGROUND_PRIORITY
@@ -112,11 +112,11 @@ def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) ->
         "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
     ) as response:
         response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith("event: token") and first is None:
+        for sse in iter_sse(response.iter_lines()):
+            if sse.get("event") == "token" and first is None:
                 first = time.perf_counter()
-            elif line.startswith("data:") and not run_id:
-                run_id = json.loads(line[5:]).get("run_id", "")
+            elif not run_id and isinstance(sse.get("data"), dict):
+                run_id = sse["data"].get("run_id", "")
     return ((first or time.perf_counter()) - started) * 1000, run_id
 
 
@@ -148,9 +148,7 @@ def main() -> None:
     stack = Stack(namespace=f"bench{uuid.uuid4().hex[:6]}", port_base=args.port_base, workers={"small": 1, "large": 1})
     stack.up()
     try:
-        settings = ApiSettings()
-        secret = settings.jwt_secret.get_secret_value()
-        user = issue(secret, "bench-memory", "enterprise", settings.jwt_issuer, settings.jwt_audience)
+        user = credential("bench-memory", "enterprise", 30 * 86_400)
         api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {user}"}, timeout=300)
         chat_id = api.post("/v1/chats", json={"title": "200 turns"}).json()["id"]
         sent: list[dict[str, Any]] = []

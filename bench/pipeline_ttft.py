@@ -16,18 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
 import uuid
 from pathlib import Path
 
 import httpx
+from measure import pct, summary
 from tqdm import tqdm
 
-from api.auth import issue
-from api.settings import ApiSettings
+from api.auth import credential
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
+from replay.sse import iter_sse
 
 PROMPTS = [
     "Say hello.",
@@ -41,21 +41,6 @@ PROMPTS = [
     "Say thanks in Spanish.",
     "Name a musical instrument.",
 ]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "p50": round(pct(values, 50), 2),
-        "p95": round(pct(values, 95), 2),
-        "p99": round(pct(values, 99), 2),
-        "mean": round(statistics.fmean(values), 2),
-        "n": len(values),
-    }
 
 
 def engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> float:
@@ -77,9 +62,9 @@ def _engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_token
     started = time.perf_counter()
     first = None
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        for line in response.iter_lines():  # read to the end, as the pipeline's consumer does
-            if first is None and line.startswith("data:") and line[5:].strip() != "[DONE]":
-                choices = json.loads(line[5:]).get("choices") or [{}]
+        for sse in iter_sse(response.iter_lines()):  # read to the end, as the pipeline's consumer does
+            if first is None and isinstance(chunk := sse.get("data"), dict):
+                choices = chunk.get("choices") or [{}]
                 if (choices[0].get("delta") or {}).get("content"):
                     first = time.perf_counter() - started
     if first is None:
@@ -93,8 +78,8 @@ def pipeline_ttft(client: httpx.Client, chat_id: str, content: str, max_tokens: 
     with client.stream(
         "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
     ) as response:
-        for line in response.iter_lines():
-            if first is None and line == "event: token":
+        for sse in iter_sse(response.iter_lines()):
+            if first is None and sse.get("event") == "token":
                 first = time.perf_counter() - started
     if first is None:
         raise RuntimeError("pipeline produced no token")
@@ -129,10 +114,7 @@ def main() -> None:
     stack = Stack(namespace=f"bench{uuid.uuid4().hex[:6]}", port_base=args.port_base)
     stack.up()
     try:
-        settings = ApiSettings()
-        token = issue(
-            settings.jwt_secret.get_secret_value(), "bench", "pro", settings.jwt_issuer, settings.jwt_audience
-        )
+        token = credential("bench", "pro", 30 * 86_400)
         api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
         engine = httpx.Client(timeout=120, headers=stack.engine_headers())
         engine_url = stack.engine_url()

@@ -31,18 +31,14 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from api.auth import issue  # noqa: E402
-from api.settings import ApiSettings  # noqa: E402
+from measure import pct  # noqa: E402
+
+from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
 from replay.sse import iter_sse  # noqa: E402
 
 PORT_BASE = 19000
 LONG = "Write a very long, detailed story about a lighthouse keeper and the sea."
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2) if ordered else float("nan")
 
 
 def events(lines: Iterator[str], until_tokens: int | None = None) -> list[dict[str, Any]]:
@@ -78,8 +74,7 @@ def main() -> None:
     stack = Stack(namespace=f"b{uuid.uuid4().hex[:8]}", port_base=PORT_BASE, replicas=2)
     stack.up()
     try:
-        s = ApiSettings()
-        token = issue(s.jwt_secret.get_secret_value(), "bench-resume", "pro", s.jwt_issuer, s.jwt_audience)
+        token = credential("bench-resume", "pro", 30 * 86_400)
         auth = {"Authorization": f"Bearer {token}"}
         edge0 = httpx.Client(base_url=f"http://127.0.0.1:{PORT_BASE}", headers=auth, timeout=120)
         edge1 = httpx.Client(base_url=f"http://127.0.0.1:{PORT_BASE + 100}", headers=auth, timeout=120)
@@ -124,9 +119,9 @@ def main() -> None:
         result = {
             "benchmark": "resume_cancel",
             "runs": args.runs,
-            "resume_live_ms": {"p50": pct(live_ms, 0.5), "p99": pct(live_ms, 0.99)},
-            "resume_finished_ms": {"p50": pct(finished_ms, 0.5), "p99": pct(finished_ms, 0.99)},
-            "cancel_to_slot_free_ms": {"p50": pct(cancel_ms, 0.5), "p99": pct(cancel_ms, 0.99)},
+            "resume_live_ms": {"p50": pct(live_ms, 50, 2), "p99": pct(live_ms, 99, 2)},
+            "resume_finished_ms": {"p50": pct(finished_ms, 50, 2), "p99": pct(finished_ms, 99, 2)},
+            "cancel_to_slot_free_ms": {"p50": pct(cancel_ms, 50, 2), "p99": pct(cancel_ms, 99, 2)},
             "tokens_after_cancel_request": {"median": statistics.median(after_cancel), "max": max(after_cancel)},
             "tokens_per_delta_record": round(statistics.median(per_record), 2),
             "cancel_samples": len(cancel_ms),

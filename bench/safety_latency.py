@@ -27,12 +27,13 @@ import uuid
 from pathlib import Path
 
 import httpx
-from pipeline_ttft import pct, summary
+from measure import pct, summary
 from tqdm import tqdm
 
-from api.auth import issue
+from api.auth import credential
 from api.settings import ApiSettings
 from infra.stack import Stack
+from replay.sse import iter_sse
 from safety.moderator import Moderator
 from safety.output import CONTEXT_CHARS, WINDOWS_PER_CHECK
 from safety.policy import BUILTIN
@@ -99,13 +100,12 @@ def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) ->
     with client.stream(
         "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
     ) as response:
-        for line in response.iter_lines():
-            if line.startswith("event:"):
-                event = line[6:].strip()
-                if event == "token":
-                    stamps.append(time.perf_counter())
-            elif line.startswith("data:") and not run_id:
-                run_id = json.loads(line[5:]).get("run_id", "")
+        for sse in iter_sse(response.iter_lines()):
+            event = sse.get("event", "")
+            if event == "token":
+                stamps.append(time.perf_counter())
+            elif not run_id and isinstance(sse.get("data"), dict):
+                run_id = sse["data"].get("run_id", "")
     if not stamps:
         if event == "moderation":
             return None
@@ -139,10 +139,8 @@ def on_stack(pairs: int, max_tokens: int, port_base: int, think_ms: int) -> dict
     stack = Stack(namespace=f"bench{uuid.uuid4().hex[:6]}", port_base=port_base)
     stack.up()
     try:
-        settings = ApiSettings()
-        secret = settings.jwt_secret.get_secret_value()
-        user = issue(secret, "bench-safety", "enterprise", settings.jwt_issuer, settings.jwt_audience)
-        root = issue(secret, "root", "pro", settings.jwt_issuer, settings.jwt_audience, admin=True)
+        user = credential("bench-safety", "enterprise", 30 * 86_400)
+        root = credential("root", "pro", 30 * 86_400, admin=True)
         api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {user}"}, timeout=120)
         admin = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {root}"}, timeout=30)
         off = {"version": "bench-off", "rules": []}

@@ -47,25 +47,19 @@ def _stack(args: argparse.Namespace) -> Stack:
     )
 
 
-def local_token(user: str, tier: str, ttl: int, admin: bool = False) -> str:
-    """A credential signed with the local stack's secret."""
-    from api.auth import issue
-    from api.settings import ApiSettings
-
-    settings = ApiSettings()
-    secret = settings.jwt_secret.get_secret_value()
-    return issue(secret, user, tier, settings.jwt_issuer, settings.jwt_audience, ttl, admin=admin)
-
-
 def cmd_token(args: argparse.Namespace) -> None:
-    print(local_token(args.user, args.tier, args.ttl, args.admin))
+    from api.auth import credential
+
+    print(credential(args.user, args.tier, args.ttl, args.admin))
 
 
 def sign_in_links(api_url: str) -> str:
     """Links that open the chat app (and the usage dashboard) signed in as the local user, for 30 days."""
+    from api.auth import credential
+
     user = getpass.getuser() or "you"
-    chat = local_token(user, "pro", 30 * 86_400)
-    dashboard = local_token(user, "pro", 30 * 86_400, admin=True)
+    chat = credential(user, "pro", 30 * 86_400)
+    dashboard = credential(user, "pro", 30 * 86_400, admin=True)
     return (
         f"  chat (signed in as {user}): {api_url}/#token={chat}\n"
         f"  usage dashboard (admin):  {api_url}/dashboard#token={dashboard}"
@@ -334,8 +328,10 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
         policy = cand.load_policy(args.policy) if args.policy else None
     except (evals.SuiteError, cand.CandidateError) as exc:
         raise SystemExit(f"parley eval: {exc}") from None
+    from api.auth import credential
+
     label = args.label or evals.new_label()
-    token = args.token or local_token(f"eval-{label}", args.tier, 24 * 3600)
+    token = args.token or credential(f"eval-{label}", args.tier, 24 * 3600)
     url, namespace, stack = args.url or Stack(port_base=args.port_base).api_url, settings.namespace, None
     since = int(time.time() * 1000)
     results = []

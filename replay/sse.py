@@ -1,27 +1,60 @@
-"""Server-sent events as a client of the chat API reads them: the eval runner's, the tests' and the benches'."""
+"""Server-sent events as a client of the chat API reads them: the eval runner's, the tests' and the benches' one
+parser, for a blocking body (iter_sse) and an asyncio one (aiter_sse).
+
+Each event comes out as it completes (at its blank line) as {"event", "id", "data"}: data JSON-decoded, or
+the text itself where it is not JSON (the OpenAI stream's closing `[DONE]`); comments (the pings) are skipped.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from typing import Any
+
+SseEvent = dict[str, Any]
 
 
-def iter_sse(lines: Iterable[str]) -> Iterator[dict]:  # type: ignore[type-arg]
-    """Each event of an SSE body as it completes: {"event", "id", "data"} (data JSON-decoded)."""
-    current: dict = {}  # type: ignore[type-arg]
-    for line in lines:
+class _Fold:
+    """Lines in, events out: the one state machine both iterators share."""
+
+    def __init__(self) -> None:
+        self.current: SseEvent = {}
+
+    def line(self, line: str) -> SseEvent | None:
+        line = line.rstrip("\r\n")
         if not line:
-            if current:
-                yield current
-                current = {}
-            continue
-        if line.startswith(":"):  # a comment (the ping)
-            continue
+            done, self.current = self.current, {}
+            return done or None
+        if line.startswith(":"):
+            return None
         field, _, value = line.partition(":")
         value = value[1:] if value.startswith(" ") else value
         if field == "data":
-            current["data"] = json.loads(value)
+            try:
+                self.current["data"] = json.loads(value)
+            except ValueError:
+                self.current["data"] = value
         elif field in ("event", "id"):
-            current[field] = value
-    if current:
-        yield current
+            self.current[field] = value
+        return None
+
+    def end(self) -> SseEvent | None:
+        return self.current or None
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
+    fold = _Fold()
+    for line in lines:
+        if (event := fold.line(line)) is not None:
+            yield event
+    if (event := fold.end()) is not None:
+        yield event
+
+
+async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[SseEvent]:
+    fold = _Fold()
+    async for line in lines:
+        if (event := fold.line(line)) is not None:
+            yield event
+    if (event := fold.end()) is not None:
+        yield event

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from infra.cli import local_token
+from api.auth import credential
 from infra.stack import CLUSTER, Node, Stack
 from registry import client as registry
 from topics.pipeline import Topic, named
@@ -41,7 +41,7 @@ class Cluster:
         return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
     def token(self) -> str:
-        return local_token(f"u-{uuid.uuid4().hex[:8]}", "pro", 3600)
+        return credential(f"u-{uuid.uuid4().hex[:8]}", "pro", 3600)
 
     def topic(self, topic: Topic) -> str:
         return named(topic, self.namespace)

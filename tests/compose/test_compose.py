@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from api.auth import issue
+from api.auth import credential
 from api.settings import ApiSettings
 from tests.sse import iter_sse
 from tests.stack.conftest import forget_topics
@@ -66,8 +66,7 @@ def eventually(read, done, timeout_s: float = 60.0):
 
 
 def token(env: dict[str, str], user: str, admin: bool = False) -> str:
-    settings = ApiSettings()
-    return issue(env["PARLEY_JWT_SECRET"], user, "pro", settings.jwt_issuer, settings.jwt_audience, 600, admin=admin)
+    return credential(user, "pro", 600, admin, ApiSettings(jwt_secret=env["PARLEY_JWT_SECRET"]))
 
 
 def test_the_compose_topology_serves_a_chat_its_usage_and_the_dashboard(compose):

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from infra.cli import local_token
+from api.auth import credential
 from infra.stack import LOCAL, Stack
 from registry import client as registry
 from topics.pipeline import Topic, named
@@ -40,7 +40,7 @@ class Live:
         return self.stack.namespace
 
     def token(self, user: str | None = None, tier: str = "pro", ttl: int = 3600, admin: bool = False) -> str:
-        return local_token(user or f"u-{uuid.uuid4().hex[:8]}", tier, ttl, admin)
+        return credential(user or f"u-{uuid.uuid4().hex[:8]}", tier, ttl, admin)
 
     def client(self, token: str | None = None, replica: int = 0) -> httpx.Client:
         """A client of one edge replica (replica 1 listens on port base + 100, with its own reply partition)."""

@@ -18,6 +18,8 @@ from confluent_kafka import Producer
 from tests.stack.conftest import BOOTSTRAP, for_run, read_topic, sse_events, wait_for
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
+from ..sse import iter_sse
+
 
 def set_limits(live, user: str, **fields) -> None:
     with live.client(live.token("root", "pro", admin=True)) as admin:
@@ -275,9 +277,9 @@ def test_under_pressure_free_runs_are_degraded_to_the_small_pool_or_refused_fast
     large = "smollm2-135m-instruct-8k"
 
     def first_event(response) -> dict:
-        for line in response.iter_lines():
-            if line.startswith("data:"):
-                return json.loads(line[5:])
+        for event in iter_sse(response.iter_lines()):
+            if "data" in event:
+                return event["data"]
         raise AssertionError("no event")
 
     with live.client(pro) as client:  # fill the large pool (one consumer, two slots) and queue one more

@@ -2,7 +2,6 @@
 engine's own prompt_tokens), background summaries on the small pool, retrieval from Cassandra's vector index,
 and edits, deletes and resets that memory follows."""
 
-import json
 import uuid
 from datetime import timedelta
 
@@ -13,6 +12,7 @@ from topics.limits import BACKGROUND_PRIORITY
 from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 from topics.settings import DEFAULT_POOLS
 
+from ..sse import iter_sse
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
 
 FACT = "My cat is called Pepperoni and she is eleven years old."
@@ -201,15 +201,15 @@ def test_a_background_run_gives_the_engine_to_a_reply_and_waits_for_the_next_idl
     with client.stream(
         "POST", f"/v1/chats/{chat_id}/messages", json={"content": "Tell me about Paris.", "max_tokens": 48}
     ) as response:
-        lines = response.iter_lines()
-        for line in lines:
-            if line.startswith("data:") and "run_id" in line:
-                reply2_id = json.loads(line[5:])["run_id"]
-            if line == "event: run.started":
+        events = iter_sse(response.iter_lines())
+        for event in events:
+            if isinstance(event.get("data"), dict) and "run_id" in event["data"]:
+                reply2_id = event["data"]["run_id"]
+            if event.get("event") == "run.started":
                 break
         later = background("Write a short poem about the sea.")
-        rest = [line for line in lines if line.startswith("event:")]
-    assert rest[-1] == "event: run.completed", rest
+        rest = [event["event"] for event in events if "event" in event]
+    assert rest[-1] == "run.completed", rest
     done_later = wait_for(lambda: completion(later), timeout_s=120)
     answered2 = completion(reply2_id)
     assert done_later["finish_reason"] in ("stop", "length"), done_later

@@ -11,7 +11,7 @@
   inference consumer and engine per pool) with 8-token answers: runs/s from its processes ready to the last
   result, and the command's wall time with their start-up.
 
-Prints JSON and writes bench/results/replay.json. Usage: python bench/replay.py [--records 1000000]
+Prints JSON and writes bench/results/log_replay.json. Usage: python bench/log_replay.py [--records 1000000]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.cli import local_token  # noqa: E402
+from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
 from registry import client as registry  # noqa: E402
 from replay import runs  # noqa: E402
@@ -123,7 +123,7 @@ def main() -> None:
     try:
         user = f"bench-{uuid.uuid4().hex[:6]}"
         client = httpx.Client(
-            base_url=stack.api_url, headers={"Authorization": f"Bearer {local_token(user, 'pro', 3600)}"}, timeout=120
+            base_url=stack.api_url, headers={"Authorization": f"Bearer {credential(user, 'pro', 3600)}"}, timeout=120
         )
         texts = [f"Name a fruit, number {i}." for i in range(args.runs)]
         started = time.perf_counter()
@@ -262,7 +262,7 @@ def main() -> None:
     finally:
         stack.stop()
     print(json.dumps(out, indent=2))
-    (ROOT / "bench" / "results" / "replay.json").write_text(json.dumps(out, indent=2) + "\n")
+    (ROOT / "bench" / "results" / "log_replay.json").write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
