@@ -7,7 +7,7 @@ import pytest
 from api.routes.openai import conversation_key
 from inference.engine import EngineDown, OpenAIStreamEngine, Outcome, Request, parse_sse_line
 from inference.takeover import prior_of
-from inference.worker import usage_after
+from inference.run import usage_after
 from processors.schedule_run import TooLong, assemble_given
 from processors.settings import ProcessorSettings
 from topics.admission import estimate_tokens

@@ -1,0 +1,367 @@
+"""One run on this consumer: what it holds of it (Flight) and how it is served (RunServer): started,
+coalesced deltas to its reply partition with the output guard beside, its terminal delta and RunCompleted.
+A run another consumer had begun is continued after the text it published (inference/takeover.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Message
+
+from inference.coalesce import Coalescer
+from inference.control import RunControls
+from inference.engine import Engine, EngineDown, Outcome, Request, generate
+from inference.metrics import CANCEL_LATENCY, HANDED_OFF, INTER_TOKEN, RUNS, TAKEN_OVER, TOKENS, TTFT
+from inference.settings import InferenceSettings
+from inference.takeover import Prior, prior_of
+from safety.moderator import Moderator
+from safety.output import OutputGuard
+from safety.policy import PolicyView
+from topics.codec import Event
+from topics.codec import token_delta as delta
+from topics.kafka import AsyncProducer
+from topics.limits import BACKGROUND_PRIORITY
+from topics.pipeline import OUTPUT_MODERATED, RUN_COMPLETED, TOKEN_DELTA, named
+from topics.reply_log import published
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def epoch_ms(value: Any) -> int:
+    """A timestamp-millis field as decoded (datetime) or as built here (int)."""
+    return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
+
+
+@dataclass
+class Timing:
+    """What a run's usage row reports besides tokens: the gaps between its tokens, its wait before serving,
+    and what the output guard did."""
+
+    queue_ms: float = 0.0
+    gaps_ms: list[float] = field(default_factory=list)
+    moderation: str = "passed"
+
+    def itl(self, q: float) -> float:
+        """The q-quantile of the gaps between consecutive tokens (nearest rank; 0 with none) (pure)."""
+        if not self.gaps_ms:
+            return 0.0
+        ranked = sorted(self.gaps_ms)
+        return round(ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))], 3)
+
+
+def completed(
+    run: Event,
+    text: str,
+    finish_reason: str,
+    usage: dict[str, int],
+    ttft_ms: float,
+    duration_ms: float,
+    served_by: str,
+    error: str | None = None,
+    timing: Timing | None = None,
+) -> Event:
+    timing = timing or Timing()
+    return {
+        # One id per run: a RunCompleted published again after a takeover is the same event to every sink.
+        "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"parley:run-completed:{run['prompt']['run_id']}")),
+        "prompt": run["prompt"],
+        "pool": run["pool"],
+        "model": run["model"],
+        "content": text,
+        "finish_reason": finish_reason,
+        "usage": usage,
+        "ttft_ms": ttft_ms,
+        "duration_ms": duration_ms,
+        "error_message": error,
+        "served_by": served_by,
+        "itl_p50_ms": timing.itl(0.5),
+        "itl_p99_ms": timing.itl(0.99),
+        "queue_ms": timing.queue_ms,
+        "moderation": timing.moderation,
+        "completed_at": now_ms(),
+    }
+
+
+def usage_after(prior: Prior, outcome: Outcome | None) -> dict[str, int]:
+    """The run's usage (pure). A continued run's engine prompt held the text published before; that text is
+    counted once, as completion, and the prompt as the user's own (the re-read is our failure's cost)."""
+    if outcome is None:
+        return {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
+    prompt = max(0, outcome.prompt_tokens - prior.tokens) if prior.started else outcome.prompt_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": prior.tokens + outcome.completion_tokens,
+        "cached_tokens": min(outcome.cached_tokens, prompt),
+    }
+
+
+@dataclass
+class Flight:
+    """One run this consumer holds."""
+
+    msg: Message
+    run: Event
+    partition: int
+    maybe_started: bool  # read from before this consumer was assigned the partition: another may have begun it
+    read_at: float = field(default_factory=time.monotonic)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # set by a cancel or a hand-off
+    handing_off: bool = False
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def run_id(self) -> str:
+        return str(self.run["prompt"]["run_id"])
+
+    @property
+    def tier(self) -> str:
+        return str(self.run["prompt"]["tier"])
+
+    @property
+    def background(self) -> bool:
+        return int(self.run.get("priority", 0)) <= BACKGROUND_PRIORITY
+
+
+class RunServer:
+    """Serves runs on one engine and publishes what they produce; shared by every run of the consumer."""
+
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        engine: Engine,
+        producer: AsyncProducer,
+        controls: RunControls,
+        policies: PolicyView,
+        moderator: Moderator | None,
+        engine_down: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.producer = producer
+        self.controls = controls
+        self.policies = policies
+        self.moderator = moderator  # None: output moderation is off (docs/decisions/0007-safety.md)
+        self.engine_down = engine_down  # the engine failed mid-run: the consumer stops taking work
+
+    async def _publish_delta(self, run: Event, record: Event) -> None:
+        await self.producer.publish(TOKEN_DELTA, record, partition=run["prompt"]["reply_partition"])
+
+    async def prior(self, flight: Flight) -> Prior:
+        """What another consumer already published of this run (nothing unless it may have begun it)."""
+        if not flight.maybe_started:
+            return Prior()
+        prompt = flight.run["prompt"]
+        records = await asyncio.get_running_loop().run_in_executor(
+            None,
+            published,
+            self.settings.kafka_bootstrap,
+            named(TOKEN_DELTA, self.settings.namespace),
+            prompt["reply_partition"],
+            prompt["run_id"],
+            epoch_ms(flight.run["scheduled_at"]),
+            self.settings.group("inference.takeover"),
+        )
+        prior = prior_of(records)
+        if prior.started:
+            state = "ended" if prior.terminal else "continued"
+            TAKEN_OVER.labels(self.settings.pool, state).inc()
+            log.info(
+                "run %s was started by another consumer (%d records, %d tokens published): %s here",
+                prompt["run_id"],
+                prior.seq + 1,
+                prior.tokens,
+                state,
+            )
+        return prior
+
+    async def serve(self, flight: Flight) -> Event | None:
+        """Generate one run: started, coalesced deltas, completed (also on failure), then RunCompleted.
+
+        Returns None when the run was handed off (to continue on another consumer): nothing final published.
+        """
+        run, pool = flight.run, self.settings.pool
+        prompt = run["prompt"]
+        prior = await self.prior(flight)
+        if prior.terminal is not None:
+            return await self._finish_ended(run, prior)
+        started = time.perf_counter()
+        age_s = time.time() - epoch_ms(run["scheduled_at"]) / 1000
+        timing = Timing(queue_ms=round(max(0.0, age_s) * 1000, 1))
+        if age_s > self.settings.run_deadline_s:
+            log.warning("run %s expired: scheduled %.0fs ago, never served", prompt["run_id"], age_s)
+            return await self._finish(
+                run,
+                prior,
+                prior.seq + 1,
+                outcome=None,
+                started=started,
+                error=("run_expired", "No model server could take this request in time. Please try again."),
+                timing=timing,
+            )
+        if prior.started and prior.tokens >= prompt["max_tokens"]:  # it had reached its limit when it stopped
+            return await self._finish(
+                run,
+                prior,
+                prior.seq + 1,
+                outcome=Outcome(finish_reason="length"),
+                started=started,
+                error=None,
+                timing=timing,
+            )
+        seq = prior.seq
+        if not prior.started:
+            seq = 0
+            await self._publish_delta(run, delta(run, 0, "started", model=run["model"]))
+        request = Request(
+            prompt["run_id"],
+            run["model"],
+            [dict(m) for m in run["messages"]],
+            prompt["max_tokens"] - prior.tokens,
+            self.settings.temperature if prompt.get("temperature") is None else prompt["temperature"],
+            continuation=prior.text,
+        )
+        coalescer = Coalescer(self.settings.coalesce_ms / 1000)
+        guard = None
+        # A background run (a summary) is never shown, so there is nothing to retract as it streams; what it
+        # puts into later prompts is screened by the scheduler's context guard, and the replies those prompts
+        # produce by this guard. Screening it here only lost summaries to false retractions.
+        if self.moderator is not None and not flight.background:
+            policy = self.policies.for_tier(prompt["tier"])
+            window = self.settings.moderation_window_tokens
+            guard = OutputGuard(self.moderator, policy, flight.stop.set, window, prior.text)
+        else:
+            timing.moderation = "unscreened"
+        last_emit: float | None = None
+        last_piece: float | None = None
+        outcome: Outcome | None = None
+        failure: tuple[str, str] | None = None
+        try:
+            async for piece, progress in generate(self.engine, request, flight.stop):
+                outcome = progress
+                arrived = time.perf_counter()
+                if last_piece is not None:
+                    timing.gaps_ms.append((arrived - last_piece) * 1000)
+                last_piece = arrived
+                if guard is not None:
+                    guard.feed(piece, prior.tokens + progress.pieces)
+                ready = coalescer.add(piece)
+                if ready:
+                    seq += 1
+                    tokens = prior.tokens + progress.completion_tokens
+                    await self._publish_delta(run, delta(run, seq, "delta", text=ready, tokens=tokens))
+                    now = time.perf_counter()
+                    if last_emit is not None:
+                        INTER_TOKEN.labels(pool).observe(now - last_emit)
+                    last_emit = now
+        except EngineDown as exc:
+            log.warning("run %s: engine failed mid-run (%s); handing the run off", prompt["run_id"], exc)
+            self.engine_down()
+            flight.handing_off = True
+        except Exception as exc:  # the engine refused the request: the run ends with an error, never hangs
+            log.exception("run %s failed in the engine", prompt["run_id"])
+            failure = ("engine_error", f"The model failed while generating this answer ({type(exc).__name__}).")
+        rest = coalescer.drain()
+        if rest:  # generated text is published even when the run stops here, so a successor continues after it
+            seq += 1
+            tokens = prior.tokens + (outcome.completion_tokens if outcome else 0)
+            await self._publish_delta(run, delta(run, seq, "delta", text=rest, tokens=tokens))
+        if flight.handing_off:
+            HANDED_OFF.labels(pool).inc()
+            log.info("run %s handed off after %d records", prompt["run_id"], seq + 1)
+            return None
+        if guard is not None:
+            await guard.finish()  # the last window is checked before the stream ends
+            if guard.blocked is not None:
+                seq += 1
+                await self._publish_delta(run, self._retraction(run, seq, guard))
+        if outcome is None and flight.stop.is_set():
+            outcome = Outcome(finish_reason="cancelled")  # cancelled before the engine produced anything
+        if outcome is not None and outcome.finish_reason == "cancelled":
+            requested = self.controls.requested_at(prompt["run_id"])
+            if requested is not None:
+                CANCEL_LATENCY.labels(pool).observe(max(0.0, time.time() - requested))
+            log.info("run %s cancelled after %d completion tokens", prompt["run_id"], outcome.completion_tokens)
+        return await self._finish(
+            run, prior, seq + 1, outcome=outcome, started=started, error=failure, guard=guard, timing=timing
+        )
+
+    @staticmethod
+    def _retraction(run: Event, seq: int, guard: OutputGuard) -> Event:
+        assert guard.blocked is not None
+        return delta(
+            run,
+            seq,
+            "moderation",
+            category=guard.blocked.decision.category,
+            retract_from=guard.retract_from,
+            error_message="Part of this answer was withdrawn by the content policy.",
+        )
+
+    async def _finish(
+        self,
+        run: Event,
+        prior: Prior,
+        seq: int,
+        *,
+        outcome: Outcome | None,
+        started: float,
+        error: tuple[str, str] | None,
+        guard: OutputGuard | None = None,
+        timing: Timing | None = None,
+    ) -> Event:
+        """Publish the terminal delta and RunCompleted (and the run's output moderation)."""
+        pool = self.settings.pool
+        usage = usage_after(prior, outcome)
+        text = prior.text + ("".join(outcome.text) if outcome else "")
+        first = outcome.first_token_at if outcome else None
+        ttft_ms = (first - started) * 1000 if first else 0.0
+        finish = "error" if error else (outcome.finish_reason if outcome else "stop")
+        if guard is not None and guard.blocked is not None:
+            text, finish = guard.kept(), "content_filter"  # what was retracted is never stored
+            timing = timing or Timing()
+            timing.moderation = f"retracted:{guard.blocked.decision.category}"
+        tokens = usage["completion_tokens"]
+        if error:
+            terminal = delta(run, seq, "error", error_code=error[0], error_message=error[1], tokens=tokens)
+        else:
+            terminal = delta(
+                run, seq, "completed", finish_reason=finish, usage=usage, model=run["model"], tokens=tokens
+            )
+        await self._publish_delta(run, terminal)
+        duration_ms = (time.perf_counter() - started) * 1000
+        message = error[1] if error else None
+        done = completed(run, text, finish, usage, ttft_ms, duration_ms, self.settings.worker_id, message, timing)
+        await self.producer.publish(RUN_COMPLETED, done, key=run["prompt"]["chat_id"])
+        if guard is not None:
+            await self.producer.publish(OUTPUT_MODERATED, guard.event(run), key=run["prompt"]["chat_id"])
+        if first:
+            TTFT.labels(pool).observe(first - started)
+        TOKENS.labels(pool, "prompt").inc(usage["prompt_tokens"])
+        TOKENS.labels(pool, "cached").inc(usage["cached_tokens"])
+        TOKENS.labels(pool, "completion").inc(usage["completion_tokens"])
+        RUNS.labels(pool, finish).inc()
+        return done
+
+    async def _finish_ended(self, run: Event, prior: Prior) -> Event:
+        """A run whose consumer died after its terminal delta: publish its RunCompleted from the log."""
+        terminal = prior.terminal
+        assert terminal is not None
+        error = terminal["kind"] == "error"
+        usage = terminal["usage"] or {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
+        finish = "error" if error else terminal["finish_reason"] or "stop"
+        message = terminal["error_message"] if error else None
+        timing = Timing(moderation="retracted" if finish == "content_filter" else "passed")  # category: in the log
+        done = completed(run, prior.text, finish, usage, 0.0, 0.0, self.settings.worker_id, message, timing)
+        await self.producer.publish(RUN_COMPLETED, done, key=run["prompt"]["chat_id"])
+        return done
