@@ -20,7 +20,10 @@ from api.replies import ReplyHub
 from api.settings import ApiSettings
 from registry import client as registry
 from safety.policy import PolicyView
-from storage.cassandra import Conversations
+from storage import schema
+from storage.api_keys import ApiKeys
+from storage.conversations import Conversations
+from storage.decisions import SafetyDecisions
 from storage.ledger import Ledger
 from storage.memory import Memory
 from topics import tracing
@@ -43,6 +46,8 @@ class Services:
     pools: PoolView  # the inference consumers' load: the edge sheds at the door what could not be placed
     policies: PolicyView  # the safety policies, for the admin routes
     memory: Memory  # a chat's embeddings and summaries: an edit or a delete forgets at once
+    keys: ApiKeys
+    decisions: SafetyDecisions  # the moderation decisions admins review (written by the persistence stage)
 
 
 def services(request: Request) -> Services:
@@ -64,22 +69,26 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         tracing.setup("parley-api")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, registry.connect, settings.schema_registry_url)
-        conversations = await loop.run_in_executor(None, Conversations.connect, settings.cassandra)
+        session = await loop.run_in_executor(None, schema.connect, settings.cassandra)
+        keyspace = settings.keyspace_name
+        conversations = await loop.run_in_executor(None, Conversations, session, keyspace)
         producer = AsyncProducer(settings.kafka_bootstrap, "api", settings.namespace)
         producer.start()
         replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.edge_session_timeout_s)
         await loop.run_in_executor(None, replies.start, loop)
         http = httpx.AsyncClient(timeout=5.0)
-        ledger = await loop.run_in_executor(None, Ledger, conversations.session, settings.keyspace_name)
+        ledger = await loop.run_in_executor(None, Ledger, session, keyspace)
         limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, limits.start)
         pools = PoolView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, pools.start)
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, policies.start)
-        memory = await loop.run_in_executor(None, Memory, conversations.session, settings.keyspace_name)
+        memory = await loop.run_in_executor(None, Memory, session, keyspace)
+        keys = await loop.run_in_executor(None, ApiKeys, session, keyspace)
+        decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace)
         app.state.services = Services(
-            settings, producer, replies, conversations, http, ledger, limits, pools, policies, memory
+            settings, producer, replies, conversations, http, ledger, limits, pools, policies, memory, keys, decisions
         )
         log.info("edge ready on %s:%d, reply partitions %s", settings.host, settings.port, list(replies.partitions))
         try:
@@ -91,7 +100,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             limits.stop()
             replies.stop()
             await producer.close()
-            conversations.close()
+            session.cluster.shutdown()
 
     # FastAPI's own OpenTelemetry server span per request continues the caller's traceparent (one trace from
     # the user's service through every stage); probes and scrapes are left out, and so are its per-dependency

@@ -109,7 +109,7 @@ async def principal(request: Request) -> Principal:
         )
     token = token.strip()
     if token.startswith(KEY_PREFIX):
-        owner = await request.app.state.services.conversations.key_owner(key_hash(token))
+        owner = await request.app.state.services.keys.key_owner(key_hash(token))
         if owner is None:
             raise ApiError(401, "The API key is not valid or has been revoked.", "invalid_api_key")
         return Principal(owner[0], owner[1], via_key=True)

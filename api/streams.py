@@ -21,7 +21,7 @@ from api.app import Services
 from api.auth import Principal
 from api.errors import ApiError
 from api.replies import ACCEPTED, HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
-from storage.cassandra import id_time_ms
+from storage.ids import id_time_ms
 from topics.admission import at_the_door, capacity_message, estimate_tokens
 from topics.codec import Event
 from topics.kafka import until_ready

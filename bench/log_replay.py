@@ -38,7 +38,7 @@ from infra.stack import Stack  # noqa: E402
 from registry import client as registry  # noqa: E402
 from replay import runs  # noqa: E402
 from replay.sse import iter_sse  # noqa: E402
-from storage.cassandra import UUID_EPOCH  # noqa: E402
+from storage.ids import UUID_EPOCH  # noqa: E402
 from topics import codec  # noqa: E402
 from topics.kafka import ensure_topics, producer_config  # noqa: E402
 from topics.pipeline import PROMPT_ACCEPTED, named  # noqa: E402

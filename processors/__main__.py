@@ -26,14 +26,16 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from processors import schedule_run
         from safety.moderator import Moderator
         from safety.policy import PolicyView
-        from storage.cassandra import Conversations
+        from storage import schema
+        from storage.conversations import Conversations
         from storage.ledger import Ledger
         from storage.memory import Memory
         from topics.admission import PoolView
         from topics.limits import LimitsView
 
-        conversations = Conversations.connect(settings.cassandra)
-        ledger = Ledger(conversations.session, settings.keyspace_name, settings.run_deadline_s)
+        session = schema.connect(settings.cassandra)
+        conversations = Conversations(session, settings.keyspace_name)
+        ledger = Ledger(session, settings.keyspace_name, settings.run_deadline_s)
         limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
         pools = PoolView(settings.kafka_bootstrap, settings.namespace)
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
@@ -41,14 +43,17 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         pools.start()
         policies.start()
         context = schedule_run.ContextGuard(Moderator(), policies)
-        memory = Memory(conversations.session, settings.keyspace_name)
+        memory = Memory(session, settings.keyspace_name)
         schedule_run.register(stage, conversations, ledger, limits, pools, context, memory)
     elif name == "persistence":
         from processors import persist_turn
-        from storage.cassandra import Conversations
+        from storage import schema
+        from storage.conversations import Conversations
+        from storage.decisions import SafetyDecisions
 
-        conversations = Conversations.connect(settings.cassandra)
-        persist_turn.register(stage, conversations)
+        session = schema.connect(settings.cassandra)
+        keyspace = settings.keyspace_name
+        persist_turn.register(stage, Conversations(session, keyspace), SafetyDecisions(session, keyspace))
     elif name == "metering":
         from processors import meter_usage
 
@@ -56,12 +61,13 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
     elif name == "memory":
         from processors import remember
         from safety.encoder import Encoder
-        from storage.cassandra import Conversations
+        from storage import schema
+        from storage.conversations import Conversations
         from storage.memory import Memory
 
-        conversations = Conversations.connect(settings.cassandra)
-        memory = Memory(conversations.session, settings.keyspace_name)
-        remember.register(stage, conversations, memory, Encoder(), settings)
+        session = schema.connect(settings.cassandra)
+        conversations = Conversations(session, settings.keyspace_name)
+        remember.register(stage, conversations, Memory(session, settings.keyspace_name), Encoder(), settings)
     else:
         raise SystemExit(f"unknown stage {name!r}; one of {', '.join(STAGES)}")
     return stage

@@ -13,7 +13,8 @@ import uuid
 from datetime import UTC, datetime
 
 from processors.stage import Stage
-from storage.cassandra import Conversations, Message, SafetyDecision
+from storage.conversations import Conversations, Message
+from storage.decisions import SafetyDecision, SafetyDecisions
 from topics.codec import Event
 from topics.pipeline import (
     FEEDBACK,
@@ -103,7 +104,7 @@ def output_decision(moderated: Event) -> SafetyDecision | None:
 log = logging.getLogger(__name__)
 
 
-def register(stage: Stage, conversations: Conversations) -> None:
+def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisions) -> None:
     async def stored_chat(prompt: Event) -> uuid.UUID | None:
         """The chat to write into, or None for a stateless run or a chat deleted meanwhile."""
         if not prompt.get("store", True):
@@ -130,11 +131,11 @@ def register(stage: Stage, conversations: Conversations) -> None:
 
     async def on_moderated(moderated: Event) -> None:
         if decision := input_decision(moderated):
-            await conversations.put_decision(decision)
+            await decisions.put(decision)
 
     async def on_output_moderated(moderated: Event) -> None:
         if decision := output_decision(moderated):
-            await conversations.put_decision(decision)
+            await decisions.put(decision)
 
     async def on_feedback(feedback: Event) -> None:
         """The latest rating wins (events of one chat arrive in order); a rating of a deleted answer is dropped."""

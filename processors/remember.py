@@ -22,7 +22,8 @@ from prometheus_client import Counter
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from safety.encoder import Encoder
-from storage.cassandra import Conversations, Message, new_id, utc
+from storage.conversations import Conversations, Message
+from storage.ids import new_id, utc
 from storage.memory import Memory, Summary
 from topics import tokens
 from topics.admission import home_partition

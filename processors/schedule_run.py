@@ -33,7 +33,8 @@ from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from safety.moderator import Moderator
 from safety.policy import PolicyView
-from storage.cassandra import MIN_ID, Conversations, Message
+from storage.conversations import Conversations, Message
+from storage.ids import MIN_ID
 from storage.ledger import Ledger
 from storage.memory import Memory
 from topics import tokens

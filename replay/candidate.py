@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from safety.policy import ANY_TIER, Policy, to_record
-from storage.cassandra import id_time_ms
+from storage.ids import id_time_ms
 from topics.kafka import Publisher, ensure_topics
 from topics.limits import DEFAULT_TIERS, Limits, change, row_key
 from topics.pipeline import LIMITS, POOLS, SAFETY_POLICIES
@@ -163,8 +163,8 @@ def replay_settings(settings: StackSettings, namespace: str) -> StackSettings:
 def seed(production: StackSettings, replay: StackSettings, chats: dict[str, int], replayed: set[str]) -> None:
     """Copy each chat's rows into the replay's keyspace (migrated first), as they stood at its time: no row
     written after it, and runs not yet finished (the replay serves them again)."""
-    from storage.cassandra import connect_session
     from storage.schema import migrate
+    from storage.session import connect_session
 
     migrate(replay.cassandra)
     session = connect_session(production.cassandra)
@@ -248,7 +248,7 @@ def drop(settings: StackSettings, namespace: str, keyspace: bool) -> None:
     for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
         future.result()
     if keyspace:
-        from storage.cassandra import connect_session
+        from storage.session import connect_session
 
         replay = replay_settings(settings, namespace)
         session = connect_session(replay.cassandra)

@@ -15,7 +15,8 @@ from typing import Any
 
 from cassandra.query import ValueSequence
 
-from storage.cassandra import connect_session, id_time_ms
+from storage.ids import id_time_ms
+from storage.session import connect_session
 from topics import tracing
 from topics.pipeline import (
     OUTPUT_MODERATED,

@@ -23,16 +23,18 @@ from cassandra.cluster import Session
 from cassandra.query import BatchStatement
 from prometheus_client import Counter
 
-from storage.cassandra import add_columns, idempotent, wait
+from storage.session import create_tables, idempotent, wait
 from topics.limits import Limits
 
 log = logging.getLogger(__name__)
 
-SCHEMA = """CREATE TABLE IF NOT EXISTS {ks}.budgets (
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS {ks}.budgets (
     user_id text, run_id text,
     used double static, refilled_at bigint static, version bigint static, in_flight map<text, bigint> static,
     estimate int, actual int, settled boolean, scheduled boolean, decided_at bigint, pool text, pool_partition int,
-    PRIMARY KEY ((user_id), run_id))"""
+    PRIMARY KEY ((user_id), run_id))""",
+)
 COLUMNS_ADDED = (("budgets", "pool", "text"), ("budgets", "pool_partition", "int"))
 RUN_ROW_TTL_S = 7 * 24 * 3600  # how long a run's row stays to recognise a redelivered event
 
@@ -140,8 +142,7 @@ def counted(
 
 def create_schema(session: Session, keyspace: str) -> None:
     """The budgets table: the migration's work (storage/schema.py)."""
-    session.execute(SCHEMA.format(ks=keyspace), timeout=60)
-    add_columns(session, keyspace, COLUMNS_ADDED)
+    create_tables(session, keyspace, SCHEMA, COLUMNS_ADDED)
 
 
 class Ledger:

@@ -1,7 +1,8 @@
 """A chat's long-term memory in Cassandra: message embeddings searched by ANN, and rolling summaries.
 
-The tables are declared with the rest of the schema (storage/cassandra.py); this adapter shares the
-Conversations session. Design: docs/decisions/0008-conversation-memory.md.
+Every stored message's MiniLM embedding, searched per chat by approximate nearest neighbour (SAI vector
+index), and the chat's rolling summaries, newest version first; `through` is the last message a summary
+covers. The store shares the process's session. Design: docs/decisions/0008-conversation-memory.md.
 """
 
 from __future__ import annotations
@@ -9,11 +10,25 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from cassandra.cluster import Session
 
-from storage.cassandra import idempotent, wait
+from storage.session import Store, create_tables, idempotent
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS {ks}.memory (
+         chat_id timeuuid, message_id timeuuid, role text, content text, embedding vector<float, 384>,
+         PRIMARY KEY ((chat_id), message_id))""",
+    """CREATE CUSTOM INDEX IF NOT EXISTS memory_ann ON {ks}.memory (embedding) USING 'StorageAttachedIndex'
+       WITH OPTIONS = {{'similarity_function': 'cosine'}}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.summaries (
+         chat_id timeuuid, version int, through timeuuid, content text, tokens int, run_id text,
+         created_at timestamp, PRIMARY KEY ((chat_id), version)) WITH CLUSTERING ORDER BY (version DESC)""",
+)
+
+
+def create_schema(session: Session, keyspace: str) -> None:
+    create_tables(session, keyspace, SCHEMA, ())
 
 
 @dataclass(frozen=True)
@@ -33,9 +48,9 @@ class Summary:
     run_id: str
 
 
-class Memory:
+class Memory(Store):
     def __init__(self, session: Session, keyspace: str) -> None:
-        self.session = session
+        super().__init__(session, keyspace)
         ks, p = keyspace, idempotent(session)
         self._put = p(f"INSERT INTO {ks}.memory (chat_id, message_id, role, content, embedding) VALUES (?, ?, ?, ?, ?)")
         self._forget = p(f"DELETE FROM {ks}.memory WHERE chat_id = ? AND message_id = ?")
@@ -53,9 +68,6 @@ class Memory:
         )
         self._drop_summary = p(f"DELETE FROM {ks}.summaries WHERE chat_id = ? AND version = ?")
         self._drop_summaries = p(f"DELETE FROM {ks}.summaries WHERE chat_id = ?")
-
-    async def _run(self, statement: Any, params: tuple[Any, ...]) -> Any:
-        return await wait(self.session.execute_async(statement, params))
 
     # -- embeddings --------------------------------------------------------------------------------
     async def remember(

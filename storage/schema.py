@@ -9,24 +9,61 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 
-from storage import ledger
-from storage.cassandra import Conversations, agree, connect_session
+from cassandra.cluster import Session
+
+from storage import api_keys, conversations, decisions, ledger, memory
+from storage.session import agree, connect_session, ensure_keyspace
 from topics import logs
 from topics.settings import CassandraSettings, StackSettings
 
 log = logging.getLogger("parley.migrate")
 
+# Each store owns its tables (their DDL is in its module): chats, runs and messages; a chat's memory; API keys;
+# safety decisions; the budget ledger.
+STORES = (conversations, memory, api_keys, decisions, ledger)
+
 
 def migrate(settings: CassandraSettings) -> None:
     session = connect_session(settings)
     try:
-        Conversations.create_schema(session, settings)
-        ledger.create_schema(session, settings.keyspace)
+        ensure_keyspace(session, settings)
+        for store in STORES:
+            store.create_schema(session, settings.keyspace)
         agree(session)
     finally:
         session.cluster.shutdown()
     log.info("cassandra: keyspace %s and its tables are in place", settings.keyspace)
+
+
+def tables() -> set[str]:
+    """Every table the stores declare."""
+    ddl = " ".join(statement for store in STORES for statement in store.SCHEMA)
+    return {t.removeprefix("{ks}.") for t in re.findall(r"TABLE IF NOT EXISTS (\S+) \(", ddl)}
+
+
+def require_schema(session: Session, keyspace: str) -> None:
+    """Fail at start-up, saying what to run, when the migration has not made the keyspace and its tables."""
+    meta = session.cluster.metadata.keyspaces.get(keyspace)
+    missing = sorted(tables() - set(meta.tables)) if meta else sorted(tables())
+    if missing:
+        raise RuntimeError(
+            f"keyspace {keyspace!r} lacks {', '.join(missing)}: run the migration first "
+            "(`python -m storage.schema`, the chart's migration Job, or `parley up`)"
+        )
+
+
+def connect(settings: CassandraSettings) -> Session:
+    """The session every store of a process shares, on the keyspace the migration made: processes run no DDL
+    at start-up, and refuse to start, saying so, without it."""
+    session = connect_session(settings)
+    try:
+        require_schema(session, settings.keyspace)
+    except RuntimeError:
+        session.cluster.shutdown()
+        raise
+    return session
 
 
 def migrate_usage(settings: StackSettings) -> None:

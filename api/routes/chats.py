@@ -24,7 +24,7 @@ from api.app import Deps, Services
 from api.auth import CurrentUser, Principal
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply, parse_cursor
-from storage.cassandra import decode_cursor, encode_cursor, new_id, parse_id, utc
+from storage.ids import decode_cursor, encode_cursor, new_id, parse_id, utc
 from topics.pipeline import FEEDBACK, MEMORY_CHANGED
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,7 @@ async def rename_chat(deps: Deps, user: CurrentUser, chat_id: str, body: ChatPat
 async def delete_chat(deps: Deps, user: CurrentUser, chat_id: str) -> Response:
     """The chat with its messages and runs; its streams can no longer be resumed (404)."""
     _, chat = await owned_chat(deps, user, chat_id)
+    await deps.memory.reset(chat.chat_id)  # its embeddings and summaries first: the chat row goes last
     await deps.conversations.delete_chat(chat)
     log.info("chat %s deleted by %s", chat_id, user.user_id)
     return Response(status_code=204)

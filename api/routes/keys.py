@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field
 from api.app import Deps
 from api.auth import CurrentUser, Principal, new_key
 from api.errors import ApiError
-from storage.cassandra import ApiKey, parse_id
+from storage.api_keys import ApiKey
+from storage.ids import parse_id
 
 router = APIRouter(prefix="/v1/api-keys")
 
@@ -42,22 +43,20 @@ def key_json(key: ApiKey) -> dict[str, Any]:
 async def create_key(deps: Deps, user: CurrentUser, body: NewKey | None = None) -> dict[str, Any]:
     signed_in(user)
     key, digest = new_key()
-    stored = await deps.conversations.create_key(
-        user.user_id, user.tier, body.name if body else "default", digest, key[:7]
-    )
+    stored = await deps.keys.create_key(user.user_id, user.tier, body.name if body else "default", digest, key[:7])
     return {**key_json(stored), "key": key}  # the only time the key itself is ever returned
 
 
 @router.get("")
 async def list_keys(deps: Deps, user: CurrentUser) -> dict[str, Any]:
     signed_in(user)
-    return {"object": "list", "data": [key_json(k) for k in await deps.conversations.list_keys(user.user_id)]}
+    return {"object": "list", "data": [key_json(k) for k in await deps.keys.list_keys(user.user_id)]}
 
 
 @router.delete("/{key_id}", status_code=204)
 async def revoke_key(deps: Deps, user: CurrentUser, key_id: str) -> Response:
     signed_in(user)
     parsed = parse_id(key_id)
-    if parsed is None or not await deps.conversations.revoke_key(user.user_id, parsed):
+    if parsed is None or not await deps.keys.revoke_key(user.user_id, parsed):
         raise ApiError(404, f"No API key found with id '{key_id}'.", "api_key_not_found")
     return Response(status_code=204)

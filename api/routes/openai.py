@@ -28,7 +28,7 @@ from api.auth import CurrentUser, Principal
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply
 from api.routes.chats import checked_max_tokens, checked_model
-from storage.cassandra import new_id
+from storage.ids import new_id
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -65,7 +65,7 @@ async def recent_decisions(
     deps: Deps, admin: Admin, limit: int = Query(50, ge=1, le=500), days: int = Query(7, ge=1, le=90)
 ) -> dict[str, Any]:
     """Recent blocks, warnings and retractions, newest first: the false-positive review list."""
-    found = await deps.conversations.recent_decisions(limit, days)
+    found = await deps.decisions.recent(limit, days)
     return {
         "data": [
             {

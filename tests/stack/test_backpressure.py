@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 from api import streams
 from api.replies import ReplyHub
 from api.settings import ApiSettings
-from storage.cassandra import new_id
+from storage.ids import new_id
 from topics import codec
 from topics.pipeline import TOKEN_DELTA
 

@@ -6,20 +6,26 @@ import uuid
 
 import pytest
 
-from storage.cassandra import Conversations, connect_session
+from storage import schema
+from storage.api_keys import ApiKeys
+from storage.conversations import Conversations
+from storage.decisions import SafetyDecisions
 from storage.ledger import Ledger
+from storage.memory import Memory
 from storage.schema import migrate
+from storage.session import connect_session
 
 
 def test_a_process_refuses_an_unmigrated_keyspace_and_starts_after_the_migration(live):
     settings = dataclasses.replace(live.stack.settings.cassandra, keyspace=f"unmigrated_{uuid.uuid4().hex[:8]}")
     with pytest.raises(RuntimeError, match=r"run the migration first .*storage\.schema"):
-        Conversations.connect(settings)
+        schema.connect(settings)
     migrate(settings)
     try:
-        conversations = Conversations.connect(settings)
-        Ledger(conversations.session, settings.keyspace)  # its table is there too: statements prepare
-        conversations.close()
+        session = schema.connect(settings)
+        for store in (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger):  # every store's statements prepare
+            store(session, settings.keyspace)
+        session.cluster.shutdown()
     finally:
         session = connect_session(settings)
         session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from safety.policy import Policy, decide
-from storage.cassandra import connect_session
+from storage.session import connect_session
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, SAFETY_POLICIES, dead_letter_name
 
 from .conftest import BOOTSTRAP, PORT_BASE, chat_turn, sse_events, wait_for
@@ -126,7 +126,7 @@ def test_a_run_is_inspected_with_every_stage_in_order_and_one_trace(live, record
 
 
 def test_unknown_and_malformed_run_ids_get_a_clear_message(live):
-    from storage.cassandra import new_id
+    from storage.ids import new_id
 
     unknown = parley(live, "runs", "show", str(new_id()), check=False)
     assert unknown.returncode != 0 and "no run" in unknown.stderr
@@ -287,7 +287,7 @@ def test_rated_answers_export_with_their_context_and_regenerates_become_preferen
 
 
 def test_admins_inspect_a_run_from_an_answer_and_the_dashboard(live, recorded, chromium):
-    from storage.cassandra import new_id
+    from storage.ids import new_id
 
     from .test_frontend import answer_when, finished, open_app, send
 

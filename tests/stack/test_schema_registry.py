@@ -20,7 +20,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from registry.client import HttpRegistry
-from storage.cassandra import new_id
+from storage.ids import new_id
 from topics import codec
 from topics.errors import RetriableError
 from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED

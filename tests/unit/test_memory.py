@@ -7,7 +7,8 @@ import pytest
 from processors.context import Limits, TooLong, Turn, assemble_chat, costs, window
 from processors.remember import fold
 from processors.settings import ProcessorSettings
-from storage.cassandra import Message, new_id
+from storage.conversations import Message
+from storage.ids import new_id
 from topics import tokens
 from topics.settings import DEFAULT_POOLS
 

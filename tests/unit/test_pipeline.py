@@ -152,7 +152,7 @@ def test_namespacing_and_dead_letter_names():
 
 
 def test_keyspace_replication_is_one_count_per_datacenter_from_settings():
-    from storage.cassandra import replication
+    from storage.session import replication
     from topics.settings import StackSettings
 
     production = StackSettings()

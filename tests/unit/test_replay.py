@@ -11,7 +11,7 @@ import pytest
 from replay import evals, runs
 from replay.candidate import CandidateError, load_policy
 from replay.redrive import Recorded, compared, summary
-from storage.cassandra import new_id
+from storage.ids import new_id
 from topics.pipeline import PROMPT_ACCEPTED, TOKEN_DELTA
 from topics.window import Record
 

@@ -11,7 +11,7 @@ from processors.moderate_prompt import moderated, texts_of
 from processors.settings import ProcessorSettings
 from safety.moderator import Moderator
 from safety.policy import BUILTIN
-from storage.cassandra import new_id
+from storage.ids import new_id
 from topics import codec
 
 

@@ -1,0 +1,278 @@
+"""Conversations in Cassandra: chats, their runs and their messages, written idempotently (the primary key is
+the event's id or the request's)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cassandra.cluster import Session
+from cassandra.query import PreparedStatement
+
+from storage.ids import MIN_ID, new_id, now, utc
+from storage.session import Store, create_tables, idempotent
+
+SCHEMA = (
+    # Ownership and metadata of one chat.
+    """CREATE TABLE IF NOT EXISTS {ks}.chats (
+         chat_id timeuuid PRIMARY KEY, user_id text, title text, created_at timestamp, last_run_id text,
+         last_active_at timestamp, context_from timeuuid, memory_changed_at timestamp)""",
+    # Where each run's reply stream lives, so any edge replica can replay or resume it; finish_reason is set
+    # once the run has ended (cancel of a finished run is a conflict).
+    """CREATE TABLE IF NOT EXISTS {ks}.runs (
+         chat_id timeuuid, run_id timeuuid, reply_partition int, finish_reason text,
+         PRIMARY KEY ((chat_id), run_id))""",
+    # A user's chats, most recently active first. A chat's row moves when it is active again (delete + insert
+    # in one batch); a row whose active_at no longer matches chats.last_active_at is stale and skipped.
+    """CREATE TABLE IF NOT EXISTS {ks}.chats_by_activity (
+         user_id text, active_at timestamp, chat_id timeuuid, title text, created_at timestamp,
+         PRIMARY KEY ((user_id), active_at, chat_id)) WITH CLUSTERING ORDER BY (active_at DESC, chat_id DESC)""",
+    # The turns of one chat in order. message_id is the event's id: a replay rewrites the same row.
+    """CREATE TABLE IF NOT EXISTS {ks}.messages (
+         chat_id timeuuid, message_id timeuuid, role text, content text, created_at timestamp,
+         run_id text, model text, finish_reason text, pool text, feedback text,
+         PRIMARY KEY ((chat_id), message_id)) WITH CLUSTERING ORDER BY (message_id ASC)""",
+)
+# Columns added after a table first shipped: (table, column, type), applied when missing.
+# context_from: a reset's marker (earlier messages stay listed but no longer go into prompts); memory_changed_at:
+# when a message was last edited or deleted (a summary begun before it is discarded); pool: the model pool that
+# wrote an answer; feedback: the user's rating of it (up | down).
+COLUMNS_ADDED = (
+    ("chats", "last_active_at", "timestamp"),
+    ("runs", "finish_reason", "text"),
+    ("chats", "context_from", "timeuuid"),
+    ("chats", "memory_changed_at", "timestamp"),
+    ("messages", "pool", "text"),
+    ("messages", "feedback", "text"),
+)
+
+
+def create_schema(session: Session, keyspace: str) -> None:
+    create_tables(session, keyspace, SCHEMA, COLUMNS_ADDED)
+
+
+@dataclass
+class Message:
+    id: str
+    role: str
+    content: str
+    created_at: datetime
+    run_id: str | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+    pool: str | None = None
+    feedback: str | None = None  # the user's rating of an answer; never written by put_message
+
+
+class Conversations(Store):
+    """Reads and writes of chats, their runs and their messages; one per process, built at start-up."""
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        super().__init__(session, keyspace)
+        ks = keyspace
+        p = idempotent(session)
+        self._insert_chat: PreparedStatement = p(
+            f"INSERT INTO {ks}.chats (chat_id, user_id, title, created_at, last_active_at) VALUES (?, ?, ?, ?, ?)"
+        )
+        self._insert_activity = p(
+            f"INSERT INTO {ks}.chats_by_activity (user_id, active_at, chat_id, title, created_at) "
+            "VALUES (?, ?, ?, ?, ?)"
+        )
+        self._delete_activity = p(
+            f"DELETE FROM {ks}.chats_by_activity WHERE user_id = ? AND active_at = ? AND chat_id = ?"
+        )
+        self._get_chat = p(
+            f"SELECT chat_id, user_id, title, created_at, last_run_id, last_active_at, context_from, memory_changed_at "
+            f"FROM {ks}.chats WHERE chat_id = ?"
+        )
+        self._set_context_from = p(f"UPDATE {ks}.chats SET context_from = ?, memory_changed_at = ? WHERE chat_id = ?")
+        self._set_memory_changed = p(f"UPDATE {ks}.chats SET memory_changed_at = ? WHERE chat_id = ?")
+        self._get_chats = p(f"SELECT chat_id, title, last_active_at FROM {ks}.chats WHERE chat_id IN ?")
+        self._set_active = p(f"UPDATE {ks}.chats SET last_active_at = ?, last_run_id = ? WHERE chat_id = ?")
+        self._set_title = p(f"UPDATE {ks}.chats SET title = ? WHERE chat_id = ?")
+        self._delete_chat = p(f"DELETE FROM {ks}.chats WHERE chat_id = ?")
+        self._delete_messages = p(f"DELETE FROM {ks}.messages WHERE chat_id = ?")
+        self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE chat_id = ?")
+        self._insert_run = p(f"INSERT INTO {ks}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)")
+        self._get_run = p(f"SELECT reply_partition, finish_reason FROM {ks}.runs WHERE chat_id = ? AND run_id = ?")
+        self._finish_run = p(f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?")
+        self._list_chats = p(
+            f"SELECT active_at, chat_id, title, created_at FROM {ks}.chats_by_activity WHERE user_id = ? LIMIT ?"
+        )
+        self._list_chats_after = p(
+            f"SELECT active_at, chat_id, title, created_at FROM {ks}.chats_by_activity "
+            "WHERE user_id = ? AND (active_at, chat_id) < (?, ?) LIMIT ?"
+        )
+        self._insert_message = p(
+            f"INSERT INTO {ks}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
+            "finish_reason, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        columns = "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback"
+        self._list_messages = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? LIMIT ?")
+        self._messages_after = p(
+            f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? ORDER BY message_id DESC LIMIT ?"
+        )
+        self._get_message = p(f"SELECT message_id FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+        self._one_message = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+        self._set_feedback = p(f"UPDATE {ks}.messages SET feedback = ? WHERE chat_id = ? AND message_id = ?")
+        self._set_content = p(f"UPDATE {ks}.messages SET content = ? WHERE chat_id = ? AND message_id = ?")
+        self._delete_message = p(f"DELETE FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+
+    # -- chats -------------------------------------------------------------------------------------
+    async def create_chat(self, user_id: str, title: str) -> tuple[uuid.UUID, datetime]:
+        chat_id = new_id()
+        at = now()
+        # Either alone is invisible: a chat is listed only through both, and nobody has its id before the 201.
+        await self._all(
+            (self._insert_chat, (chat_id, user_id, title, at, at)),
+            (self._insert_activity, (user_id, at, chat_id, title, at)),
+        )
+        return chat_id, at
+
+    async def get_chat(self, chat_id: uuid.UUID) -> Any:
+        return (await self._run(self._get_chat, (chat_id,))).one()
+
+    async def rename_chat(self, chat: Any, title: str) -> None:
+        active = _active_at(chat)
+        await self._all(  # the list shows the chat row's title; the activity row's is a copy
+            (self._set_title, (title, chat.chat_id)),
+            (self._insert_activity, (chat.user_id, active, chat.chat_id, title, chat.created_at)),
+        )
+
+    async def delete_chat(self, chat: Any) -> None:
+        """The chat, its messages and its runs (so its streams can no longer be resumed); its memory is the memory
+        store's to forget, first (api/routes/chats.py). Its content goes first and the chat itself last: a delete
+        cut short leaves the chat listed, and deleting it again finishes the job (nothing is left unowned)."""
+        await self._all(
+            (self._delete_messages, (chat.chat_id,)),
+            (self._delete_runs, (chat.chat_id,)),
+        )
+        await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
+        await self._run(self._delete_chat, (chat.chat_id,))
+
+    async def list_chats(self, user_id: str, limit: int, after: tuple[datetime, uuid.UUID] | None) -> list[Any]:
+        """A page of the user's chats, most recently active first; stale activity rows are skipped."""
+        found: list[Any] = []
+        while len(found) < limit:
+            if after is None:
+                rows = list(await self._run(self._list_chats, (user_id, limit)))
+            else:
+                rows = list(await self._run(self._list_chats_after, (user_id, after[0], after[1], limit)))
+            if not rows:
+                break
+            current = {r.chat_id: r for r in await self._run(self._get_chats, ([r.chat_id for r in rows],))}
+            for row in rows:
+                chat = current.get(row.chat_id)
+                if chat is not None and chat.last_active_at == row.active_at:
+                    found.append(row._replace(title=chat.title))
+            if len(rows) < limit:
+                break
+            after = (rows[-1].active_at, rows[-1].chat_id)
+        return found[:limit]
+
+    # -- runs --------------------------------------------------------------------------------------
+    async def open_run(self, chat: Any, run_id: uuid.UUID, reply_partition: int) -> datetime:
+        """Record a new run of the chat (where its stream lives), make it the chat's latest and the chat active;
+        returns when (the chat's new last activity)."""
+        at = now()
+        # In this order, a failure between two writes leaves the chat listed once, at its old or its new place:
+        # an activity row counts only while the chat row's last_active_at matches it.
+        await self._all(
+            (self._insert_run, (chat.chat_id, run_id, reply_partition)),
+            (self._insert_activity, (chat.user_id, at, chat.chat_id, chat.title, chat.created_at)),
+        )
+        await self._run(self._set_active, (at, str(run_id), chat.chat_id))
+        await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
+        return at
+
+    async def withdraw_run(self, chat: Any, run_id: uuid.UUID, opened_at: datetime) -> None:
+        """A run opened whose prompt never reached the log: ended (`not_accepted`), and the chat's latest run the
+        one before it again (the chat keeps its new place in the list)."""
+        await self._run(self._finish_run, ("not_accepted", chat.chat_id, run_id))
+        await self._run(self._set_active, (opened_at, chat.last_run_id, chat.chat_id))
+
+    async def get_run(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> tuple[int, str | None] | None:
+        """(reply partition, finish reason or None while it runs), or None when the chat has no such run."""
+        row = (await self._run(self._get_run, (chat_id, run_id))).one()
+        return (int(row.reply_partition), row.finish_reason) if row else None
+
+    async def finish_run(self, chat_id: uuid.UUID, run_id: uuid.UUID, finish_reason: str) -> None:
+        await self._run(self._finish_run, (finish_reason, chat_id, run_id))
+
+    # -- messages ----------------------------------------------------------------------------------
+    async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
+        rows = await self._run(self._list_messages, (chat_id, after or MIN_ID, limit))
+        return [_message(r) for r in rows]
+
+    async def messages_after(self, chat_id: uuid.UUID, after: uuid.UUID | None, limit: int) -> list[Message]:
+        """The newest `limit` messages later than `after` (all of the chat's when None), oldest first."""
+        rows = await self._run(self._messages_after, (chat_id, after or MIN_ID, limit))
+        return [_message(r) for r in reversed(list(rows))]
+
+    async def get_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
+        row = (await self._run(self._one_message, (chat_id, message_id))).one()
+        return _message(row) if row else None
+
+    async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str) -> None:
+        # The change is marked first: a summary begun before it is discarded even if the edit itself fails.
+        await self._run(self._set_memory_changed, (now(), chat_id))
+        await self._run(self._set_content, (content, chat_id, message_id))
+
+    async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
+        await self._run(self._set_memory_changed, (now(), chat_id))
+        await self._run(self._delete_message, (chat_id, message_id))
+
+    async def reset_context(self, chat_id: uuid.UUID) -> uuid.UUID:
+        """Later prompts start from here: the chat's earlier messages stay listed but leave its memory."""
+        marker = new_id()
+        await self._run(self._set_context_from, (marker, now(), chat_id))
+        return marker
+
+    async def has_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> bool:
+        return (await self._run(self._get_message, (chat_id, message_id))).one() is not None
+
+    async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
+        """Idempotent: the message id comes from the event, so a redelivered event rewrites the same row."""
+        await self._run(
+            self._insert_message,
+            (
+                chat_id,
+                uuid.UUID(message.id),
+                message.role,
+                message.content,
+                message.created_at,
+                message.run_id,
+                message.model,
+                message.finish_reason,
+                message.pool,
+            ),
+        )
+
+    async def set_feedback(self, chat_id: uuid.UUID, message_id: uuid.UUID, rating: str | None) -> bool:
+        """Record the user's rating of a stored message (None clears it); False when there is no such message
+        (an update would create a row holding only the rating)."""
+        if not await self.has_message(chat_id, message_id):
+            return False
+        await self._run(self._set_feedback, (rating, chat_id, message_id))
+        return True
+
+
+def _active_at(chat: Any) -> datetime:
+    active: datetime = chat.last_active_at or chat.created_at
+    return active
+
+
+def _message(row: Any) -> Message:
+    return Message(
+        str(row.message_id),
+        row.role,
+        row.content,
+        utc(row.created_at),
+        row.run_id,
+        row.model,
+        row.finish_reason,
+        row.pool,
+        row.feedback,
+    )

@@ -1,0 +1,73 @@
+"""Moderation decisions that matched a rule (blocks, warnings, retractions), newest first per UTC day: the
+admins' review list for false positives. Written by the persistence stage from the moderation events; the
+decision id is the event's, so a redelivery rewrites the same row."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import astuple, dataclass
+from datetime import UTC, datetime, timedelta
+
+from cassandra.cluster import Session
+
+from storage.ids import utc
+from storage.session import Store, create_tables, idempotent
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS {ks}.safety_decisions (
+         day text, at timestamp, decision_id uuid, stage text, action text, category text, score double,
+         policy_version text, run_id text, chat_id text, user_id text, tier text, excerpt text,
+         PRIMARY KEY ((day), at, decision_id)) WITH CLUSTERING ORDER BY (at DESC, decision_id DESC)""",
+)
+
+
+def create_schema(session: Session, keyspace: str) -> None:
+    create_tables(session, keyspace, SCHEMA, ())
+
+
+@dataclass(frozen=True)
+class SafetyDecision:
+    decision_id: uuid.UUID
+    at: datetime
+    stage: str  # input | output
+    action: str  # block | warn | log
+    category: str
+    score: float | None
+    policy_version: str
+    run_id: str
+    chat_id: str
+    user_id: str
+    tier: str
+    excerpt: str  # the start of the text decided on, for review
+
+
+class SafetyDecisions(Store):
+    def __init__(self, session: Session, keyspace: str) -> None:
+        super().__init__(session, keyspace)
+        ks, p = keyspace, idempotent(session)
+        self._insert = p(
+            f"INSERT INTO {ks}.safety_decisions (day, decision_id, at, stage, action, category, score, "
+            "policy_version, run_id, chat_id, user_id, tier, excerpt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._list = p(
+            f"SELECT decision_id, at, stage, action, category, score, policy_version, run_id, chat_id, user_id, "
+            f"tier, excerpt FROM {ks}.safety_decisions WHERE day = ? LIMIT ?"
+        )
+
+    async def put(self, d: SafetyDecision) -> None:
+        await self._run(self._insert, (_day(d.at), *astuple(d)))  # columns in the dataclass's order
+
+    async def recent(self, limit: int, days: int = 7) -> list[SafetyDecision]:
+        """The newest decisions, today first, looking back at most `days` UTC days."""
+        found: list[SafetyDecision] = []
+        now = datetime.now(UTC)
+        for back in range(days):
+            if len(found) >= limit:
+                break
+            rows = await self._run(self._list, (_day(now - timedelta(days=back)), limit - len(found)))
+            found += [SafetyDecision(row.decision_id, utc(row.at), *row[2:]) for row in rows]
+        return found
+
+
+def _day(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d")
