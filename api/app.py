@@ -112,9 +112,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     openapi.install(app, settings)
     # before parsing, before any credential
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s)
-    from api.routes import admin, chats, keys, openai, runs, safety, system, web
+    from api.routes import admin, chat_runs, chats, keys, messages, openai, runs, safety, system, web
 
     app.include_router(chats.router)
+    app.include_router(messages.router)
+    app.include_router(chat_runs.router)
     app.include_router(openai.router)
     app.include_router(keys.router)
     app.include_router(system.router)

@@ -23,11 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
 from api import convert, streams
+from api.answers import checked_max_tokens, checked_model
 from api.app import Deps, Services
 from api.auth import CurrentUser, Principal
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply
-from api.routes.chats import checked_max_tokens, checked_model
 from storage.ids import new_id
 
 log = logging.getLogger(__name__)

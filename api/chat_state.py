@@ -1,0 +1,77 @@
+"""The edge's reads and writes of a chat on its owner's behalf: the ownership checks every route makes (404,
+never 403: no existence leak) and forgetting a message with its memory, which the memory stage is told of."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from api.app import Services
+from api.auth import Principal
+from api.errors import ApiError
+from storage.ids import parse_id
+from topics.pipeline import MEMORY_CHANGED
+
+
+async def owned_chat(deps: Services, user: Principal, chat_id: str) -> tuple[uuid.UUID, Any]:
+    """The chat if it exists and belongs to the caller; otherwise 404 (never 403: no existence leak)."""
+    parsed = parse_id(chat_id)
+    row = await deps.conversations.get_chat(parsed) if parsed else None
+    if row is None or row.user_id != user.user_id:
+        raise ApiError(404, f"No chat found with id '{chat_id}'.", "chat_not_found")
+    assert parsed is not None
+    return parsed, row
+
+
+async def owned_message(deps: Services, chat_id: uuid.UUID, message_id: str) -> Any:
+    parsed = parse_id(message_id)
+    message = await deps.conversations.get_message(chat_id, parsed) if parsed else None
+    if message is None and parsed and await deps.conversations.get_run(chat_id, parsed) is not None:
+        # An answer (its id is its run's) whose stream the client saw end, not stored yet: the persistence stage
+        # writes it a moment after the run's last record. Wait for it rather than answer 404 for what exists.
+        deadline = time.monotonic() + deps.settings.answer_store_wait_s
+        while message is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            message = await deps.conversations.get_message(chat_id, parsed)
+        if message is None:
+            retry = {"Retry-After": "1"}
+            raise ApiError(409, "This answer is still being written; retry shortly.", "run_in_progress", headers=retry)
+    if message is None:
+        raise ApiError(404, f"No message found with id '{message_id}' in this chat.", "message_not_found")
+    return message
+
+
+async def owned_run(deps: Services, user: Principal, chat_id: str, run_id: str) -> tuple[Any, int, str | None]:
+    """(the chat, reply partition, finish reason) of a run of one of the caller's chats; otherwise 404."""
+    parsed, chat = await owned_chat(deps, user, chat_id)
+    run = parse_id(run_id)
+    state = await deps.conversations.get_run(parsed, run) if run else None
+    if state is None:
+        raise ApiError(404, f"No run found with id '{run_id}' in this chat.", "run_not_found")
+    return chat, state[0], state[1]
+
+
+async def memory_changed(deps: Services, chat_id: uuid.UUID, user: Principal, action: str, **fields: Any) -> None:
+    """Tell the memory stage (it re-embeds an edited message and summarises again)."""
+    event = {
+        "event_id": str(uuid.uuid4()),
+        "chat_id": str(chat_id),
+        "user_id": user.user_id,
+        "action": action,
+        "message_id": fields.get("message_id"),
+        "role": fields.get("role"),
+        "content": fields.get("content"),
+        "at": int(time.time() * 1000),
+    }
+    await deps.producer.publish(MEMORY_CHANGED, event, key=str(chat_id))
+
+
+async def forget_message(deps: Services, chat_id: uuid.UUID, user: Principal, message: Any) -> None:
+    """Delete a stored message with its embedding and every summary that covers it, and tell the memory stage."""
+    mid = uuid.UUID(message.id)
+    await deps.conversations.delete_message(chat_id, mid)
+    await deps.memory.forget(chat_id, mid)
+    await deps.memory.drop_summaries_covering(chat_id, mid)
+    await memory_changed(deps, chat_id, user, "deleted", message_id=message.id, role=message.role)

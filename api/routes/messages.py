@@ -1,0 +1,131 @@
+"""A chat's messages: list them, post one (its answer streams as SSE), edit or delete one (memory follows),
+rate an answer."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import replace
+from typing import Any, Literal
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, Field
+from sse_starlette.sse import EventSourceResponse
+
+from api import convert
+from api.answers import Question, answer, checked_content, checked_max_tokens, checked_model
+from api.app import Deps
+from api.auth import CurrentUser
+from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
+from api.errors import ApiError
+from api.routes.chats import Limit
+from storage.ids import decode_cursor, encode_cursor, new_id, parse_id
+from topics.pipeline import FEEDBACK
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/chats")
+
+
+class MessagePatch(BaseModel):
+    content: str = Field(min_length=1)
+
+
+class NewMessage(BaseModel):
+    content: str
+    max_tokens: int | None = Field(None, ge=1)
+    model: str | None = None
+
+
+def cursor_id(cursor: str | None) -> uuid.UUID | None:
+    if not cursor:
+        return None
+    value = decode_cursor(cursor)
+    after = parse_id(value.get("after", "")) if value else None
+    if after is None:
+        raise ApiError(400, "The cursor is not valid.", "invalid_cursor", "cursor")
+    return after
+
+
+@router.get("/{chat_id}/messages")
+async def list_messages(
+    deps: Deps, user: CurrentUser, chat_id: str, cursor: str | None = None, limit: Limit = 50
+) -> dict[str, Any]:
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    rows = await deps.conversations.list_messages(parsed, limit + 1, cursor_id(cursor))
+    page = rows[:limit]
+    more = len(rows) > limit
+    return {
+        "data": [convert.message_json(m) for m in page],
+        "next_cursor": encode_cursor({"after": page[-1].id}) if more else None,
+    }
+
+
+@router.post("/{chat_id}/messages")
+async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMessage) -> EventSourceResponse:
+    content = body.content.strip()
+    if not content:
+        raise ApiError(400, "content must not be empty.", "empty_content", "content")
+    checked_content(deps, body.content)
+    max_tokens = checked_max_tokens(deps, body.max_tokens)
+    checked_model(deps, body.model)
+    parsed, chat = await owned_chat(deps, user, chat_id)
+    question = Question(str(new_id()), body.content, chat.last_run_id)  # sorts before the answer (the run's id)
+    response, _ = await answer(deps, user, chat, question, max_tokens, body.model)
+    return response
+
+
+@router.patch("/{chat_id}/messages/{message_id}")
+async def edit_message(
+    deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: MessagePatch
+) -> dict[str, Any]:
+    """Change a message's text. Memory follows: its old embedding and every summary covering it are dropped
+    now (the next prompt sees neither), and the memory stage embeds the new text and summarises again."""
+    checked_content(deps, body.content)
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    message = await owned_message(deps, parsed, message_id)
+    mid = uuid.UUID(message.id)
+    await deps.conversations.edit_message(parsed, mid, body.content)
+    await deps.memory.forget(parsed, mid)
+    await deps.memory.drop_summaries_covering(parsed, mid)
+    await memory_changed(deps, parsed, user, "edited", message_id=message.id, role=message.role, content=body.content)
+    log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)
+    return convert.message_json(replace(message, content=body.content))
+
+
+@router.delete("/{chat_id}/messages/{message_id}", status_code=204)
+async def delete_message(deps: Deps, user: CurrentUser, chat_id: str, message_id: str) -> Response:
+    """Delete a message, with its embedding and every summary that covers it."""
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    message = await owned_message(deps, parsed, message_id)
+    await forget_message(deps, parsed, user, message)
+    log.info("chat %s: message %s deleted by %s", chat_id, message.id, user.user_id)
+    return Response(status_code=204)
+
+
+class NewFeedback(BaseModel):
+    rating: Literal["up", "down"] | None = Field(description="null takes a rating back")
+    comment: str | None = Field(None, max_length=2000)
+
+
+@router.post("/{chat_id}/messages/{message_id}/feedback", status_code=202)
+async def feedback(deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: NewFeedback) -> dict[str, Any]:
+    """Thumbs up or down on an answer: a Feedback event (kept in the log for evals); the persistence stage shows
+    it on the stored answer."""
+    parsed, _ = await owned_chat(deps, user, chat_id)
+    message = await owned_message(deps, parsed, message_id)
+    if message.role != "assistant":
+        raise ApiError(400, "Only an answer can be rated.", "invalid_value", "message_id")
+    event = {
+        "event_id": str(uuid.uuid4()),
+        "chat_id": str(parsed),
+        "user_id": user.user_id,
+        "message_id": message.id,
+        "rating": body.rating or "none",
+        "comment": body.comment,
+        "model": message.model,
+        "at": int(time.time() * 1000),
+    }
+    await deps.producer.publish(FEEDBACK, event, key=str(parsed))
+    log.info("chat %s: answer %s rated %s by %s", chat_id, message.id, event["rating"], user.user_id)
+    return {"id": message.id, "object": "feedback", "rating": body.rating}
