@@ -24,6 +24,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         moderate_prompt.register(stage, Moderator(), policies)
     elif name == "scheduling":
         from processors import schedule_run
+        from processors.chat_context import ContextGuard
         from safety.moderator import Moderator
         from safety.policy import PolicyView
         from storage import schema
@@ -42,7 +43,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         limits.start()
         pools.start()
         policies.start()
-        context = schedule_run.ContextGuard(Moderator(), policies)
+        context = ContextGuard(Moderator(), policies)
         memory = Memory(session, settings.keyspace_name)
         schedule_run.register(stage, conversations, ledger, limits, pools, context, memory)
     elif name == "persistence":

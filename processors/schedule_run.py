@@ -21,29 +21,23 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
-from processors.context import Assembled, Limits, TooLong, Turn, assemble_chat, relevant
+from processors.chat_context import ContextGuard, assemble_chat_run, assemble_given
+from processors.context import TooLong
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
-from safety.moderator import Moderator
-from safety.policy import PolicyView
-from storage.conversations import Conversations, Message
-from storage.ids import MIN_ID
-from storage.ledger import Ledger
+from storage.conversations import Conversations
+from storage.ledger import Decision, Ledger
 from storage.memory import Memory
-from topics import tokens
-from topics.admission import Placement, PoolView, capacity_message, home_partition, place
+from topics.admission import EngineLoad, Placement, PoolView, capacity_message, home_partition, place
 from topics.codec import Event, token_delta
-from topics.limits import LimitsView
+from topics.limits import Limits, LimitsView
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
 from topics.reply_log import published
-from topics.settings import Pool
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +46,6 @@ ADMISSION = Counter(
     "parley_scheduler_admissions_total", "Admission decisions", ["tier", "pool", "outcome"]
 )  # outcome: admitted | degraded | over_capacity | token_budget_exceeded | concurrency_limit_exceeded | ...
 SETTLED = Counter("parley_scheduler_settled_total", "Runs whose charge was settled with the actual usage", ["outcome"])
-PROMPT_TOKENS = Histogram(
-    "parley_scheduler_prompt_tokens",
-    "Assembled prompt tokens",
-    ["pool"],
-    buckets=(64, 256, 512, 1024, 1536, 2048, 4096, 8192),
-)
-RECALLED = Histogram(
-    "parley_scheduler_recalled_messages", "Older messages retrieved into a prompt", buckets=(0, 1, 2, 3, 4, 8)
-)
 
 
 def reject(
@@ -90,59 +75,6 @@ def queued(run: Event, wait_s: float) -> Event:
     )
 
 
-def limits_for(pool: Pool, max_tokens: int, settings: ProcessorSettings) -> Limits:
-    """The prompt budget in a pool: its own, less whatever the answer needs beyond the rest of the context."""
-    return Limits(
-        budget=min(pool.budget, pool.context - max_tokens),
-        summary_tokens=settings.summary_tokens,
-        recall_tokens=settings.recall_tokens,
-        recall_item_tokens=settings.recall_item_tokens,
-    )
-
-
-def pools_in_order(prompt: Event, settings: ProcessorSettings) -> list[str]:
-    """Where a run may go, in order: the requested model's pool (or the default pool), then the others from
-    the smallest context up (a prompt that does not fit goes to the smallest pool that holds it)."""
-    wanted = prompt["model"] or settings.pools[settings.default_pool].model
-    by_size = sorted(settings.pools, key=lambda name: settings.pools[name].context)
-    first = [name for name in by_size if settings.pools[name].model == wanted][:1]
-    return first + [name for name in by_size if name not in first]
-
-
-def scheduled(prompt: Event, pool: str, settings: ProcessorSettings, assembled: Assembled, turns: int) -> Event:
-    return {
-        "event_id": str(uuid.uuid4()),
-        "prompt": prompt,
-        "pool": pool,
-        "model": settings.pools[pool].model,
-        "messages": assembled.messages,
-        "context_turns": turns,
-        "priority": 0,
-        "degraded_from": None,
-        "estimate_tokens": assembled.record["prompt_tokens"] + prompt["max_tokens"],
-        "context": assembled.record,
-        "rescheduled": False,
-        "scheduled_at": int(time.time() * 1000),
-    }
-
-
-def assemble_given(prompt: Event, settings: ProcessorSettings) -> Event:
-    """The run for a prompt that carries its whole conversation (the OpenAI-compatible route), used as sent:
-    the first pool in order whose budget holds it, counted with that pool's tokenizer. Raises TooLong."""
-    messages = [dict(m) for m in prompt["messages"]]
-    need = 0
-    for name in pools_in_order(prompt, settings):
-        pool = settings.pools[name]
-        need = tokens.load(pool.tokenizer).count_chat(messages)
-        if need + prompt["max_tokens"] <= pool.context:
-            record = {"budget": pool.context - prompt["max_tokens"], "prompt_tokens": need}
-            return scheduled(prompt, name, settings, Assembled(messages, record), len(messages) - 1)
-    raise TooLong(
-        f"This conversation needs {need} tokens with its answer; the largest model here holds "
-        f"{max(p.context for p in settings.pools.values())}. Start a new chat or ask for a shorter answer."
-    )
-
-
 def smaller_pools(run: Event, settings: ProcessorSettings) -> list[str]:
     """Pools smaller than the run's that still hold it, largest first: where it may go under pressure (pure)."""
     mine = settings.pools[run["pool"]].context
@@ -150,167 +82,41 @@ def smaller_pools(run: Event, settings: ProcessorSettings) -> list[str]:
     return [name for _, name in sorted(fits, reverse=True)]
 
 
-async def wait_for_previous(prompt: Event, conversations: Conversations, settings: ProcessorSettings) -> None:
-    """Wait (bounded) until the chat's previous answer is persisted, so the context includes it."""
-    chat_id = uuid.UUID(prompt["chat_id"])
-    deadline = time.monotonic() + settings.prev_turn_wait_s
-    while not await conversations.has_message(chat_id, uuid.UUID(prompt["prev_run_id"])):
-        if time.monotonic() > deadline:
-            log.warning(
-                "chat %s: previous answer %s not persisted after %.1fs; scheduling without it",
-                prompt["chat_id"],
-                prompt["prev_run_id"],
-                settings.prev_turn_wait_s,
-            )
-            return
-        await asyncio.sleep(0.05)
+@dataclass(frozen=True)
+class Refusal:
+    code: str
+    message: str
+    retry_after_s: int | None = None
 
 
-WITHHELD = "[Withheld from this context: it contained text that reads as instructions to the assistant.]"
-
-
-class ContextGuard:
-    """Screens what the system itself puts into a prompt: earlier answers (verbatim or recalled) and the
-    rolling summary (the user's own messages were moderated as input). A verdict is cached
-    by id and text (an answer is screened once, when it completes, off the path to the next first token)."""
-
-    def __init__(self, moderator: Moderator, policies: PolicyView, size: int = 10_000) -> None:
-        self.moderator = moderator
-        self.policies = policies
-        self.size = size
-        self._flagged: OrderedDict[tuple[str, int], bool] = OrderedDict()
-
-    async def screen(self, item_id: str, text: str, tier: str) -> bool:
-        """True when the text must not go into a prompt."""
-        key = (item_id, hash(text))
-        if key in self._flagged:
-            self._flagged.move_to_end(key)
-            return self._flagged[key]
-        verdict = await self.moderator.check_async(self.policies.for_tier(tier), "context", [text])
-        if verdict.blocked:
-            log.info("context: %s withheld (%s %.2f)", item_id, verdict.decision.category,
-                     verdict.decision.score or 0.0)  # fmt: skip
-        self._flagged[key] = verdict.blocked
-        while len(self._flagged) > self.size:
-            self._flagged.popitem(last=False)
-        return verdict.blocked
-
-    async def turns(self, turns: list[Turn], tier: str) -> tuple[list[Turn], list[str]]:
-        """The turns with each flagged assistant turn replaced by a notice, and the ids withheld. The user's
-        own messages are not screened again: they were moderated as input, and a user who writes "remember
-        this code" is stating a fact, not injecting instructions into someone else's prompt."""
-        out, withheld = [], []
-        for t in turns:
-            if t.role == "assistant" and t.content and await self.screen(t.id, t.content, tier):
-                t = replace(t, content=WITHHELD)
-                withheld.append(t.id)
-            out.append(t)
-        return out, withheld
-
-
-def conversation_turns(rows: list[Message], before: int) -> list[Turn]:
-    """The stored messages a prompt may carry (pure): those with text, earlier than the new message (a uuid1
-    time), and answered. A question the pipeline turned away (refused by moderation, over capacity or budget)
-    is left out together with its stored notice, which no model wrote: a retried question is not seen twice."""
-    unanswered = {m.run_id for m in rows if m.role == "assistant" and m.model is None and m.run_id}
-    return [
-        Turn(m.id, m.role, m.content)
-        for m in rows
-        if m.content and uuid.UUID(m.id).time < before and m.run_id not in unanswered
-    ]
-
-
-async def assemble_chat_run(
-    prompt: Event,
-    conversations: Conversations,
-    memory: Memory,
-    guard: ContextGuard,
+def place_run(
+    run: Event,
+    before: Decision | None,
+    tiers: dict[str, Limits],
+    loads: dict[str, list[EngineLoad]],
+    partitions: dict[str, int],
     settings: ProcessorSettings,
-) -> Event:
-    """The run for a chat message: system prompt + summary + verbatim window + recalled messages + the new
-    message, fitted into the first pool whose budget holds it (processors/context.py). Raises TooLong."""
-    chat_id, tier = uuid.UUID(prompt["chat_id"]), prompt["tier"]
-    summary, earlier, older, reset, withheld = None, [], False, None, []
-    if prompt["prev_run_id"]:  # not the chat's first turn (its first turn reads nothing: faster first token)
-        await wait_for_previous(prompt, conversations, settings)
-        chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
-        reset = chat.context_from if chat is not None else None
-        after = reset
-        if latest is not None and not (reset and uuid.UUID(latest.through).time < reset.time):
-            # A withheld summary's turns stay out of the window too (recall still reaches them): the window's
-            # start, and so the cached prefix, does not depend on what the guard says.
-            if await guard.screen(f"summary:{chat_id}:{latest.version}", latest.content, tier):
-                withheld.append(f"summary:{latest.version}")
-            else:
-                summary = (latest.version, latest.through, latest.content)
-            older, after = True, uuid.UUID(latest.through)
-        rows = await conversations.messages_after(chat_id, after, settings.recent_messages)
-        older = older or len(rows) >= settings.recent_messages
-        before = uuid.UUID(prompt["message_id"]).time
-        earlier = conversation_turns(rows, before)
-        earlier, flagged = await guard.turns(earlier, tier)
-        withheld += flagged
-    refused: TooLong | None = None
-    chosen: tuple[str, Limits, Assembled] | None = None
-    args = (settings.system_prompt, summary, earlier, older)
-    for name in pools_in_order(prompt, settings):
-        # The requested model's pool; otherwise the first (default, then smallest up) that keeps every turn
-        # since the summary, or whose window only lets go of ordinary turns (aged out, recalled when relevant),
-        # else the largest. A paste too long for a pool's window keeps the chat on a pool that holds it until
-        # a summary folds it in; a long chat of ordinary turns stays on its pool.
-        limits = limits_for(settings.pools[name], prompt["max_tokens"], settings)
-        counter = tokens.load(settings.pools[name].tokenizer)
-        try:
-            draft = assemble_chat(*args, None, prompt["content"], limits, counter)
-        except TooLong as exc:
-            refused = exc
-            continue
-        if chosen is None or limits.budget > chosen[1].budget:
-            chosen = (name, limits, draft)
-        if prompt["model"] or draft.largest_dropped <= limits.budget // 2:
-            chosen = (name, limits, draft)
-            break
-    if chosen is None:
-        raise TooLong(f"{refused} Shorten it, or ask for a shorter answer.")
-    name, limits, assembled = chosen
-    kept = assembled.record["verbatim_ids"]
-    if older or len(kept) < len(earlier):  # there is memory beyond the window: recall from it
-        first = uuid.UUID(kept[0]) if kept else uuid.UUID(prompt["message_id"])
-        recalled = await recall(memory, guard, chat_id, prompt["content"], reset, first, tier, settings)
-        withheld += [t.id for t in recalled if t.content == WITHHELD]
-        counter = tokens.load(settings.pools[name].tokenizer)
-        assembled = assemble_chat(*args, recalled, prompt["content"], limits, counter)
-    assembled.record["withheld_ids"] = withheld
-    PROMPT_TOKENS.labels(name).observe(assembled.record["prompt_tokens"])
-    return scheduled(prompt, name, settings, assembled, len(assembled.record["verbatim_ids"]))
-
-
-async def recall(
-    memory: Memory,
-    guard: ContextGuard,
-    chat_id: uuid.UUID,
-    text: str,
-    after: uuid.UUID | None,
-    before: uuid.UUID,
-    tier: str,
-    settings: ProcessorSettings,
-) -> list[Turn]:
-    """The older messages to recall for the new one (best first, processors/context.py `relevant`), with
-    assistant messages screened (the user's own were moderated as they came in)."""
-    vector = await asyncio.get_running_loop().run_in_executor(None, guard.moderator.encoder.embed, [text])
-    found = await memory.recall(chat_id, vector[0].tolist(), settings.recall_candidates, after or MIN_ID, before)
-    vectors = np.array([r.embedding for r in found], dtype=np.float32).reshape(len(found), -1)
-    picked = relevant(
-        vector[0],
-        [r.content for r in found],
-        vectors,
-        settings.recall_k,
-        settings.recall_min_similarity,
-        settings.recall_diversity,
-    )
-    RECALLED.observe(len(picked))
-    screened, _ = await guard.turns([Turn(found[i].id, found[i].role, found[i].content) for i in picked], tier)
-    return screened
+) -> tuple[Event, Placement] | Refusal:
+    """Where an assembled run goes, and the run as it is scheduled there (pure: a new run, the given one is
+    left as it was): its pool (a smaller one under pressure, for tiers that may degrade), the model of that
+    pool, its tier's priority. A run the ledger admitted before a crash goes where it went the first time,
+    whatever the load now, marked `rescheduled` (that copy's consumer must be the one to get this one, to
+    recognise it). Refused when no pool can start it within its tier's bound."""
+    prompt = run["prompt"]
+    tier, chat_id = prompt["tier"], prompt["chat_id"]
+    placement = place(run["pool"], smaller_pools(run, settings), loads, chat_id, tier, tiers, partitions)
+    run = {**run, "priority": tiers[tier].priority}
+    if before is not None:
+        pool = before.pool if before.pool in partitions else run["pool"]
+        partition = before.partition if before.partition is not None else home_partition(chat_id, partitions[pool])
+        degraded_from = run["pool"] if pool != run["pool"] else None
+        placement = Placement(pool, placement.wait_s, partition, degraded_from=degraded_from)
+        run["rescheduled"] = True
+    if placement.pool is None:
+        return Refusal("over_capacity", capacity_message(run["model"], placement.wait_s), placement.retry_after_s)
+    if placement.degraded_from:
+        run |= {"degraded_from": run["pool"], "pool": placement.pool, "model": settings.pools[placement.pool].model}
+    return run, placement
 
 
 def register(
@@ -368,40 +174,25 @@ def register(
             log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
             return
         tiers = limits.tiers_for(user, tier)
-        mine = tiers[tier]
-        chat_id = prompt["chat_id"]
-        counts = pools.partitions
-        placement = place(run["pool"], smaller_pools(run, settings), pools.loads(), chat_id, tier, tiers, counts)
-        if before is not None:  # admitted (and charged) before a crash: schedule it whatever the load now
-            # Where it went the first time: the crash may have come after the first RunScheduled was published,
-            # and that copy's consumer must be the one to get this one, to recognise it (`rescheduled`).
-            pool = before.pool if before.pool in counts else run["pool"]
-            partition = before.partition if before.partition is not None else home_partition(chat_id, counts[pool])
-            placement = Placement(
-                pool, placement.wait_s, partition, degraded_from=run["pool"] if pool != run["pool"] else None
-            )
-            run["rescheduled"] = True
-        if placement.pool is None:
-            message = capacity_message(run["model"], placement.wait_s)
-            await refuse(prompt, "over_capacity", message, retry_after_s=placement.retry_after_s)
+        placed = place_run(run, before, tiers, pools.loads(), pools.partitions, settings)
+        if isinstance(placed, Refusal):
+            await refuse(prompt, placed.code, placed.message, retry_after_s=placed.retry_after_s)
             return
-        if placement.degraded_from:
-            run["degraded_from"], run["pool"] = run["pool"], placement.pool
-            run["model"] = settings.pools[placement.pool].model
-        run["priority"] = mine.priority
+        run, placement = placed
+        assert placement.pool is not None  # a placement without a pool is a Refusal
         decision = await ledger.admit(
-            user, prompt["run_id"], run["estimate_tokens"], mine, placement.pool, placement.partition
+            user, prompt["run_id"], run["estimate_tokens"], tiers[tier], placement.pool, placement.partition
         )
         if not decision.admitted:
             await refuse(prompt, decision.code, decision.message, retry_after_s=decision.retry_after_s)
             return
         # admitted now (assembly and the ledger's wait came before), or when it was admitted before a crash
-        run["scheduled_at"] = (before and before.decided_at) or int(time.time() * 1000)
+        run = {**run, "scheduled_at": (before and before.decided_at) or int(time.time() * 1000)}
         pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
         ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
         if before is None or not await told_queued(prompt, run["scheduled_at"]):
             await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
-        await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=chat_id, partition=placement.partition)
+        await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"], partition=placement.partition)
         stage.crash_point("scheduling-after-publish")  # tests: the window a redelivered prompt must not reopen
         await ledger.mark_scheduled(user, prompt["run_id"])
 

@@ -2,7 +2,7 @@
 
 import time
 
-from processors.schedule_run import WITHHELD
+from processors.chat_context import WITHHELD
 from topics import codec
 from topics.pipeline import RUN_SCHEDULED
 

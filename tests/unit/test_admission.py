@@ -175,3 +175,42 @@ def test_background_runs_wait_while_a_reply_needs_the_engine():
     assert queue.pop(2.0, lambda tier: True, eligible) is None  # a reply is running: the summary waits
     replies_busy["on"] = False
     assert queue.pop(2.0, lambda tier: True, eligible) == "summary"
+
+
+def scheduled_run(pool="large", tier="free", chat="c1", estimate=500):
+    prompt = {"run_id": "r1", "chat_id": chat, "tier": tier, "user_id": "u1", "model": None}
+    model = DEFAULT_POOLS[pool].model
+    return {"prompt": prompt, "pool": pool, "model": model, "estimate_tokens": estimate, "degraded_from": None}
+
+
+def test_the_scheduler_places_a_run_under_pressure_on_a_smaller_pool_with_that_pools_model_and_tier_priority():
+    from processors.schedule_run import Refusal, place_run
+    from processors.settings import ProcessorSettings
+
+    settings = ProcessorSettings()
+    loads = {"large": [engine({"pro": 2}, {"pro": 6}, slots=2, mean=4.0)], "small": [engine({}, {}, mean=1.0)]}
+    run = scheduled_run()
+    run_now, placement = place_run(run, None, TIERS, loads, PARTS, settings)
+    assert (run_now["pool"], run_now["degraded_from"]) == ("small", "large")
+    assert run_now["model"] == DEFAULT_POOLS["small"].model and run_now["priority"] == FREE.priority
+    assert placement.partition == home_partition("c1", PARTS["small"])
+    assert run["pool"] == "large" and "priority" not in run  # the given run is left as it was
+    refused = place_run(scheduled_run(tier="pro"), None, TIERS, loads, PARTS, settings)
+    assert isinstance(refused, Refusal) and refused.code == "over_capacity" and refused.retry_after_s >= 1
+    too_big = scheduled_run(estimate=DEFAULT_POOLS["small"].context + 1)  # no smaller pool holds it
+    assert isinstance(place_run(too_big, None, TIERS, loads, PARTS, settings), Refusal)
+
+
+def test_a_run_admitted_before_a_crash_goes_where_it_went_whatever_the_load_now():
+    from processors.schedule_run import place_run
+    from processors.settings import ProcessorSettings
+    from storage.ledger import Decision
+
+    full = {"large": [engine({"pro": 2}, {"pro": 60}, slots=2, mean=4.0)], "small": []}
+    before = Decision(admitted=True, pool="large", partition=3, decided_at=1)
+    run, placement = place_run(scheduled_run(tier="pro"), before, TIERS, full, PARTS, ProcessorSettings())
+    assert (placement.pool, placement.partition, run["pool"], run["rescheduled"]) == ("large", 3, "large", True)
+    # an older ledger row without the pool: its home partition in the run's own pool
+    legacy = Decision(admitted=True, decided_at=1)
+    run, placement = place_run(scheduled_run(tier="pro"), legacy, TIERS, full, PARTS, ProcessorSettings())
+    assert (placement.pool, placement.partition) == ("large", home_partition("c1", PARTS["large"]))

@@ -8,7 +8,8 @@ from api.routes.openai import conversation_key
 from inference.engine import EngineDown, OpenAIStreamEngine, Outcome, Request, parse_sse_line
 from inference.run import usage_after
 from inference.takeover import prior_of
-from processors.schedule_run import TooLong, assemble_given
+from processors.chat_context import assemble_given
+from processors.context import TooLong
 from processors.settings import ProcessorSettings
 from topics.admission import estimate_tokens
 

@@ -134,7 +134,7 @@ def test_recall_takes_the_fact_over_earlier_questions_and_repeated_wrong_answers
 
 
 def test_a_turned_away_question_and_its_notice_stay_out_of_the_prompt():
-    from processors.schedule_run import conversation_turns
+    from processors.chat_context import conversation_turns
 
     def msg(role, run, content, model="smollm2"):
         return Message(str(new_id()), role, content, None, run, model if role == "assistant" else None)  # type: ignore[arg-type]
