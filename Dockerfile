@@ -26,7 +26,7 @@ COPY safety ./safety
 COPY replay ./replay
 COPY schemas ./schemas
 COPY --from=web /web/dist ./web/dist
-COPY infra/__init__.py infra/cli.py infra/log_commands.py infra/stack.py ./infra/
+COPY infra/__init__.py infra/cli.py infra/log_commands.py infra/processes.py infra/stack.py infra/topology.py ./infra/
 # The code runs from /app (it finds schemas/ and web/dist beside its packages), as a user without a shell
 # login; everything it writes (tokenizer cache, faust state, keys) goes to the volume at /var/lib/parley.
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin parley \

@@ -37,7 +37,8 @@ from pipeline_ttft import engine_ttft, pipeline_ttft, stack_memory, summary
 from tqdm import tqdm
 
 from api.auth import credential
-from infra.stack import CLUSTER, SINGLE_NODE, Stack, Topology
+from infra.stack import Stack
+from infra.topology import CLUSTER, SINGLE_NODE, Topology
 from processors.settings import ProcessorSettings
 from topics.pipeline import TOKEN_DELTA, named
 

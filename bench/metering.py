@@ -35,7 +35,8 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.stack import SINGLE_NODE, Stack  # noqa: E402
+from infra.stack import Stack  # noqa: E402
+from infra.topology import SINGLE_NODE  # noqa: E402
 from registry.client import connect  # noqa: E402
 from storage.clickhouse import UsageStore  # noqa: E402
 from topics import codec  # noqa: E402

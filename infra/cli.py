@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra import log_commands
-from infra.stack import CLUSTER, SINGLE_NODE, Stack
+from infra.stack import Stack
+from infra.topology import CLUSTER, SINGLE_NODE
 
 if TYPE_CHECKING:
     pass

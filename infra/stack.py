@@ -9,159 +9,27 @@ broker and one Cassandra node keeping one copy (the default), or a local cluster
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from infra.processes import LOCAL, alive, child_of, each, held, sh, terminate
+from infra.topology import SINGLE_NODE, Topology
 from topics.settings import REPO_ROOT, StackSettings, state_dir
 
-LOCAL = REPO_ROOT / "infra" / "local"
 # Sequences each pool's engine keeps in flight: many short ones, or few long ones (the same KV memory).
 POOL_SLOTS = {"small": 8, "large": 2}
 
 
-@dataclass(frozen=True)
-class Node:
-    """One Kafka broker or Cassandra node, run by its infra/local script with `env`."""
-
-    role: str  # kafka-broker | cassandra-node
-    index: int  # 1, 2, ...: the broker's node id
-    host: str
-    port: int
-    env: dict[str, str]
-
-    @property
-    def name(self) -> str:
-        return f"{'kafka' if self.role == 'kafka-broker' else 'cassandra'}-{self.index}"
-
-    @property
-    def script(self) -> Path:
-        return LOCAL / ("kafka.sh" if self.role == "kafka-broker" else "cassandra.sh")
-
-    def sh(self, *args: str) -> None:
-        _sh(self.script, *args, env=self.env)
-
-    def pid(self) -> int | None:
-        found = subprocess.run(
-            ["bash", str(self.script), "pid"], env={**os.environ, **self.env}, capture_output=True, text=True
-        ).stdout.strip()
-        return int(found) if found.isdigit() else None
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Where a stack's Kafka brokers and Cassandra nodes run (one of each per loopback address) and so how many
-    copies of every record they keep: every topic and the keyspace get one copy per address, a write needs a
-    majority of them (min.insync.replicas, LOCAL_QUORUM)."""
-
-    hosts: tuple[str, ...] = ("127.0.0.1",)
-    folder: str = ""  # under the state folder; "" keeps the single node's kafka/ and cassandra/
-
-    @property
-    def copies(self) -> int:
-        return len(self.hosts)
-
-    @property
-    def majority(self) -> int:
-        return self.copies // 2 + 1
-
-    @property
-    def kafka_bootstrap(self) -> str:
-        return ",".join(f"{host}:9092" for host in self.hosts)
-
-    def settings(self) -> dict[str, object]:
-        """The settings (topics/settings.py StackSettings) of every process on this topology."""
-        return {
-            "kafka_bootstrap": self.kafka_bootstrap,
-            "kafka_replication_factor": self.copies,
-            "kafka_min_insync_replicas": self.majority,
-            "cassandra_hosts": ",".join(self.hosts),
-            "cassandra_replication": {"datacenter1": self.copies},
-        }
-
-    def env(self) -> dict[str, str]:
-        return {f"PARLEY_{k.upper()}": v if isinstance(v, str) else json.dumps(v) for k, v in self.settings().items()}
-
-    def brokers(self, state: Path) -> list[Node]:
-        if not self.folder:
-            return [Node("kafka-broker", 1, self.hosts[0], 9092, {})]
-        voters = ",".join(f"{i}@{host}:9093" for i, host in enumerate(self.hosts, 1))
-        cluster_id = _kafka_cluster_id(state / self.folder)
-        return [
-            Node(
-                "kafka-broker",
-                i,
-                host,
-                9092,
-                {
-                    "KAFKA_NAME": f"{self.folder}/kafka-{i}",
-                    "KAFKA_HOST": host,
-                    "KAFKA_NODE_ID": str(i),
-                    "KAFKA_VOTERS": voters,
-                    "KAFKA_REPLICATION": str(self.copies),
-                    "KAFKA_CLUSTER_ID": cluster_id,
-                    "KAFKA_HEAP": "384m",
-                    "KAFKA_START_TIMEOUT": "240",  # a restart under load replays the whole metadata log
-                },
-            )
-            for i, host in enumerate(self.hosts, 1)
-        ]
-
-    def cassandra_nodes(self) -> list[Node]:
-        if not self.folder:
-            return [Node("cassandra-node", 1, self.hosts[0], 9042, {})]
-        step = 2**64 // self.copies  # an even share of the Murmur3 ring each
-        return [
-            Node(
-                "cassandra-node",
-                i,
-                host,
-                9042,
-                {
-                    "CASSANDRA_NAME": f"{self.folder}/cassandra-{i}",
-                    "CASSANDRA_HOST": host,
-                    "CASSANDRA_SEEDS": self.hosts[0],
-                    "CASSANDRA_INITIAL_TOKEN": str(-(2**63) + (i - 1) * step),
-                    "CASSANDRA_HEAP": "512m",
-                },
-            )
-            for i, host in enumerate(self.hosts, 1)
-        ]
-
-    def nodes(self, state: Path) -> list[Node]:
-        return [*self.brokers(state), *self.cassandra_nodes()]
-
-    def wipe(self, state: Path) -> None:
-        """Stop every node and delete its data (a test or benchmark starts from an empty cluster: a broker
-        restarted over the partitions of many earlier runs took over 90 s to replay its metadata)."""
-        _each(self.nodes(state), "reset")
-
-
-SINGLE_NODE = Topology()
 # By module (or program); the rest are stages.
 ROLES = {"api": "edge", "inference": "inference", "registry": "schema-registry", "otelcol": "collector"}
-CLUSTER = Topology(("127.0.0.11", "127.0.0.12", "127.0.0.13"), "cluster")
-
-
-def _kafka_cluster_id(folder: Path) -> str:
-    """Every broker of a cluster is formatted with one id (22 characters of URL-safe base64), made once."""
-    path = folder / "kafka-cluster-id"
-    if not path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
-    return path.read_text().strip()
 
 
 @dataclass(frozen=True)
@@ -320,15 +188,15 @@ class Stack:
         """Every broker at once (a quorum forms only once a majority is up); the first Cassandra node (the seed),
         then the others together."""
         brokers, nodes = self.topology.brokers(self.state), self.topology.cassandra_nodes()
-        self._step("kafka", lambda: _each(brokers, "start"))
+        self._step("kafka", lambda: each(brokers, "start"))
 
         def cassandra() -> None:
-            _each(nodes[:1], "start")
-            _each(nodes[1:], "start")
+            each(nodes[:1], "start")
+            each(nodes[1:], "start")
 
         self._step("cassandra", cassandra)
-        self._step("llama-server build", lambda: _sh(LOCAL / "build-llama-server.sh"))
-        self._step("collector build", lambda: _sh(LOCAL / "build-otelcol.sh"))
+        self._step("llama-server build", lambda: sh(LOCAL / "build-llama-server.sh"))
+        self._step("collector build", lambda: sh(LOCAL / "build-otelcol.sh"))
         self.spans_file.parent.mkdir(parents=True, exist_ok=True)
         self._step("tokenizers", self._tokenizers)
 
@@ -360,9 +228,9 @@ class Stack:
 
     def start(self) -> None:
         for service in self.services():
-            if _alive(self._path("run", f"{service.name}.pid")):
+            if alive(self._path("run", f"{service.name}.pid")):
                 continue
-            if _held(service.port):
+            if held(service.port):
                 raise RuntimeError(
                     f"port {service.port} for {service.name} is taken: another stack runs on this port base "
                     f"(stop it with `parley down --port-base {self.port_base}`, or pick another --port-base)"
@@ -386,7 +254,7 @@ class Stack:
             deadline = time.monotonic() + timeout_s
             while pending and time.monotonic() < deadline:
                 for name, service in list(pending.items()):
-                    if not _alive(self._path("run", f"{name}.pid")):
+                    if not alive(self._path("run", f"{name}.pid")):
                         tail = self._path("logs", f"{name}.log").read_text(errors="replace")[-3000:]
                         raise RuntimeError(f"{name} exited during start-up:\n{tail}")
                     try:
@@ -410,12 +278,12 @@ class Stack:
 
     def stop(self) -> None:
         for service in reversed(self.services()):
-            _terminate(self._path("run", f"{service.name}.pid"))
+            terminate(self._path("run", f"{service.name}.pid"))
 
     def down(self) -> None:
         self.stop()
-        _each(self.topology.cassandra_nodes(), "stop")
-        _each(self.topology.brokers(self.state), "stop")
+        each(self.topology.cassandra_nodes(), "stop")
+        each(self.topology.brokers(self.state), "stop")
 
     def status(self) -> list[dict[str, object]]:
         """Every process of the stack: brokers, Cassandra nodes, the pipeline's processes and their engines."""
@@ -432,7 +300,7 @@ class Stack:
             pid = running.get(service.name)
             rows.append({"name": service.name, "role": role, "pid": pid, "address": f"127.0.0.1:{service.port}"})
             if role == "inference":
-                engine = _child(pid, "llama-server") if pid else None
+                engine = child_of(pid, "llama-server") if pid else None
                 port = int(service.env["PARLEY_LLAMA_PORT"])
                 rows.append(
                     {"name": f"engine-{service.name}", "role": "engine", "pid": engine, "address": f"127.0.0.1:{port}"}
@@ -443,74 +311,6 @@ class Stack:
         found = {}
         for service in self.services():
             pid_file = self._path("run", f"{service.name}.pid")
-            if _alive(pid_file):
+            if alive(pid_file):
                 found[service.name] = int(pid_file.read_text())
         return found
-
-
-def _sh(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
-    """Progress of the infra scripts goes to stderr, so tools that print JSON keep a clean stdout."""
-    subprocess.run(["bash", str(script), *args], check=True, stdout=sys.stderr, env={**os.environ, **(env or {})})
-
-
-def _each(nodes: list[Node], command: str) -> None:
-    """Run one script command on several nodes at once; raises the first failure."""
-    with ThreadPoolExecutor(max(1, len(nodes))) as pool:
-        for done in [pool.submit(node.sh, command) for node in nodes]:
-            done.result()
-
-
-def _child(pid: int, command: str) -> int | None:
-    """The pid of a direct child of `pid` whose executable is named `command` (an engine under its consumer)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            name = Path(f"/proc/{stat.parent.name}/exe").resolve().name
-        except (OSError, IndexError):
-            continue
-        if fields[1] == str(pid) and name == command:
-            return int(stat.parent.name)
-    return None
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _held(port: int, grace_s: float = 30.0) -> bool:
-    """The port stays taken for `grace_s`: a process that has just died can hold it a little longer (its main
-    thread shows as a zombie while another thread is still exiting, seen in CI after a stage's os._exit)."""
-    deadline = time.monotonic() + grace_s
-    while _listening(port):
-        if time.monotonic() > deadline:
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _alive(pid_file: Path) -> bool:
-    try:
-        pid = int(pid_file.read_text())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-        return False
-    # A zombie (exited, not yet reaped) is not alive.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def _terminate(pid_file: Path, timeout_s: float = 15.0) -> None:
-    if not _alive(pid_file):
-        pid_file.unlink(missing_ok=True)
-        return
-    pid = int(pid_file.read_text())
-    os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _alive(pid_file):
-        time.sleep(0.1)
-    if _alive(pid_file):
-        os.killpg(pid, signal.SIGKILL)
-    pid_file.unlink(missing_ok=True)

@@ -19,7 +19,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from api.auth import credential
-from infra.stack import CLUSTER, Node, Stack
+from infra.stack import Stack
+from infra.topology import CLUSTER, Node
 from registry import client as registry
 from topics.pipeline import Topic, named
 

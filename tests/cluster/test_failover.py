@@ -12,7 +12,7 @@ import httpx
 from cassandra.cluster import Cluster as CqlCluster
 from cassandra.policies import WhiteListRoundRobinPolicy
 
-from infra.stack import CLUSTER
+from infra.topology import CLUSTER
 from topics import codec
 from topics.pipeline import POOL_STATUS, RUN_COMPLETED, TOKEN_DELTA, TOPICS
 

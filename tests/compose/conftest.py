@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.stack import LOCAL
+from infra.processes import LOCAL
 from tests.stack.conftest import _running
 
 

@@ -20,7 +20,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from api.auth import credential
-from infra.stack import LOCAL, Stack
+from infra.processes import LOCAL
+from infra.stack import Stack
 from registry import client as registry
 from topics.pipeline import Topic, named
 

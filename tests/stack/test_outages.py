@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from infra.stack import LOCAL, _sh
+from infra.processes import LOCAL, sh
 
 from ..sse import iter_sse
 from .conftest import sse_events, wait_for
@@ -211,7 +211,7 @@ def test_a_kill_9_of_cassandra_mid_burst_loses_no_acknowledged_write(live):
         burst.flowing()
         os.kill(service_pid("cassandra.sh"), signal.SIGKILL)  # mid-burst: writes acknowledged a moment ago
         time.sleep(3)  # requests meet the dead store
-        _sh(LOCAL / "cassandra.sh", "start")  # replays its commit log
+        sh(LOCAL / "cassandra.sh", "start")  # replays its commit log
         time.sleep(3)  # and serves the burst again
     burst.check()
     print(f"kill -9 of Cassandra mid-burst: {burst.summary()}")
@@ -223,7 +223,7 @@ def test_a_kill_9_of_kafka_mid_burst_loses_and_duplicates_nothing(live):
         os.kill(service_pid("kafka.sh"), signal.SIGKILL)
         time.sleep(3)
         # an unclean stop makes the broker check every partition's log: minutes on one holding thousands
-        _sh(LOCAL / "kafka.sh", "start", env={"KAFKA_START_TIMEOUT": "300"})
+        sh(LOCAL / "kafka.sh", "start", env={"KAFKA_START_TIMEOUT": "300"})
         time.sleep(5)
     burst.check()
     print(f"kill -9 of Kafka mid-burst: {burst.summary()}")

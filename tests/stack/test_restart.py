@@ -1,6 +1,6 @@
 """Conversations and usage survive a restart of the whole stack (Kafka, Cassandra, chdb, every stage)."""
 
-from infra.stack import LOCAL, _sh
+from infra.processes import LOCAL, sh
 
 from .conftest import chat_turn, wait_for
 
@@ -14,8 +14,8 @@ def test_turns_and_usage_survive_a_full_restart(live):
     assert wait_for(lambda: len(client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]) == 2)
 
     live.stack.stop()
-    _sh(LOCAL / "cassandra.sh", "restart")
-    _sh(LOCAL / "kafka.sh", "restart")
+    sh(LOCAL / "cassandra.sh", "restart")
+    sh(LOCAL / "kafka.sh", "restart")
     live.stack.start()
     live.stack.wait_ready()
 

@@ -2,7 +2,8 @@
 
 import json
 
-from infra.stack import CLUSTER, SINGLE_NODE, Stack
+from infra.stack import Stack
+from infra.topology import CLUSTER, SINGLE_NODE
 
 
 def test_the_single_node_stack_says_one_copy_in_its_settings():
