@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from infra.stack import Stack  # noqa: E402
 from infra.topology import SINGLE_NODE  # noqa: E402
 from registry.client import connect  # noqa: E402
-from storage.clickhouse import UsageStore  # noqa: E402
+from storage.usage import UsageStore  # noqa: E402
 from topics import codec  # noqa: E402
 from topics.kafka import ensure_topics  # noqa: E402
 from topics.pipeline import RUN_COMPLETED, named  # noqa: E402

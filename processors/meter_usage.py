@@ -21,7 +21,7 @@ from faust.web import View
 from prometheus_client import Counter, Histogram
 
 from processors.stage import Stage
-from storage.clickhouse import UsageStore
+from storage.usage import UsageStore
 from topics.codec import Event
 from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic
 

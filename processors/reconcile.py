@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from tqdm import tqdm
 
 from processors.meter_usage import Prices, usage_row
-from storage.clickhouse import COMPARED
+from storage.usage import COMPARED
 from topics import codec
 from topics.errors import PoisonEvent
 from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic, named

@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from topics.pipeline import Layout
 
 if TYPE_CHECKING:
-    from storage.clickhouse import UsageStore
+    from storage.usage import UsageStore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,7 +155,7 @@ class StackSettings(BaseSettings):
         )
 
     def open_usage(self, create: bool = False) -> UsageStore:
-        from storage.clickhouse import UsageStore
+        from storage.usage import UsageStore
 
         password = self.usage_password.get_secret_value()
         return UsageStore.open(self.usage_target, self.usage_db, self.usage_user, password, create=create)

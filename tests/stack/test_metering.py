@@ -165,7 +165,8 @@ def test_reconciliation_finds_and_repairs_a_lost_row(live, metered):
     """A row lost behind the pipeline's back (deleted in ClickHouse) is drift, and --repair writes it back."""
     from processors.meter_usage import Prices
     from processors.reconcile import reconcile
-    from storage.clickhouse import UsageStore, quote
+    from storage.clickhouse import quote
+    from storage.usage import UsageStore
 
     lost = next(i for i, e in metered["ended"].items() if e.get("finish_reason") in ("stop", "length"))
     # The metering stage owns the embedded engine: stop it, delete the row (its rollups keep counting it), restart.

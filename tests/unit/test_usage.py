@@ -10,7 +10,7 @@ import pytest
 
 from processors.meter_usage import Prices, completed_row, rejected_row
 from processors.reconcile import compare
-from storage.clickhouse import UsageStore
+from storage.usage import UsageStore
 
 PRICES = Prices({"m-small": {"prompt": 0.05, "cached": 0.025, "completion": 0.2}})
 
