@@ -129,7 +129,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     import json
 
     from replay import candidate as cand
-    from replay import redrive, report
+    from replay import redrive, report, selection
     from topics.window import Window
 
     settings, _ = connected(args)
@@ -142,7 +142,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
                 runs = redrive.recorded_again(window, plan)
         else:
             candidate = candidate_of(args)
-            selection = redrive.Selection(
+            chosen = selection.Selection(
                 runs=tuple(args.run),
                 chat=args.chat,
                 user=args.user,
@@ -153,10 +153,10 @@ def cmd_replay(args: argparse.Namespace) -> None:
                 limit=args.limit,
             )
             with Window(settings.kafka_bootstrap, settings.namespace) as window:
-                runs = redrive.select(window, selection)
+                runs = selection.select(window, chosen)
             if not runs:
                 raise redrive.ReplayError("no recorded run matches the selection (check the range and filters)")
-            plan = redrive.new_plan(settings, candidate, selection, runs)
+            plan = redrive.new_plan(settings, candidate, chosen, runs)
             print(f"replay {plan.id}: {len(runs)} runs (resume with --resume {plan.id})", file=sys.stderr)
         found = redrive.Replay(plan, settings, progress=not args.quiet).run(runs, keep=args.keep)
     except (redrive.ReplayError, cand.CandidateError, ValueError, LookupError) as exc:

@@ -15,13 +15,10 @@ deleted once it is complete (unless --keep).
 
 from __future__ import annotations
 
-import difflib
 import json
 import socket
-import statistics
 import time
 import uuid
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +28,13 @@ from tqdm import tqdm
 
 from replay import candidate as cand
 from replay.candidate import Candidate
-from replay.runs import ENDED_WITHIN_MS, FIND_MS, GRACE_MS, minted_ms, run_of
+from replay.compare import compared, summary
+from replay.runs import minted_ms, run_of
+from replay.selection import Recorded, Selection, select
 from topics import codec
 from topics.errors import PoisonEvent
 from topics.kafka import Publisher
 from topics.pipeline import (
-    FEEDBACK,
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
     RUN_COMPLETED,
@@ -46,205 +44,11 @@ from topics.pipeline import (
     named,
 )
 from topics.settings import StackSettings, state_dir
-from topics.window import Read, Window
+from topics.window import Window
 
 
 class ReplayError(Exception):
     """A replay that cannot start: a bad file, an empty selection, a stage that would not come up."""
-
-
-@dataclass(frozen=True)
-class Selection:
-    runs: tuple[str, ...] = ()
-    chat: str | None = None
-    user: str | None = None
-    since_ms: int = 0
-    until_ms: int = 0
-    outcome: str | None = None
-    feedback: str | None = None  # up | down
-    limit: int = 0
-
-    def window(self) -> tuple[int, int]:
-        if self.runs:
-            times = [minted_ms(r) for r in self.runs]
-            return min(times) - FIND_MS, max(times) + FIND_MS
-        return self.since_ms, self.until_ms
-
-
-@dataclass
-class Recorded:
-    """A run as production recorded it: its prompt, its moderation verdict, how it ended, its rating."""
-
-    prompt: dict[str, Any]
-    moderated: dict[str, Any] | None = None
-    ended: str | None = None
-    rating: str | None = None
-    scheduled: dict[str, Any] | None = None
-    completed: dict[str, Any] | None = None
-
-    def add(self, schema: str, event: dict[str, Any]) -> None:
-        """Take in one of the run's later events (its verdict, schedule, completion or rejection)."""
-        if schema == "PromptModerated":
-            self.moderated = event
-        elif schema == "RunScheduled":
-            self.scheduled = event
-        elif schema == "RunCompleted":
-            self.completed, self.ended = event, f"completed:{event['finish_reason']}"
-        elif schema == "RunRejected":
-            self.ended = f"rejected:{event['code']}"
-
-    def outcomes(self) -> set[str]:
-        found = set()
-        if self.moderated:
-            found.add("blocked" if self.moderated["decision"] == "blocked" else "allowed")
-            if self.moderated.get("action") == "warn":
-                found.add("warned")
-        if self.ended:
-            kind, _, why = self.ended.partition(":")
-            found.add(kind)
-            if why == "content_filter" and kind == "completed":
-                found.add("retracted")
-            if why == "cancelled":
-                found.add("cancelled")
-        return found
-
-
-def select(window: Window, selection: Selection) -> list[Recorded]:
-    """The recorded runs the filters match, in the order they were accepted."""
-    since, until = selection.window()
-    reads = [
-        Read(PROMPT_ACCEPTED, since, until),
-        Read(PROMPT_MODERATED, since, until + GRACE_MS),
-        *(Read(t, since, until + ENDED_WITHIN_MS) for t in RUN_SCHEDULED.values()),
-        Read(RUN_COMPLETED, since, until + ENDED_WITHIN_MS),
-        Read(RUN_REJECTED, since, until + ENDED_WITHIN_MS),
-        Read(FEEDBACK, since, int(time.time() * 1000)),
-    ]
-    runs: dict[str, Recorded] = {}
-    later: list[tuple[str, dict[str, Any]]] = []
-    wanted = set(selection.runs)
-    for record in window.read(reads):
-        schema, event = record.topic.schema, record.event
-        if schema == "PromptAccepted":
-            if (wanted and event["run_id"] not in wanted) or event.get("summary"):
-                continue
-            if selection.chat and event["chat_id"] != selection.chat:
-                continue
-            if selection.user and event["user_id"] != selection.user:
-                continue
-            runs[event["run_id"]] = Recorded(event)
-        else:
-            later.append((schema, event))
-    for schema, event in later:  # a chat's events are in order per partition; topics are read interleaved
-        run = runs.get(event["message_id"] if schema == "Feedback" else str(run_of(event)))
-        if run is None:
-            continue
-        if schema == "Feedback":
-            run.rating = event["rating"] if event["rating"] != "none" else None
-        else:
-            run.add(schema, event)
-    chosen = [
-        r
-        for r in runs.values()
-        if (not selection.outcome or selection.outcome in r.outcomes())
-        and (not selection.feedback or r.rating == selection.feedback)
-    ]
-    return chosen[: selection.limit] if selection.limit else chosen
-
-
-def verdict(moderated: dict[str, Any] | None) -> dict[str, Any]:
-    if moderated is None:
-        return {"decision": None, "action": None, "category": None, "policy_version": None}
-    keys = ("decision", "action", "category", "policy_version")
-    return {k: moderated.get(k) for k in keys} | {"scores": moderated.get("scores") or {}}
-
-
-def served(scheduled: dict[str, Any] | None, done: dict[str, Any] | None, ended: str | None) -> dict[str, Any]:
-    """What a run's answer was (pure): pool, prompt tokens, the answer, its tokens, TTFT, how it ended."""
-    context = (scheduled or {}).get("context") or {}
-    usage = (done or {}).get("usage") or {}
-    return {
-        "pool": (scheduled or {}).get("pool"),
-        "model": (done or scheduled or {}).get("model"),
-        "prompt_tokens": context.get("prompt_tokens", usage.get("prompt_tokens")),
-        "completion_tokens": usage.get("completion_tokens"),
-        "ttft_ms": (done or {}).get("ttft_ms"),
-        "ended": ended,
-        "answer": (done or {}).get("content"),
-    }
-
-
-COMPARED = ("pool", "prompt_tokens", "completion_tokens", "ended")
-
-
-def compared(run: Recorded, now: dict[str, Any] | None, replayed: Recorded | None = None) -> dict[str, Any]:
-    """One run's result (pure): the verdict then and now and, when the run went through the whole pipeline
-    (`replayed`), what it was served then and now; `changed` names every field that differs."""
-    then, new = verdict(run.moderated), verdict(now)
-    what = [k for k in ("decision", "action") if then[k] != new[k]]
-    out = {
-        "run_id": run.prompt["run_id"],
-        "chat_id": run.prompt["chat_id"],
-        "user_id": run.prompt["user_id"],
-        "content": run.prompt["content"][:200],
-        "then": then,
-        "now": new,
-    }
-    if replayed is not None:
-        was = served(run.scheduled, run.completed, run.ended)
-        now_served = served(replayed.scheduled, replayed.completed, replayed.ended)
-        out["then"] |= was
-        out["now"] |= now_served
-        what += [k for k in COMPARED if was[k] != now_served[k]]
-        a, b = was["answer"] or "", now_served["answer"] or ""
-        out["similarity"] = round(difflib.SequenceMatcher(None, a, b).ratio(), 3) if a or b else 1.0
-    out["changed"] = bool(what)
-    out["what"] = what
-    return out
-
-
-def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts then and now per action, and each kind of flip (pure)."""
-    then = Counter(r["then"]["action"] or "none" for r in results)
-    now = Counter(r["now"]["action"] or "none" for r in results)
-
-    def said(v: dict[str, Any]) -> str:
-        return f"{v['decision']}/{v['action'] or 'none'}"
-
-    moderated = [r for r in results if {"decision", "action"} & set(r.get("what", ()))]
-    flips = Counter(f"{said(r['then'])} -> {said(r['now'])}" for r in moderated)
-    served: dict[str, Any] = {}
-    sims = [r["similarity"] for r in results if "similarity" in r]
-    if sims:
-
-        def total(when: str, key: str) -> int:
-            return sum(r[when].get(key) or 0 for r in results)
-
-        def median(when: str, key: str) -> float | None:
-            found = [r[when][key] for r in results if r[when].get(key)]
-            return round(statistics.median(found), 1) if found else None
-
-        served = {
-            "fields_changed": dict(Counter(w for r in results for w in r["what"])),
-            "answer_similarity_mean": round(sum(sims) / len(sims), 3),
-            "completion_tokens": {"then": total("then", "completion_tokens"), "now": total("now", "completion_tokens")},
-            "prompt_tokens": {"then": total("then", "prompt_tokens"), "now": total("now", "prompt_tokens")},
-            "ttft_ms_median": {"then": median("then", "ttft_ms"), "now": median("now", "ttft_ms")},
-            "pools": {
-                "then": dict(Counter(r["then"].get("pool") for r in results)),
-                "now": dict(Counter(r["now"].get("pool") for r in results)),
-            },
-        }
-    return {
-        **served,
-        "then": dict(then),
-        "now": dict(now),
-        "changed": sum(r["changed"] for r in results),
-        "moderation_changed": len(moderated),
-        "flips": dict(flips),
-        "newly_blocked": sum(r["now"]["decision"] == "blocked" for r in moderated),
-        "newly_allowed": sum(r["now"]["decision"] == "allowed" for r in moderated),
-    }
 
 
 @dataclass

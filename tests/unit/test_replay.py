@@ -10,7 +10,8 @@ import pytest
 
 from replay import evals, runs
 from replay.candidate import CandidateError, load_policy
-from replay.redrive import Recorded, compared, summary
+from replay.compare import compared, summary
+from replay.selection import Recorded
 from storage.ids import new_id
 from topics.pipeline import PROMPT_ACCEPTED, TOKEN_DELTA
 from topics.window import Record
