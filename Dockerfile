@@ -21,6 +21,9 @@ COPY processors ./processors
 COPY inference ./inference
 COPY registry ./registry
 COPY topics ./topics
+COPY runtime ./runtime
+COPY admission ./admission
+COPY conversation ./conversation
 COPY storage ./storage
 COPY safety ./safety
 COPY replay ./replay

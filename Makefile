@@ -69,7 +69,7 @@ test-unit: $(STAMP)
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check api processors inference registry topics storage infra safety replay
+	$(VENV)/bin/ruff format --check api processors inference registry topics runtime admission conversation storage infra safety replay
 	$(VENV)/bin/mypy
 
 bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover, run lookup and replay throughput (JSON in bench/results/)

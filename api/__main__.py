@@ -7,7 +7,7 @@ import uvicorn
 from api.app import create_app
 from api.server import guarded
 from api.settings import ApiSettings
-from topics import logs
+from runtime import logs
 
 
 def main() -> None:

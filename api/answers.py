@@ -17,8 +17,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from sse_starlette.sse import EventSourceResponse
 
 from api import convert, streams
-from api.app import Services
 from api.auth import Principal
+from api.deps import Services
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply
 from storage.ids import new_id

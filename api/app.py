@@ -6,19 +6,23 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.telemetry import TelemetryConfig
 
+from admission.limits import LimitsView
+from admission.placement import PoolView
 from api import errors, openapi
 from api.body_limit import BodyLimit
+from api.deps import Services
 from api.replies import ReplyHub
 from api.settings import ApiSettings
 from registry import client as registry
+from runtime import tracing
+from runtime.kafka import AsyncProducer
 from safety.policy import PolicyView
 from storage import schema
 from storage.api_keys import ApiKeys
@@ -26,35 +30,8 @@ from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.ledger import Ledger
 from storage.memory import Memory
-from topics import tracing
-from topics.admission import PoolView
-from topics.kafka import AsyncProducer
-from topics.limits import LimitsView
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Services:
-    settings: ApiSettings
-    producer: AsyncProducer
-    replies: ReplyHub
-    conversations: Conversations
-    http: httpx.AsyncClient
-    ledger: Ledger
-    limits: LimitsView
-    pools: PoolView  # the inference consumers' load: the edge sheds at the door what could not be placed
-    policies: PolicyView  # the safety policies, for the admin routes
-    memory: Memory  # a chat's embeddings and summaries: an edit or a delete forgets at once
-    keys: ApiKeys
-    decisions: SafetyDecisions  # the moderation decisions admins review (written by the persistence stage)
-
-
-def services(request: Request) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
-
-
-Deps = Annotated[Services, Depends(services)]
 
 
 def untraced(scope: MutableMapping[str, Any]) -> bool:

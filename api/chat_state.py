@@ -8,8 +8,8 @@ import time
 import uuid
 from typing import Any
 
-from api.app import Services
 from api.auth import Principal
+from api.deps import Services
 from api.errors import ApiError
 from storage.ids import parse_id
 from topics.pipeline import MEMORY_CHANGED

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from topics.outage import Outage
+from runtime.outage import Outage
 
 log = logging.getLogger(__name__)
 LOG_OUTAGE = Outage(log, "Kafka (the edge's producer)")

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import Counter
 
+from runtime.kafka import ConsumerThread, consumer_config
+from runtime.outage import Outage
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import ConsumerThread, consumer_config
-from topics.outage import Outage
 from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr
 
-from topics.settings import StackSettings, local_jwt_secret
+from runtime.settings import StackSettings, local_jwt_secret
 
 
 class ApiSettings(StackSettings):

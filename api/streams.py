@@ -16,15 +16,15 @@ from confluent_kafka import KafkaException
 from opentelemetry import trace
 from prometheus_client import Counter
 
+from admission.placement import at_the_door, capacity_message, estimate_tokens
 from api import convert
-from api.app import Services
 from api.auth import Principal
+from api.deps import Services
 from api.errors import ApiError
 from api.replies import ACCEPTED, HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
+from runtime.kafka import until_ready
 from storage.ids import id_time_ms
-from topics.admission import at_the_door, capacity_message, estimate_tokens
 from topics.codec import Event
-from topics.kafka import until_ready
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def shed_when_full(
     deps: Services, user: Principal, model: str | None, messages: list[dict[str, str]], max_tokens: int, may_grow: bool
 ) -> None:
     """429 over_capacity now, before the request enters the pipeline, when no pool it could be placed in has
-    room for the user's tier (topics.admission.at_the_door); otherwise the scheduler decides."""
+    room for the user's tier (admission.placement.at_the_door); otherwise the scheduler decides."""
     settings = deps.settings
     placement = at_the_door(
         model,

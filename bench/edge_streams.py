@@ -332,7 +332,7 @@ def main() -> None:
     from tqdm import tqdm
 
     from infra.stack import Stack
-    from topics.kafka import ensure_topics
+    from runtime.kafka import ensure_topics
 
     subprocess.run(["bash", str(ROOT / "infra/local/kafka.sh"), "start"], check=True)
     namespace = f"bench{uuid.uuid4().hex[:8]}"

@@ -3,7 +3,7 @@
 - Inspect: a real run of the stack (its every record across the topics) is copied into a scratch namespace
   twice: once stamped two days ago (the "old" run), once now (the "new" run), with --records SYNTHETIC
   PromptAccepted records (copies of real prompts under other run ids, stamped evenly between the two) in
-  between. `runs.find` (what `parley runs show` does) looks up each; the baseline, in the same run, is a scan
+  between. `history.find` (what `parley runs show` does) looks up each; the baseline, in the same run, is a scan
   of the prompt topic from offset 0 until the run is found (how safety/replay.py reads). Medians of --repeat.
 - Replay: --runs real chat turns through the stack (4 at a time, the pro tier's limit; 8-token answers): their
   rate end to end is the live traffic's throughput on this machine. Then `parley replay` sends them through a
@@ -36,13 +36,13 @@ sys.path.insert(0, str(ROOT))
 from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
 from registry import client as registry  # noqa: E402
-from replay import runs  # noqa: E402
 from replay.sse import iter_sse  # noqa: E402
+from runtime.kafka import ensure_topics, producer_config  # noqa: E402
+from runtime.window import Window  # noqa: E402
+from storage import history  # noqa: E402
 from storage.ids import UUID_EPOCH  # noqa: E402
 from topics import codec  # noqa: E402
-from topics.kafka import ensure_topics, producer_config  # noqa: E402
 from topics.pipeline import PROMPT_ACCEPTED, named  # noqa: E402
-from topics.window import Window  # noqa: E402
 
 PORT_BASE = 19500
 DAY_MS = 86_400_000
@@ -77,7 +77,7 @@ def rewritten(event: dict, run_id: str) -> dict:
     return copy
 
 
-def copy_run(producer: Producer, namespace: str, history: runs.History, run_id: str, at_ms: int) -> None:
+def copy_run(producer: Producer, namespace: str, history: history.History, run_id: str, at_ms: int) -> None:
     start = min(r.timestamp_ms for r in history.records)
     for record in history.records:
         value = codec.encode(record.topic.schema, rewritten(record.event, run_id))
@@ -136,7 +136,7 @@ def main() -> None:
         # Inspect: the template is the first live run, read back whole.
         time.sleep(2)
         with Window(settings.kafka_bootstrap, settings.namespace) as window:
-            template = runs.find(window, live[0])
+            template = history.find(window, live[0])
         scratch = f"{stack.namespace}-deep"
         ensure_topics(settings.kafka_bootstrap, scratch, settings.layout)
         producer = Producer(producer_config(settings.kafka_bootstrap, **{"linger.ms": 50, "batch.num.messages": 10000}))
@@ -168,7 +168,7 @@ def main() -> None:
             for label, run_id in (("old", old_id), ("new", new_id)):
                 t0 = time.perf_counter()
                 with Window(settings.kafka_bootstrap, scratch) as window:
-                    found = runs.find(window, run_id)
+                    found = history.find(window, run_id)
                 timings[label].append(time.perf_counter() - t0)
                 assert len(found.records) == len(template.records), (len(found.records), len(template.records))
                 timings[f"{label}_scan"].append(scan_from_zero(settings.kafka_bootstrap, scratch, run_id))

@@ -27,15 +27,15 @@ import httpx
 from measure import pct, summary
 from tqdm import tqdm
 
+from admission.limits import BACKGROUND_PRIORITY
 from api.auth import credential
+from conversation import tokens
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
 from replay.sse import iter_sse
+from runtime.settings import DEFAULT_POOLS
 from safety.replay import events
-from topics import tokens
-from topics.limits import BACKGROUND_PRIORITY
 from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, Topic
-from topics.settings import DEFAULT_POOLS
 
 FACTS = {
     3: ("My sister Ana lives in Porto and works as a marine biologist.", "Porto"),

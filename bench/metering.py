@@ -38,11 +38,11 @@ sys.path.insert(0, str(ROOT))
 from infra.stack import Stack  # noqa: E402
 from infra.topology import SINGLE_NODE  # noqa: E402
 from registry.client import connect  # noqa: E402
+from runtime.kafka import ensure_topics  # noqa: E402
+from runtime.settings import StackSettings  # noqa: E402
 from storage.usage import UsageStore  # noqa: E402
 from topics import codec  # noqa: E402
-from topics.kafka import ensure_topics  # noqa: E402
 from topics.pipeline import RUN_COMPLETED, named  # noqa: E402
-from topics.settings import StackSettings  # noqa: E402
 
 BOOTSTRAP = os.environ.get("PARLEY_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 PORT = 19369

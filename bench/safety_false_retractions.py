@@ -23,7 +23,7 @@ import httpx
 from tqdm import tqdm
 
 from inference.engine import parse_sse_line
-from inference.llama_server import LlamaServer
+from runtime.llama_server import LlamaServer
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import BUILTIN, Policy, Rule

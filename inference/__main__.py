@@ -11,8 +11,8 @@ from inference.engine import Engine, OpenAIStreamEngine
 from inference.settings import InferenceSettings
 from inference.worker import Worker
 from registry import client as registry
-from topics import logs
-from topics.settings import state_dir
+from runtime import logs
+from runtime.settings import state_dir
 
 log = logging.getLogger("inference")
 
@@ -39,7 +39,7 @@ def main() -> None:
         key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
         asyncio.run(amain(settings, settings.engine_url, key, None))
         return
-    from inference.llama_server import LlamaServer, key_path
+    from runtime.llama_server import LlamaServer, key_path
 
     server = LlamaServer(
         port=settings.llama_port,

@@ -14,9 +14,9 @@ from collections import OrderedDict
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from runtime.kafka import ConsumerThread, consumer_config, until_ready
 from topics import codec
 from topics.errors import PoisonEvent
-from topics.kafka import ConsumerThread, consumer_config, until_ready
 from topics.pipeline import RUN_CONTROL
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 It holds the runs this consumer has read (waiting in a RunQueue, or running) and decides:
 - which waiting runs take the engine's free slots: tier priority with ageing and tier slot shares
-  (inference/queue.py);
+  (admission/slots.py);
 - when background work (a summary) may start: only once no reply has ended here for `background_idle_s` and
   none is running or waiting, unless it has waited past `background_patience_s`;
 - which running background runs a newly read reply stops (preemption).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inference.queue import RunQueue
+from admission.slots import RunQueue
 from inference.run import Flight
 from inference.settings import InferenceSettings
 

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from inference.metrics import TAKING_WORK
 from inference.offsets import OffsetTracker
 from inference.settings import InferenceSettings
-from topics.kafka import consumer_config, until_ready
+from runtime.kafka import consumer_config, until_ready
 from topics.pipeline import RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)

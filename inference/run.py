@@ -16,21 +16,21 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from admission.limits import BACKGROUND_PRIORITY
 from inference.coalesce import Coalescer
 from inference.control import RunControls
 from inference.engine import Engine, EngineDown, Outcome, Request, generate
 from inference.metrics import CANCEL_LATENCY, HANDED_OFF, INTER_TOKEN, RUNS, TAKEN_OVER, TOKENS, TTFT
 from inference.settings import InferenceSettings
 from inference.takeover import Prior, prior_of
+from runtime.kafka import AsyncProducer
+from runtime.reply_log import published
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import PolicyView
 from topics.codec import Event
 from topics.codec import token_delta as delta
-from topics.kafka import AsyncProducer
-from topics.limits import BACKGROUND_PRIORITY
 from topics.pipeline import OUTPUT_MODERATED, RUN_COMPLETED, TOKEN_DELTA, named
-from topics.reply_log import published
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import socket
 
 from pydantic import Field, SecretStr
 
-from topics.settings import StackSettings
+from runtime.settings import StackSettings
 
 
 class InferenceSettings(StackSettings):

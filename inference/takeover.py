@@ -1,7 +1,7 @@
 """What a run already published before its consumer failed, folded from its reply partition's records.
 
 A consumer that picks up a run which another consumer may have started (any record that was already in the
-partition when it was assigned) reads the run's TokenDelta records from the log (topics/reply_log.py). Generation then
+partition when it was assigned) reads the run's TokenDelta records from the log (runtime/reply_log.py). Generation then
 continues after the published text, so the client's stream goes on with no duplicated text; a run that had
 already ended only has its RunCompleted published again (the sinks are idempotent by run).
 """

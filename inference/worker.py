@@ -2,7 +2,7 @@
 
 A confluent-kafka consumer, one of its pool's group, that reads runs into a bounded local queue, starts the
 best waiting one whenever its engine has a free slot (tier priority with ageing, and tier slot shares:
-inference/queue.py), folds each into the engine's running batch, publishes coalesced deltas to the run's
+admission/slots.py), folds each into the engine's running batch, publishes coalesced deltas to the run's
 reply partition and, at the end, the run's completion. Offsets are committed only after a run's RunCompleted
 is acknowledged. Every quarter second it publishes its load (PoolStatus), which the scheduler's bounded queues
 are measured by.
@@ -27,6 +27,7 @@ from aiohttp import web
 from confluent_kafka import KafkaError, Message, TopicPartition
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from admission.limits import LimitsView, tier_cap
 from inference.control import RunControls
 from inference.dispatch import Dispatch
 from inference.engine import Engine
@@ -45,14 +46,14 @@ from inference.metrics import (
 )
 from inference.run import Flight, RunServer, epoch_ms, now_ms
 from inference.settings import InferenceSettings
+from runtime import tracing
+from runtime.kafka import AsyncProducer, dead_letter
+from runtime.outage import Outage
 from safety.moderator import Moderator
 from safety.policy import PolicyView
-from topics import codec, tracing
+from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent, RetriableError
-from topics.kafka import AsyncProducer, dead_letter
-from topics.limits import LimitsView, tier_cap
-from topics.outage import Outage
 from topics.pipeline import POOL_STATUS, RUN_CONTROL, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)

@@ -132,7 +132,7 @@ def cmd_topics(args: argparse.Namespace) -> None:
     """Create the pipeline's topics, or grow their partitions, from the settings (PARLEY_* or the stack's)."""
     import json
 
-    from topics.kafka import ensure_topics, grow_topics
+    from runtime.kafka import ensure_topics, grow_topics
 
     stack = _stack(args)
     settings = stack.settings.model_copy(

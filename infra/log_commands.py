@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from infra.stack import Stack
 from replay import OUTCOMES
-from topics.settings import StackSettings
+from runtime.settings import StackSettings
 
 if TYPE_CHECKING:
-    from replay.candidate import Candidate
+    from replay.candidate import Candidate, Processes
 
 
 def moment(text: str, now_ms: int) -> int:
@@ -34,6 +34,17 @@ def moment(text: str, now_ms: int) -> int:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO 8601, 24h/7d ago, now, or epoch ms)") from exc
     return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def launch(spec: Processes) -> Stack:
+    """A candidate's processes (replay/candidate.py) as a local stack of their own."""
+    return Stack(
+        namespace=spec.namespace,
+        port_base=spec.port_base,
+        only=spec.only,
+        registry=spec.registry,
+        overrides=spec.overrides,
+    )
 
 
 def connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
@@ -81,19 +92,19 @@ def cmd_reconcile(args: argparse.Namespace) -> None:
 def cmd_runs_show(args: argparse.Namespace) -> None:
     import json
 
-    from replay import runs
-    from topics.window import Window
+    from runtime.window import Window
+    from storage import history
 
     settings, metering = connected(args)
     try:
-        runs.minted_ms(args.run_id)
+        history.minted_ms(args.run_id)
         with Window(settings.kafka_bootstrap, settings.namespace) as window:
-            history = runs.find(window, args.run_id)
+            run = history.find(window, args.run_id)
     except (ValueError, LookupError) as exc:
         raise SystemExit(f"parley runs show: {exc}") from None
     if not args.no_stored:
-        history.stored = runs.stored(history, settings, metering)
-    print(json.dumps(history.as_json(), indent=2, default=str) if args.json else runs.text(history))
+        run.stored = history.stored(run, settings, metering)
+    print(json.dumps(run.as_json(), indent=2, default=str) if args.json else history.text(run))
 
 
 def candidate_of(args: argparse.Namespace) -> Candidate:
@@ -130,7 +141,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
     from replay import candidate as cand
     from replay import redrive, report, selection
-    from topics.window import Window
+    from runtime.window import Window
 
     settings, _ = connected(args)
     now = int(time.time() * 1000)
@@ -158,7 +169,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
                 raise redrive.ReplayError("no recorded run matches the selection (check the range and filters)")
             plan = redrive.new_plan(settings, candidate, chosen, runs)
             print(f"replay {plan.id}: {len(runs)} runs (resume with --resume {plan.id})", file=sys.stderr)
-        found = redrive.Replay(plan, settings, progress=not args.quiet).run(runs, keep=args.keep)
+        found = redrive.Replay(plan, settings, launch, progress=not args.quiet).run(runs, keep=args.keep)
     except (redrive.ReplayError, cand.CandidateError, ValueError, LookupError) as exc:
         raise SystemExit(f"parley replay: {exc}") from None
     except KeyboardInterrupt:
@@ -181,7 +192,7 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
     from replay import candidate as cand
     from replay import evals
     from replay.redrive import free_port_base
-    from topics.window import Window
+    from runtime.window import Window
 
     settings, metering = connected(args)
     try:
@@ -203,7 +214,7 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
             candidate = cand.Candidate(through="pipeline", policy=policy)
             namespace = f"{settings.namespace or 'parley'}-eval-{uuid.uuid4().hex[:8]}"
             cand.prepare(settings, namespace, candidate, {}, set())
-            stack = cand.processes(settings, namespace, candidate, free_port_base(), serving=True)
+            stack = launch(cand.processes(settings, namespace, candidate, free_port_base(), serving=True))
             stack.start()
             stack.wait_ready()
             url = stack.api_url
@@ -255,7 +266,7 @@ def cmd_export_feedback(args: argparse.Namespace) -> None:
     import json
 
     from replay import export
-    from topics.window import Window
+    from runtime.window import Window
 
     settings, _ = connected(args)
     now = int(time.time() * 1000)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from topics.settings import REPO_ROOT
+from runtime.settings import REPO_ROOT
 
 LOCAL = REPO_ROOT / "infra" / "local"
 

@@ -22,7 +22,7 @@ import httpx
 
 from infra.processes import LOCAL, alive, child_of, each, held, sh, terminate
 from infra.topology import SINGLE_NODE, Topology
-from topics.settings import REPO_ROOT, StackSettings, state_dir
+from runtime.settings import REPO_ROOT, StackSettings, state_dir
 
 # Sequences each pool's engine keeps in flight: many short ones, or few long ones (the same KV memory).
 POOL_SLOTS = {"small": 8, "large": 2}
@@ -172,7 +172,7 @@ class Stack:
 
     def engine_headers(self, pool: str = "small", index: int = 0) -> dict[str, str]:
         """The credential of that llama-server, which answers only its consumer (and whoever reads its key)."""
-        from inference.llama_server import key_path
+        from runtime.llama_server import key_path
 
         port = int(self.engine_url(pool, index).rsplit(":", 1)[1])
         return {"Authorization": f"Bearer {key_path(self.namespace, pool, port).read_text().strip()}"}
@@ -207,16 +207,16 @@ class Stack:
 
     def _tokenizers(self) -> None:
         """Rebuild each pool's tokenizer from its model file once, before the stages that count with it start
-        (topics/tokens.py caches it in the state folder; every stage building its own took ~30 s of CPU each)."""
+        (conversation/tokens.py caches it in the state folder; every stage building its own took ~30 s of CPU each)."""
         code = (
-            "from topics import tokens; from topics.settings import StackSettings as S; "
+            "from topics import tokens; from runtime.settings import StackSettings as S; "
             "[tokens.load(p.tokenizer) for p in S().pools.values()]"
         )
         env = {**os.environ, "LOCAL_INFRA_STATE": str(self.state)}
         subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO_ROOT)
 
     def topics(self) -> None:
-        from topics.kafka import ensure_topics
+        from runtime.kafka import ensure_topics
 
         settings = self.settings
         self._step("topics", lambda: ensure_topics(settings.kafka_bootstrap, self.namespace, settings.layout))

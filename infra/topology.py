@@ -65,7 +65,7 @@ class Topology:
         return ",".join(f"{host}:9092" for host in self.hosts)
 
     def settings(self) -> dict[str, object]:
-        """The settings (topics/settings.py StackSettings) of every process on this topology."""
+        """The settings (runtime/settings.py StackSettings) of every process on this topology."""
         return {
             "kafka_bootstrap": self.kafka_bootstrap,
             "kafka_replication_factor": self.copies,

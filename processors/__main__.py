@@ -7,7 +7,7 @@ import sys
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from registry import client as registry
-from topics import logs
+from runtime import logs
 
 STAGES = ("moderation", "scheduling", "persistence", "metering", "memory")
 
@@ -23,16 +23,16 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         policies.start()
         moderate_prompt.register(stage, Moderator(), policies)
     elif name == "scheduling":
+        from admission.limits import LimitsView
+        from admission.placement import PoolView
+        from conversation.gather import ContextGuard
         from processors import schedule_run
-        from processors.chat_context import ContextGuard
         from safety.moderator import Moderator
         from safety.policy import PolicyView
         from storage import schema
         from storage.conversations import Conversations
         from storage.ledger import Ledger
         from storage.memory import Memory
-        from topics.admission import PoolView
-        from topics.limits import LimitsView
 
         session = schema.connect(settings.cassandra)
         conversations = Conversations(session, settings.keyspace_name)
@@ -57,8 +57,9 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         persist_turn.register(stage, Conversations(session, keyspace), SafetyDecisions(session, keyspace))
     elif name == "metering":
         from processors import meter_usage
+        from storage.usage import open_usage
 
-        meter_usage.register(stage, settings.open_usage())
+        meter_usage.register(stage, open_usage(settings))
     elif name == "memory":
         from processors import remember
         from safety.encoder import Encoder

@@ -20,11 +20,11 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from tqdm import tqdm
 
 from processors.meter_usage import Prices, usage_row
+from runtime.settings import StackSettings
 from storage.usage import COMPARED
 from topics import codec
 from topics.errors import PoisonEvent
 from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic, named
-from topics.settings import StackSettings
 
 SLACK_MS = 5 * 60_000  # events are read from this long before the range: a run's end time precedes its append
 

@@ -19,17 +19,17 @@ import uuid
 
 from prometheus_client import Counter
 
+from admission.limits import BACKGROUND_PRIORITY
+from admission.placement import home_partition
+from conversation import tokens
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
+from runtime.kafka import partition_count
 from safety.encoder import Encoder
 from storage.conversations import Conversations, Message
 from storage.ids import new_id, utc
 from storage.memory import Memory, Summary
-from topics import tokens
-from topics.admission import home_partition
 from topics.codec import Event
-from topics.kafka import partition_count
-from topics.limits import BACKGROUND_PRIORITY
 from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)

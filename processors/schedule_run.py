@@ -1,7 +1,7 @@
 """PromptModerated -> RunScheduled (+ a `queued` record on the run's reply partition) | RunRejected.
 
 Blocked prompts are rejected; allowed ones get their context and a model pool. The context is assembled
-within the pool's token budget, counted with the serving model's tokenizer (processors/context.py,
+within the pool's token budget, counted with the serving model's tokenizer (conversation/context.py,
 docs/decisions/0008-conversation-memory.md): system prompt and the chat's rolling summary, the turns after
 it verbatim, the older messages most similar to the new one (retrieved from Cassandra's vector index), then
 the new message; what went in is recorded on the RunScheduled event. The pool is the requested model's, or
@@ -26,18 +26,18 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from processors.chat_context import ContextGuard, assemble_chat_run, assemble_given
-from processors.context import TooLong
+from admission.limits import Limits, LimitsView
+from admission.placement import EngineLoad, Placement, PoolView, capacity_message, home_partition, place
+from conversation.context import TooLong
+from conversation.gather import ContextGuard, assemble_chat_run, assemble_given
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
+from runtime.reply_log import published
 from storage.conversations import Conversations
 from storage.ledger import Decision, Ledger
 from storage.memory import Memory
-from topics.admission import EngineLoad, Placement, PoolView, capacity_message, home_partition, place
 from topics.codec import Event, token_delta
-from topics.limits import Limits, LimitsView
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
-from topics.reply_log import published
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,11 @@ from faust.web.exceptions import NotAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from processors.settings import STAGE_PORTS, ProcessorSettings
-from topics import codec, logs, tracing
+from runtime import logs, tracing
+from runtime.outage import Outage
+from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent, RetriableError
-from topics.outage import Outage
 from topics.pipeline import Topic, check_publish, dead_letter_name, named
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from pydantic import Field
 
 from registry.app import create_app
 from registry.log import SchemaLog
-from topics import logs
-from topics.settings import StackSettings
+from runtime import logs
+from runtime.settings import StackSettings
 
 
 class RegistrySettings(StackSettings):

@@ -14,7 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from registry.store import Store
-from topics.kafka import ConsumerThread, consumer_config, producer_config, until_ready
+from runtime.kafka import ConsumerThread, consumer_config, producer_config, until_ready
 from topics.pipeline import Layout
 
 log = logging.getLogger(__name__)

@@ -3,25 +3,27 @@
 The namespace `<production>-replay-<id>` has its own topics and consumer groups, and for a whole-pipeline
 replay its own Cassandra keyspace, seeded with the selected chats' rows as they stood (so context assembly,
 summaries and recall see what production saw). Its policy and limits tables start as copies of production's,
-with the candidate's on top. Its processes are the production code (`infra.stack.Stack`, only the services
-a replay needs) with the candidate's settings in their environment. Nothing here writes to production.
+with the candidate's on top. Its processes are the production code (`infra.stack.Stack`, started by the CLI;
+only the services a replay needs) with the candidate's settings in their environment. Nothing here writes to
+production.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from admission.limits import DEFAULT_TIERS, Limits, change, row_key
+from runtime.kafka import Publisher, ensure_topics
+from runtime.settings import StackSettings
+from runtime.window import Read, Window
 from safety.policy import ANY_TIER, Policy, to_record
 from storage.ids import id_time_ms
-from topics.kafka import Publisher, ensure_topics
-from topics.limits import DEFAULT_TIERS, Limits, change, row_key
 from topics.pipeline import LIMITS, POOLS, SAFETY_POLICIES
-from topics.settings import StackSettings
-from topics.window import Read, Window
 
 THROUGH = ("moderation", "pipeline")
 SEEDED = ("chats", "runs", "messages", "summaries", "memory")  # a chat's rows, copied into a replay's keyspace
@@ -202,15 +204,37 @@ def _before(table: str, row: dict[str, Any], until_ms: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Processes:
+    """Which production processes a candidate runs, and how: what infra.stack.Stack takes (the caller, the CLI,
+    starts them: this package does not run processes itself)."""
+
+    namespace: str
+    port_base: int
+    only: tuple[str, ...]
+    registry: str
+    overrides: dict[str, str]
+
+
+class Running(Protocol):
+    @property
+    def api_url(self) -> str: ...
+
+    def start(self) -> None: ...
+    def wait_ready(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+Launch = Callable[[Processes], Running]
+
+
 def processes(
     settings: StackSettings, namespace: str, candidate: Candidate, port_base: int, serving: bool = False
-) -> Any:
+) -> Processes:
     """The candidate's processes: the moderation stage, and for the whole pipeline the scheduler and one
     inference consumer (with its engine) per pool. A replay stores nothing, so persistence, metering and
     memory do not run. `serving` (an eval under a candidate): an edge, persistence and memory too, so a
     conversation of several turns is kept and remembered in the candidate's keyspace."""
-    from infra.stack import Stack
-
     only: tuple[str, ...] = ("moderation",)
     if candidate.through == "pipeline":
         only += ("scheduling", *(f"inference-{pool}-0" for pool in POOLS))
@@ -230,13 +254,7 @@ def processes(
         "PARLEY_CASSANDRA_CONSISTENCY": settings.cassandra_consistency,
     }
     overrides = {**connection, "OTEL_TRACES_EXPORTER": "none", **candidate.environment()}
-    return Stack(
-        namespace=namespace,
-        port_base=port_base,
-        only=only,
-        registry=settings.schema_registry_url,
-        overrides=overrides,
-    )
+    return Processes(namespace, port_base, only, settings.schema_registry_url, overrides)
 
 
 def drop(settings: StackSettings, namespace: str, keyspace: bool) -> None:

@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from tqdm import tqdm
 
 from replay.sse import iter_sse
+from runtime.window import Read, Window
 from topics.pipeline import PROMPT_MODERATED
-from topics.window import Read, Window
 
 SUITES = Path(__file__).with_name("suites")
 

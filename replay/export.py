@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from replay.runs import ENDED_WITHIN_MS, FIND_MS, iso, minted_ms
+from runtime.window import Read, Window
+from storage.history import ENDED_WITHIN_MS, FIND_MS, iso, minted_ms
 from topics.pipeline import FEEDBACK, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
-from topics.window import Read, Window
 
 CLUSTER_GAP_MS = 600_000  # rated runs closer than this in time are read in one window
 

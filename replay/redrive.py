@@ -29,11 +29,13 @@ from tqdm import tqdm
 from replay import candidate as cand
 from replay.candidate import Candidate
 from replay.compare import compared, summary
-from replay.runs import minted_ms, run_of
 from replay.selection import Recorded, Selection, select
+from runtime.kafka import Publisher
+from runtime.settings import StackSettings, state_dir
+from runtime.window import Window
+from storage.history import minted_ms, run_of
 from topics import codec
 from topics.errors import PoisonEvent
-from topics.kafka import Publisher
 from topics.pipeline import (
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
@@ -43,8 +45,6 @@ from topics.pipeline import (
     Topic,
     named,
 )
-from topics.settings import StackSettings, state_dir
-from topics.window import Window
 
 
 class ReplayError(Exception):
@@ -108,8 +108,9 @@ def _free(port: int) -> bool:
 
 
 class Replay:
-    def __init__(self, plan: Plan, settings: StackSettings, progress: bool = True) -> None:
+    def __init__(self, plan: Plan, settings: StackSettings, launch: cand.Launch, progress: bool = True) -> None:
         self.plan, self.settings, self.progress = plan, settings, progress
+        self.launch = launch  # starts the candidate's processes (infra.stack.Stack, from the CLI)
         self.candidate = Candidate(**plan.candidate)
 
     def run(self, runs: list[Recorded], keep: bool = False) -> dict[str, Any]:
@@ -124,7 +125,7 @@ class Replay:
                 at = minted_ms(r.prompt["run_id"])
                 chats[r.prompt["chat_id"]] = max(chats.get(r.prompt["chat_id"], 0), at)
             cand.prepare(settings, plan.namespace, candidate, chats, {r.prompt["run_id"] for r in pending})
-            stack = cand.processes(settings, plan.namespace, candidate, free_port_base())
+            stack = self.launch(cand.processes(settings, plan.namespace, candidate, free_port_base()))
             try:
                 stack.start()
                 stack.wait_ready()

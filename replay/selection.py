@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from replay.runs import ENDED_WITHIN_MS, FIND_MS, GRACE_MS, minted_ms, run_of
+from runtime.window import Read, Window
+from storage.history import ENDED_WITHIN_MS, FIND_MS, GRACE_MS, minted_ms, run_of
 from topics.pipeline import FEEDBACK, PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED
-from topics.window import Read, Window
 
 
 @dataclass(frozen=True)

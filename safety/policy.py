@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from runtime.tables import TopicTable
 from topics.codec import Event
 from topics.pipeline import SAFETY_POLICIES
-from topics.tables import TopicTable
 
 Stage = Literal["input", "output", "context"]
 Action = Literal["block", "warn", "log"]

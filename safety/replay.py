@@ -19,12 +19,12 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from registry import client as registry
+from runtime.settings import StackSettings
 from safety.policy import Decision, Policy, decide
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
 from topics.pipeline import OUTPUT_MODERATED, PROMPT_MODERATED, Topic, named
-from topics.settings import StackSettings
 
 
 def replayed(policy: Policy, schema: str, record: Event) -> tuple[str, str | None, Decision]:

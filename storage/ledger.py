@@ -23,8 +23,8 @@ from cassandra.cluster import Session
 from cassandra.query import BatchStatement
 from prometheus_client import Counter
 
+from admission.limits import Limits
 from storage.session import create_tables, idempotent, wait
-from topics.limits import Limits
 
 log = logging.getLogger(__name__)
 

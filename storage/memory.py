@@ -83,7 +83,7 @@ class Memory(Store):
         self, chat_id: uuid.UUID, embedding: list[float], k: int, after: uuid.UUID, before: uuid.UUID
     ) -> list[Recalled]:
         """The k messages strictly between `after` and `before` nearest the embedding (cosine), nearest first,
-        with their embeddings (the caller scores and chooses among them: processors/context.py `relevant`)."""
+        with their embeddings (the caller scores and chooses among them: conversation/context.py `relevant`)."""
         rows = await self._run(self._recall, (chat_id, after, before, embedding, k))
         return [Recalled(str(r.message_id), r.role, r.content, list(r.embedding)) for r in rows]
 

@@ -13,10 +13,11 @@ import re
 
 from cassandra.cluster import Session
 
+from runtime import logs
+from runtime.settings import CassandraSettings, StackSettings
 from storage import api_keys, conversations, decisions, ledger, memory
 from storage.session import agree, connect_session, ensure_keyspace
-from topics import logs
-from topics.settings import CassandraSettings, StackSettings
+from storage.usage import open_usage
 
 log = logging.getLogger("parley.migrate")
 
@@ -71,7 +72,7 @@ def migrate_usage(settings: StackSettings) -> None:
     if settings.usage_target.startswith("chdb://"):
         log.info("usage: embedded engine, its tables are made by the metering stage")
         return
-    settings.open_usage(create=True).backend.close()
+    open_usage(settings, create=True).backend.close()
     log.info("usage: database %s and its tables are in place", settings.usage_db)
 
 
@@ -82,7 +83,7 @@ def main() -> None:
     settings = StackSettings()
     logs.configure(settings.log_level, settings.log_format)
     if args.topics:
-        from topics.kafka import ensure_topics
+        from runtime.kafka import ensure_topics
 
         ensure_topics(settings.kafka_bootstrap, settings.namespace, settings.layout)
         log.info("kafka: every topic of namespace %r is declared", settings.namespace)

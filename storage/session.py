@@ -22,7 +22,7 @@ from cassandra.policies import (
 )
 from cassandra.query import PreparedStatement
 
-from topics.settings import CassandraSettings
+from runtime.settings import CassandraSettings
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from runtime.settings import StackSettings
 from storage.clickhouse import Backend, ChdbBackend, ServerBackend, in_buckets, iso, moment, quote
 from storage.usage_report import LATENCIES, QUANTILES, Report
 
@@ -269,3 +270,9 @@ class UsageStore:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def open_usage(settings: StackSettings, create: bool = False) -> UsageStore:
+    """The usage store the settings name (PARLEY_USAGE_TARGET: chdb:///dir or a server's URL)."""
+    password = settings.usage_password.get_secret_value()
+    return UsageStore.open(settings.usage_target, settings.usage_db, settings.usage_user, password, create=create)

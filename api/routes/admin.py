@@ -13,12 +13,12 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.app import Deps, Services
+from admission.limits import FIELDS, change, effective, row_key
 from api.auth import TIERS, Admin
+from api.deps import Deps, Services
 from api.errors import ApiError
-from topics.limits import FIELDS, change, effective, row_key
+from runtime.tables import TopicTable
 from topics.pipeline import LIMITS, Topic
-from topics.tables import TopicTable
 
 router = APIRouter(prefix="/v1/admin")
 

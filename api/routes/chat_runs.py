@@ -12,9 +12,9 @@ from sse_starlette.sse import EventSourceResponse
 
 from api import streams
 from api.answers import Question, answer, checked_max_tokens, checked_model, sse_stream
-from api.app import Deps
 from api.auth import CurrentUser
 from api.chat_state import forget_message, owned_run
+from api.deps import Deps
 from api.errors import ApiError
 from api.replies import parse_cursor
 

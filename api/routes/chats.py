@@ -11,9 +11,9 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 
 from api import convert
-from api.app import Deps
 from api.auth import CurrentUser
 from api.chat_state import memory_changed, owned_chat
+from api.deps import Deps
 from api.errors import ApiError
 from storage.ids import decode_cursor, encode_cursor, parse_id, utc
 

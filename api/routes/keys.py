@@ -9,8 +9,8 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
-from api.app import Deps
 from api.auth import CurrentUser, Principal, new_key
+from api.deps import Deps
 from api.errors import ApiError
 from storage.api_keys import ApiKey
 from storage.ids import parse_id

@@ -15,9 +15,9 @@ from sse_starlette.sse import EventSourceResponse
 
 from api import convert
 from api.answers import Question, answer, checked_content, checked_max_tokens, checked_model
-from api.app import Deps
 from api.auth import CurrentUser
 from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
+from api.deps import Deps
 from api.errors import ApiError
 from api.routes.chats import Limit
 from storage.ids import decode_cursor, encode_cursor, new_id, parse_id

@@ -24,8 +24,8 @@ from sse_starlette.sse import EventSourceResponse
 
 from api import convert, streams
 from api.answers import checked_max_tokens, checked_model
-from api.app import Deps, Services
 from api.auth import CurrentUser, Principal
+from api.deps import Deps, Services
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply
 from storage.ids import new_id

@@ -1,6 +1,6 @@
 """The run inspector for admins: one run's history across the topics and what was stored, and eval results.
 
-The same history `parley runs show --json` prints (replay/runs.py reads it from the log by the run's time),
+The same history `parley runs show --json` prints (storage/history.py reads it from the log by the run's time),
 drawn by /runs/{run_id}; the dashboard and each answer in the chat app link there.
 """
 
@@ -15,20 +15,20 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 
-from api.app import Deps
 from api.auth import Admin
+from api.deps import Deps
 from api.errors import ApiError
 from api.routes.system import metering
-from replay import runs
-from topics.window import Window
+from runtime.window import Window
+from storage import history
 
 router = APIRouter()
 STATIC = Path(__file__).resolve().parent.parent / "static"
 
 
-def _history(bootstrap: str, namespace: str, run_id: str) -> runs.History:
+def _history(bootstrap: str, namespace: str, run_id: str) -> history.History:
     with Window(bootstrap, namespace) as window:
-        return runs.find(window, run_id)
+        return history.find(window, run_id)
 
 
 @router.get("/v1/admin/runs/{run_id}")
@@ -36,17 +36,17 @@ async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
     """{"run_id", "chat_id", "trace_id", "events": [{"topic", "partition", "offset", "type", "time", ...}],
     "stored": {"messages": [...], "usage": [...]}}"""
     try:
-        runs.minted_ms(run_id)
+        history.minted_ms(run_id)
     except ValueError as exc:
         raise ApiError(400, str(exc), "invalid_run_id", param="run_id") from None
     settings = deps.settings
     try:
-        history = await asyncio.to_thread(_history, settings.kafka_bootstrap, settings.namespace, run_id)
-    except runs.RunNotFound as exc:
+        run = await asyncio.to_thread(_history, settings.kafka_bootstrap, settings.namespace, run_id)
+    except history.RunNotFound as exc:
         raise ApiError(404, str(exc), "run_not_found") from None
-    chat_id = uuid.UUID(history.chat_id)
-    found = [await deps.conversations.get_message(chat_id, uuid.UUID(m)) for m in history.stored_ids]
-    history.stored = {
+    chat_id = uuid.UUID(run.chat_id)
+    found = [await deps.conversations.get_message(chat_id, uuid.UUID(m)) for m in run.stored_ids]
+    run.stored = {
         "messages": [
             {
                 "message_id": m.id,
@@ -62,9 +62,9 @@ async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
             for m in found
             if m is not None
         ],
-        "usage": (await metering(deps, f"/usage-rows/{quote(history.run_id, safe='')}"))["data"],
+        "usage": (await metering(deps, f"/usage-rows/{quote(run.run_id, safe='')}"))["data"],
     }
-    return history.as_json()
+    return run.as_json()
 
 
 @router.get("/v1/admin/evals")

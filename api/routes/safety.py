@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.app import Deps
 from api.auth import TIERS, Admin
+from api.deps import Deps
 from api.errors import ApiError
 from api.routes.admin import publish
 from safety.policy import ANY_TIER, Policy, Rule, to_record

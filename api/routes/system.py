@@ -12,8 +12,8 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.app import Deps
 from api.auth import CurrentUser
+from api.deps import Deps
 from api.errors import ApiError
 
 router = APIRouter()

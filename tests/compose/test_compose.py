@@ -43,8 +43,8 @@ def compose(stores, tmp_path_factory):
 
 def forget(namespace: str) -> None:
     """Drop what the topology made in the shared Kafka and Cassandra: its topics and its keyspace."""
+    from runtime.settings import StackSettings
     from storage.session import connect_session
-    from topics.settings import StackSettings
 
     forget_topics(namespace)
     settings = StackSettings(namespace=namespace).cassandra

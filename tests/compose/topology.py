@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from inference.llama_server import default_binary
-from topics.settings import REPO_ROOT
+from runtime.llama_server import default_binary
+from runtime.settings import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 LOCAL_STORES = {"kafka": "127.0.0.1", "cassandra": "127.0.0.1"}  # run by infra/local, already up

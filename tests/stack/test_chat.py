@@ -2,7 +2,7 @@
 
 import time
 
-from processors.chat_context import WITHHELD
+from conversation.gather import WITHHELD
 from topics import codec
 from topics.pipeline import RUN_SCHEDULED
 

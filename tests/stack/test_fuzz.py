@@ -21,7 +21,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from topics.settings import REPO_ROOT
+from runtime.settings import REPO_ROOT
 
 from .test_admission import set_limits
 

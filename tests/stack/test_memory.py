@@ -7,10 +7,10 @@ from datetime import timedelta
 
 from confluent_kafka import Producer
 
+from admission.limits import BACKGROUND_PRIORITY
+from runtime.settings import DEFAULT_POOLS
 from topics import codec
-from topics.limits import BACKGROUND_PRIORITY
 from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
-from topics.settings import DEFAULT_POOLS
 
 from ..sse import iter_sse
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for

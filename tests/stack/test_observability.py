@@ -7,7 +7,7 @@ import httpx
 
 from infra import traces
 from infra.cli import main
-from topics import tracing
+from runtime import tracing
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
 
 from .conftest import chat_turn, for_run, read_topic, wait_for

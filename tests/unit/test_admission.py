@@ -1,10 +1,10 @@
 """Admission control's pure parts: token buckets, concurrency, bounded-queue estimates, degradation, priority."""
 
-from inference.queue import RunQueue
+from admission.limits import DEFAULT_TIERS, Limits, effective, tier_cap
+from admission.placement import EngineLoad, at_the_door, estimated_wait, home_partition, place, pool_loads
+from admission.slots import RunQueue
+from runtime.settings import DEFAULT_POOLS
 from storage.ledger import Account, available, decide, live_runs
-from topics.admission import EngineLoad, at_the_door, estimated_wait, home_partition, place, pool_loads
-from topics.limits import DEFAULT_TIERS, Limits, effective, tier_cap
-from topics.settings import DEFAULT_POOLS
 
 FREE, PRO = DEFAULT_TIERS["free"], DEFAULT_TIERS["pro"]
 TIERS = dict(DEFAULT_TIERS)

@@ -5,7 +5,7 @@ import subprocess
 
 import yaml
 
-from topics.settings import REPO_ROOT
+from runtime.settings import REPO_ROOT
 
 RULES = REPO_ROOT / "infra" / "prometheus"
 

@@ -6,8 +6,8 @@ import subprocess
 import pytest
 import yaml
 
+from runtime.settings import REPO_ROOT
 from topics.pipeline import POOLS, STAGES
-from topics.settings import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 

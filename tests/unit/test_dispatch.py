@@ -3,10 +3,10 @@ which background runs a reply stops (inference/dispatch.py, pure: the times are 
 
 import asyncio
 
+from admission.limits import BACKGROUND_PRIORITY
 from inference.dispatch import Dispatch
 from inference.run import Flight
 from inference.settings import InferenceSettings
-from topics.limits import BACKGROUND_PRIORITY
 
 PRIORITY = {"enterprise": 30, "pro": 20, "free": 10}
 

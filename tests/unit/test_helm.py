@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from runtime.settings import REPO_ROOT, StackSettings
 from topics.pipeline import POOLS, RUN_SCHEDULED, STAGES, TOPICS
-from topics.settings import REPO_ROOT, StackSettings
 
 CHART = REPO_ROOT / "deploy" / "helm" / "parley"
 VALUE_SETS = ("cpu-demo", "gpu-production", "external-stores")

@@ -17,9 +17,22 @@ from pathlib import Path
 
 import yaml
 
-from topics.settings import REPO_ROOT
+from runtime.settings import REPO_ROOT
 
-OURS = {"api", "processors", "inference", "registry", "topics", "storage", "safety", "infra", "replay"}
+OURS = {
+    "api",
+    "processors",
+    "inference",
+    "registry",
+    "topics",
+    "runtime",
+    "admission",
+    "conversation",
+    "storage",
+    "safety",
+    "infra",
+    "replay",
+}
 DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
 
 

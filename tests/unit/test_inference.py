@@ -4,14 +4,14 @@ import json
 
 import pytest
 
+from admission.placement import estimate_tokens
 from api.routes.openai import conversation_key
+from conversation.context import TooLong
+from conversation.gather import assemble_given
 from inference.engine import EngineDown, OpenAIStreamEngine, Outcome, Request, parse_sse_line
 from inference.run import usage_after
 from inference.takeover import prior_of
-from processors.chat_context import assemble_given
-from processors.context import TooLong
 from processors.settings import ProcessorSettings
-from topics.admission import estimate_tokens
 
 from .test_stages import prompt
 

@@ -7,7 +7,7 @@ import logging
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from topics import logs, tracing
+from runtime import logs, tracing
 
 
 def test_json_log_lines_carry_trace_span_and_run_ids():

@@ -4,13 +4,13 @@ import uuid
 
 import pytest
 
-from processors.context import Limits, TooLong, Turn, assemble_chat, costs, window
+from conversation import tokens
+from conversation.context import Limits, TooLong, Turn, assemble_chat, costs, window
 from processors.remember import fold
 from processors.settings import ProcessorSettings
+from runtime.settings import DEFAULT_POOLS
 from storage.conversations import Message
 from storage.ids import new_id
-from topics import tokens
-from topics.settings import DEFAULT_POOLS
 
 SYSTEM = ProcessorSettings().system_prompt
 
@@ -108,7 +108,7 @@ def test_summaries_fold_the_oldest_whole_turns_and_keep_the_newest():
 def test_recall_takes_the_fact_over_earlier_questions_and_repeated_wrong_answers():
     """What the 200-turn bench's probe at turn 140 saw: the nearest neighbours of a question about a fact
     are the earlier questions about it and the model's (wrong) answers to them, one of them twice."""
-    from processors.context import relevant
+    from conversation.context import relevant
     from safety.encoder import Encoder
 
     fact = "My sister Ana lives in Porto and works as a marine biologist."
@@ -134,7 +134,7 @@ def test_recall_takes_the_fact_over_earlier_questions_and_repeated_wrong_answers
 
 
 def test_a_turned_away_question_and_its_notice_stay_out_of_the_prompt():
-    from processors.chat_context import conversation_turns
+    from conversation.gather import conversation_turns
 
     def msg(role, run, content, model="smollm2"):
         return Message(str(new_id()), role, content, None, run, model if role == "assistant" else None)  # type: ignore[arg-type]

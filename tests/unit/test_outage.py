@@ -2,8 +2,8 @@
 
 import logging
 
-from topics import outage
-from topics.outage import Outage
+from runtime import outage
+from runtime.outage import Outage
 
 
 def test_an_outage_is_logged_once_then_once_a_minute_and_a_new_one_again(monkeypatch, caplog):

@@ -94,7 +94,7 @@ def test_publishing_to_a_topic_the_stage_does_not_produce_fails_in_both_kafka_cl
     before anything is sent (nothing listens on the bootstrap address)."""
     from processors.settings import ProcessorSettings
     from processors.stage import Stage
-    from topics.kafka import AsyncProducer
+    from runtime.kafka import AsyncProducer
 
     async def attempts() -> None:
         edge = AsyncProducer("127.0.0.1:9", "api", "t")
@@ -152,8 +152,8 @@ def test_namespacing_and_dead_letter_names():
 
 
 def test_keyspace_replication_is_one_count_per_datacenter_from_settings():
+    from runtime.settings import StackSettings
     from storage.session import replication
-    from topics.settings import StackSettings
 
     production = StackSettings()
     assert production.cassandra.consistency == "LOCAL_QUORUM"

@@ -8,23 +8,24 @@ import uuid
 
 import pytest
 
-from replay import evals, runs
+from replay import evals
 from replay.candidate import CandidateError, load_policy
 from replay.compare import compared, summary
 from replay.selection import Recorded
+from runtime.window import Record
+from storage import history
 from storage.ids import new_id
 from topics.pipeline import PROMPT_ACCEPTED, TOKEN_DELTA
-from topics.window import Record
 
 
 def test_a_run_id_carries_the_time_it_was_minted():
     before = int(time.time() * 1000)
-    at = runs.minted_ms(str(new_id()))
+    at = history.minted_ms(str(new_id()))
     assert before - 5 <= at <= int(time.time() * 1000) + 5
     with pytest.raises(ValueError, match="version 1"):
-        runs.minted_ms(str(uuid.uuid4()))
+        history.minted_ms(str(uuid.uuid4()))
     with pytest.raises(ValueError, match="not a run id"):
-        runs.minted_ms("nope")
+        history.minted_ms("nope")
 
 
 def _record(topic, offset, ms, event):
@@ -52,7 +53,7 @@ def test_deltas_fold_into_one_entry_in_their_place():
         _record(TOKEN_DELTA, 2, 1300, {"run_id": "r", "seq": 2, "kind": "delta", "text": "lo"}),
         _record(TOKEN_DELTA, 3, 1400, {"run_id": "r", "seq": 3, "kind": "completed", "text": ""}),
     ]
-    events = runs.coalesced(records)
+    events = history.coalesced(records)
     assert [(e["type"], e.get("kind")) for e in events] == [
         ("PromptAccepted", None),
         ("TokenDelta", "started"),
@@ -153,7 +154,7 @@ def test_labels_compare_by_their_latest_result_per_case():
 
 def test_rated_runs_close_in_time_are_read_in_one_window():
     from replay.export import CLUSTER_GAP_MS, windows
-    from replay.runs import FIND_MS
+    from storage.history import FIND_MS
 
     assert windows([1_000_000, 1_000_000 + 60_000, 10_000_000]) == [
         (1_000_000 - FIND_MS, 1_060_000 + CLUSTER_GAP_MS),

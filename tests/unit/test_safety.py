@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from processors.chat_context import WITHHELD, ContextGuard
-from processors.context import Turn
+from conversation.context import Turn
+from conversation.gather import WITHHELD, ContextGuard
 from safety.encoder import Encoder
 from safety.moderator import Moderator
 from safety.output import OutputGuard

@@ -128,7 +128,7 @@ def test_the_grafana_dashboard_sql_runs_on_the_same_tables(store):
     import json
     import re
 
-    from topics.settings import REPO_ROOT
+    from runtime.settings import REPO_ROOT
 
     store.write([completed_row(completed(), PRICES), rejected_row(rejected())])
     dashboard = json.loads((REPO_ROOT / "infra/grafana/dashboards/parley-usage.json").read_text())

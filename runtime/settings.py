@@ -5,15 +5,12 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from topics.pipeline import Layout
-
-if TYPE_CHECKING:
-    from storage.usage import UsageStore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +53,7 @@ def local_secret(name: str) -> SecretStr:
 class Pool(BaseModel):
     """A model pool: the model id it serves, how many tokens (prompt + answer) one sequence may hold, the
     budget a chat's assembled prompt is fitted into (docs/decisions/0008-conversation-memory.md) and where its
-    tokenizer comes from (topics/tokens.py: gguf:PATH, or hf:DIR for a Hugging Face model folder)."""
+    tokenizer comes from (conversation/tokens.py: gguf:PATH, or hf:DIR for a Hugging Face model folder)."""
 
     model_config = {"frozen": True}
 
@@ -153,12 +150,6 @@ class StackSettings(BaseSettings):
             if self.namespace
             else self.usage_database
         )
-
-    def open_usage(self, create: bool = False) -> UsageStore:
-        from storage.usage import UsageStore
-
-        password = self.usage_password.get_secret_value()
-        return UsageStore.open(self.usage_target, self.usage_db, self.usage_user, password, create=create)
 
     @property
     def layout(self) -> Layout:

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from runtime.tables import TopicTable
 from topics.codec import Event
 from topics.pipeline import LIMITS
-from topics.tables import TopicTable
 
 
 class Limits(BaseModel):

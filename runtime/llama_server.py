@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from topics.settings import state_dir
+from runtime.settings import state_dir
 
 log = logging.getLogger(__name__)
 

@@ -24,14 +24,14 @@ from functools import partial
 
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
+from admission.limits import Limits, tier_cap
+from runtime.kafka import ConsumerThread, consumer_config, until_ready
+from runtime.settings import Pool
+from runtime.tables import TopicTable
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import ConsumerThread, consumer_config, until_ready
-from topics.limits import Limits, tier_cap
 from topics.pipeline import POOL_STATUS, RUN_SCHEDULED, named
-from topics.settings import Pool
-from topics.tables import TopicTable
 
 STALE_MS = 3_000  # a consumer silent this long is not counted (it died, or left its group)
 TRANSIT_MS = 250  # a run placed this long before a consumer's status may not have reached it yet
@@ -169,7 +169,7 @@ def over_capacity(wait_s: float, limits: Limits) -> Placement:
 def estimate_tokens(messages: list[dict[str, str]]) -> int:
     """A deliberately high estimate of a prompt's tokens (English runs about 4 characters per token with
     SmolLM2's tokenizer; 3 leaves room), plus the chat template's few tokens per message. Only the edge's
-    shedding at the door uses it; the scheduler counts with the serving model's tokenizer (topics/tokens.py)."""
+    shedding at the door uses it; the scheduler counts with the serving model's tokenizer (conversation/tokens.py)."""
     return sum(len(m["content"]) // 3 + 4 for m in messages)
 
 

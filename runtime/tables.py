@@ -13,10 +13,10 @@ from functools import partial
 
 from confluent_kafka import Consumer, TopicPartition
 
+from runtime.kafka import ConsumerThread, consumer_config, until_ready
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import ConsumerThread, consumer_config, until_ready
 from topics.pipeline import Topic, named
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Any
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from topics.settings import state_dir
+from runtime.settings import state_dir
 
 # llama.cpp's pre-tokenizer names for the GPT-2 regex, with digits split one by one or not (llama-vocab.cpp).
 _DIGITS_SPLIT = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
@@ -127,7 +127,7 @@ def load(spec: str) -> ChatTokenizer:
     """The tokenizer a pool names (see the module docstring); loaded once per process."""
     kind, _, where = spec.partition(":")
     if kind == "gguf":
-        from inference.llama_server import model_path
+        from runtime.llama_server import model_path
 
         tokenizer, config = _gguf_cached(Path(where) if where else model_path())
     elif kind == "hf":

@@ -15,9 +15,10 @@ from typing import Any
 
 from cassandra.query import ValueSequence
 
+from runtime import tracing
+from runtime.window import Read, Record, Window
 from storage.ids import id_time_ms
 from storage.session import connect_session
-from topics import tracing
 from topics.pipeline import (
     OUTPUT_MODERATED,
     PROMPT_ACCEPTED,
@@ -28,7 +29,6 @@ from topics.pipeline import (
     RUN_SCHEDULED,
     TOKEN_DELTA,
 )
-from topics.window import Read, Record, Window
 
 FIND_MS = 60_000  # how far around a run id's time its first event may be (clock skew between hosts)
 GRACE_MS = 10_000  # after a run ends, what else of it may still arrive (output moderation, the stored answer)

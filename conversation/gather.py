@@ -1,6 +1,6 @@
 """A run's context, gathered for the scheduler: the chat's rolling summary, its recent turns verbatim and the
 older messages most similar to the new one (Cassandra and its vector index), each assistant-written item
-screened for prompt injection (ContextGuard), fitted by processors/context.py into the first pool whose
+screened for prompt injection (ContextGuard), fitted by conversation/context.py into the first pool whose
 budget holds it (docs/decisions/0008-conversation-memory.md). A prompt that carries its whole conversation
 (the OpenAI-compatible route) is used as sent."""
 
@@ -16,16 +16,16 @@ from dataclasses import replace
 import numpy as np
 from prometheus_client import Histogram
 
-from processors.context import Assembled, Limits, TooLong, Turn, assemble_chat, relevant
-from processors.settings import ProcessorSettings
+from conversation import tokens
+from conversation.context import Assembled, Limits, TooLong, Turn, assemble_chat, relevant
+from conversation.settings import ContextSettings
+from runtime.settings import Pool
 from safety.moderator import Moderator
 from safety.policy import PolicyView
 from storage.conversations import Conversations, Message
 from storage.ids import MIN_ID
 from storage.memory import Memory
-from topics import tokens
 from topics.codec import Event
-from topics.settings import Pool
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ RECALLED = Histogram(
 )
 
 
-def limits_for(pool: Pool, max_tokens: int, settings: ProcessorSettings) -> Limits:
+def limits_for(pool: Pool, max_tokens: int, settings: ContextSettings) -> Limits:
     """The prompt budget in a pool: its own, less whatever the answer needs beyond the rest of the context."""
     return Limits(
         budget=min(pool.budget, pool.context - max_tokens),
@@ -50,7 +50,7 @@ def limits_for(pool: Pool, max_tokens: int, settings: ProcessorSettings) -> Limi
     )
 
 
-def pools_in_order(prompt: Event, settings: ProcessorSettings) -> list[str]:
+def pools_in_order(prompt: Event, settings: ContextSettings) -> list[str]:
     """Where a run may go, in order: the requested model's pool (or the default pool), then the others from
     the smallest context up (a prompt that does not fit goes to the smallest pool that holds it)."""
     wanted = prompt["model"] or settings.pools[settings.default_pool].model
@@ -59,7 +59,7 @@ def pools_in_order(prompt: Event, settings: ProcessorSettings) -> list[str]:
     return first + [name for name in by_size if name not in first]
 
 
-def scheduled(prompt: Event, pool: str, settings: ProcessorSettings, assembled: Assembled, turns: int) -> Event:
+def scheduled(prompt: Event, pool: str, settings: ContextSettings, assembled: Assembled, turns: int) -> Event:
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,
@@ -76,7 +76,7 @@ def scheduled(prompt: Event, pool: str, settings: ProcessorSettings, assembled: 
     }
 
 
-def assemble_given(prompt: Event, settings: ProcessorSettings) -> Event:
+def assemble_given(prompt: Event, settings: ContextSettings) -> Event:
     """The run for a prompt that carries its whole conversation (the OpenAI-compatible route), used as sent:
     the first pool in order whose budget holds it, counted with that pool's tokenizer. Raises TooLong."""
     messages = [dict(m) for m in prompt["messages"]]
@@ -93,7 +93,7 @@ def assemble_given(prompt: Event, settings: ProcessorSettings) -> Event:
     )
 
 
-async def wait_for_previous(prompt: Event, conversations: Conversations, settings: ProcessorSettings) -> None:
+async def wait_for_previous(prompt: Event, conversations: Conversations, settings: ContextSettings) -> None:
     """Wait (bounded) until the chat's previous answer is persisted, so the context includes it."""
     chat_id = uuid.UUID(prompt["chat_id"])
     deadline = time.monotonic() + settings.prev_turn_wait_s
@@ -168,10 +168,10 @@ async def assemble_chat_run(
     conversations: Conversations,
     memory: Memory,
     guard: ContextGuard,
-    settings: ProcessorSettings,
+    settings: ContextSettings,
 ) -> Event:
     """The run for a chat message: system prompt + summary + verbatim window + recalled messages + the new
-    message, fitted into the first pool whose budget holds it (processors/context.py). Raises TooLong."""
+    message, fitted into the first pool whose budget holds it (conversation/context.py). Raises TooLong."""
     chat_id, tier = uuid.UUID(prompt["chat_id"]), prompt["tier"]
     summary, earlier, older, reset, withheld = None, [], False, None, []
     if prompt["prev_run_id"]:  # not the chat's first turn (its first turn reads nothing: faster first token)
@@ -236,9 +236,9 @@ async def recall(
     after: uuid.UUID | None,
     before: uuid.UUID,
     tier: str,
-    settings: ProcessorSettings,
+    settings: ContextSettings,
 ) -> list[Turn]:
-    """The older messages to recall for the new one (best first, processors/context.py `relevant`), with
+    """The older messages to recall for the new one (best first, conversation/context.py `relevant`), with
     assistant messages screened (the user's own were moderated as they came in)."""
     vector = await asyncio.get_running_loop().run_in_executor(None, guard.moderator.encoder.embed, [text])
     found = await memory.recall(chat_id, vector[0].tolist(), settings.recall_candidates, after or MIN_ID, before)

@@ -9,7 +9,7 @@ from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
-from topics import tracing
+from runtime import tracing
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s %(span_id)s %(run_id)s"
@@ -40,7 +40,7 @@ def config(level: str, fmt: str = "text") -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "handlers": {"default": {"()": "topics.logs.handler", "fmt": fmt}},
+        "handlers": {"default": {"()": "runtime.logs.handler", "fmt": fmt}},
         "root": {"level": level.upper(), "handlers": ["default"]},
         "loggers": {"httpx": {"level": "WARNING"}},
     }

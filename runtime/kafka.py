@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-from topics import codec, tracing
+from runtime import tracing
+from topics import codec
 from topics.codec import Event
 from topics.pipeline import TOPICS, Layout, Topic, check_publish, dead_letter_name, named
 

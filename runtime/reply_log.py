@@ -7,10 +7,10 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from runtime.kafka import consumer_config
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.kafka import consumer_config
 from topics.pipeline import TOKEN_DELTA
 
 CLOCK_SKEW_MS = 60_000  # records are looked up by producer timestamp; hosts' clocks may differ this much
