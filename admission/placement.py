@@ -57,7 +57,7 @@ def pool_loads(statuses: Iterable[Event], now_ms: int) -> dict[str, list[EngineL
     """Each pool's live engines from their healthy consumers' latest statuses (pure)."""
     loads: dict[str, list[EngineLoad]] = {}
     for status in statuses:
-        at = _ms(status["at"])
+        at = int(status["at"])
         if now_ms - at > STALE_MS or not status["healthy"]:
             continue
         loads.setdefault(status["pool"], []).append(
@@ -216,10 +216,6 @@ def at_the_door(
             return None  # room somewhere, or no live status (not judged)
         waits.append(best[0])
     return over_capacity(min(waits), limits) if waits else None  # nothing holds it: the scheduler says why
-
-
-def _ms(value: object) -> int:
-    return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)  # type: ignore[call-overload]
 
 
 class PoolView(TopicTable):

@@ -173,9 +173,9 @@ def main() -> None:
     waiting, running = [], []  # (from, to) ms: scheduled -> started, started -> ended, of each summary run
     for r in summaries:
         d = done.get(r["prompt"]["run_id"])
-        end = d["completed_at"].timestamp() * 1000 if d else float("inf")
+        end = d["completed_at"] if d else float("inf")
         start = end - d["duration_ms"] if d else float("inf")
-        waiting.append((r["scheduled_at"].timestamp() * 1000, start))
+        waiting.append((r["scheduled_at"], start))
         running.append((start, end))
 
     # naive cost: the whole stored history (answers as generated) before each turn

@@ -75,9 +75,7 @@ class RunControls:
             log.warning("skipping undecodable control record @%s: %s", msg.offset(), exc)
             return
         assert self._loop is not None
-        requested = control["requested_at"]
-        at = requested.timestamp() if hasattr(requested, "timestamp") else requested / 1000
-        self._loop.call_soon_threadsafe(self._cancel, control["run_id"], at)
+        self._loop.call_soon_threadsafe(self._cancel, control["run_id"], control["requested_at"] / 1000)
 
     def _cancel(self, run_id: str, at: float) -> None:
         self._cancelled[run_id] = at

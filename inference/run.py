@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from confluent_kafka import Message
 
@@ -37,11 +36,6 @@ log = logging.getLogger(__name__)
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def epoch_ms(value: Any) -> int:
-    """A timestamp-millis field as decoded (datetime) or as built here (int)."""
-    return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
 
 
 @dataclass
@@ -169,7 +163,7 @@ class RunServer:
             named(TOKEN_DELTA, self.settings.namespace),
             prompt["reply_partition"],
             prompt["run_id"],
-            epoch_ms(flight.run["scheduled_at"]),
+            flight.run["scheduled_at"],
             self.settings.group("inference.takeover"),
         )
         prior = prior_of(records)
@@ -196,7 +190,7 @@ class RunServer:
         if prior.terminal is not None:
             return await self._finish_ended(run, prior)
         started = time.perf_counter()
-        age_s = time.time() - epoch_ms(run["scheduled_at"]) / 1000
+        age_s = time.time() - run["scheduled_at"] / 1000
         timing = Timing(queue_ms=round(max(0.0, age_s) * 1000, 1))
         if age_s > self.settings.run_deadline_s:
             log.warning("run %s expired: scheduled %.0fs ago, never served", prompt["run_id"], age_s)

@@ -44,7 +44,7 @@ from inference.metrics import (
     QUEUED,
     TTFT,
 )
-from inference.run import Flight, RunServer, epoch_ms, now_ms
+from inference.run import Flight, RunServer, now_ms
 from inference.settings import InferenceSettings
 from runtime import tracing
 from runtime.kafka import AsyncProducer, dead_letter
@@ -282,7 +282,7 @@ class Worker:
             IN_FLIGHT.labels(pool).inc()
             waited = time.monotonic() - flight.read_at
             QUEUE_WAIT.labels(pool, flight.tier).observe(waited)
-            since_scheduled = time.time() - epoch_ms(flight.run["scheduled_at"]) / 1000
+            since_scheduled = time.time() - flight.run["scheduled_at"] / 1000
             if since_scheduled > SLOW_START_S:  # admission promised less: say where the time went
                 log.info(
                     "run %s (%s) starts %.2fs after it was scheduled: %.2fs in Kafka, %.2fs waiting here; "

@@ -21,6 +21,7 @@ from faust.web import View
 from prometheus_client import Counter, Histogram
 
 from processors.stage import Stage
+from storage.clickhouse import iso
 from storage.usage import UsageStore
 from topics.codec import Event
 from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic
@@ -63,14 +64,6 @@ class Prices:
         return (cents / PER_MILLION).quantize(Decimal("0.000000001"))
 
 
-def _ms(value: datetime | int) -> int:
-    return int(value.timestamp() * 1000) if isinstance(value, datetime) else value
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
-
 def kind(prompt: Event) -> str:
     if prompt.get("summary"):
         return "summary"
@@ -87,7 +80,7 @@ def _row(prompt: Event, event_id: str, ended_ms: int, **fields: Any) -> dict[str
         "chat_id": prompt["chat_id"],
         "kind": kind(prompt),
         **fields,
-        "created_at": _iso(ended_ms),
+        "created_at": iso(ended_ms),
     }
 
 
@@ -96,7 +89,7 @@ def completed_row(done: Event, prices: Prices) -> dict[str, Any]:
     return _row(
         prompt,
         done["event_id"],
-        _ms(done["completed_at"]),
+        done["completed_at"],
         model=done["model"],
         pool=done["pool"],
         prompt_tokens=usage["prompt_tokens"],
@@ -135,7 +128,7 @@ def rejected_row(rejected: Event) -> dict[str, Any]:
     return _row(
         prompt,
         rejected["event_id"],
-        _ms(rejected["rejected_at"]),
+        rejected["rejected_at"],
         **NOTHING_SERVED,
         model=prompt["model"] or "",
         finish_reason=f"rejected:{rejected['code']}",
@@ -146,8 +139,8 @@ def rejected_row(rejected: Event) -> dict[str, Any]:
 def usage_row(topic: Topic, event: Event, prices: Prices) -> tuple[dict[str, Any], int]:
     """A RunCompleted's or RunRejected's usage row, and when its run ended (epoch ms)."""
     if topic is RUN_COMPLETED:
-        return completed_row(event, prices), _ms(event["completed_at"])
-    return rejected_row(event), _ms(event["rejected_at"])
+        return completed_row(event, prices), event["completed_at"]
+    return rejected_row(event), event["rejected_at"]
 
 
 def register(stage: Stage, store: UsageStore) -> None:

@@ -28,8 +28,9 @@ from topics.pipeline import (
 EXCERPT_CHARS = 300
 
 
-def _at(value: datetime | int) -> datetime:
-    return value if isinstance(value, datetime) else datetime.fromtimestamp(value / 1000, UTC)
+def _at(ms: int) -> datetime:
+    """An event's epoch-ms timestamp as the Cassandra column's datetime."""
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 def user_turn(prompt: Event) -> Message:

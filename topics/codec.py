@@ -40,13 +40,26 @@ def _raw(directory: Path) -> dict[str, dict[str, Any]]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(directory.glob("*.avsc"))}
 
 
+def plain(node: Any) -> Any:
+    """A schema as this process reads and writes it: a timestamp-millis is the long it is on the wire, epoch
+    milliseconds. So a timestamp is one type end to end: an int, as written and as read back (fastavro would
+    otherwise read it as a datetime). The schemas registered keep their logical types (`expanded`)."""
+    if isinstance(node, dict):
+        if node.get("logicalType") == "timestamp-millis":
+            return {k: plain(v) for k, v in node.items() if k != "logicalType"}
+        return {k: plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [plain(item) for item in node]
+    return node
+
+
 @cache
 def schemas(directory: Path = SCHEMA_DIR) -> dict[str, Schema]:
     raw = _raw(directory)
     named: dict[str, Any] = {}
     parsed: dict[str, Schema] = {}
     for name in (*_DEPENDENCIES, *(n for n in raw if n not in _DEPENDENCIES)):
-        parsed[name] = fastavro.parse_schema(raw[name], named_schemas=named)
+        parsed[name] = fastavro.parse_schema(plain(raw[name]), named_schemas=named)
     return parsed
 
 
@@ -119,7 +132,7 @@ class Schemas:
             text = self._retrying(f"fetch schema {schema_id}", lambda: self.registry.fetch(schema_id))
             if text is None:
                 raise PoisonEvent(f"unknown schema id {schema_id}: the registry has no such schema")
-            self._writers[schema_id] = fastavro.parse_schema(json.loads(text))
+            self._writers[schema_id] = fastavro.parse_schema(plain(json.loads(text)))
         return self._writers[schema_id]
 
     def _retrying(self, what: str, call: Any) -> Any:
