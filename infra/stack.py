@@ -209,7 +209,7 @@ class Stack:
         """Rebuild each pool's tokenizer from its model file once, before the stages that count with it start
         (conversation/tokens.py caches it in the state folder; every stage building its own took ~30 s of CPU each)."""
         code = (
-            "from topics import tokens; from runtime.settings import StackSettings as S; "
+            "from conversation import tokens; from runtime.settings import StackSettings as S; "
             "[tokens.load(p.tokenizer) for p in S().pools.values()]"
         )
         env = {**os.environ, "LOCAL_INFRA_STATE": str(self.state)}
