@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
 from runtime.tables import TopicTable
 from topics.codec import Event
+from topics.events import LimitsChanged
 from topics.pipeline import LIMITS
 
 
@@ -89,13 +91,21 @@ def effective(rows: dict[str, Event], user_id: str | None, tier: str) -> Limits:
     return Limits(**values)
 
 
-def change(scope: str, name: str, fields: dict[str, Any], changed_by: str) -> Event:
+def change(scope: str, name: str, fields: Mapping[str, Any], changed_by: str) -> LimitsChanged:
     """A LimitsChanged record; fields not given stay null (inherit)."""
+    if scope not in ("tier", "user"):
+        raise ValueError(f"limits are set per tier or per user, not per {scope!r}")
     return {
         "event_id": str(uuid.uuid4()),
-        "scope": scope,
+        "scope": "tier" if scope == "tier" else "user",
         "name": name,
-        **{f: fields.get(f) for f in FIELDS},
+        "budget_tokens": fields.get("budget_tokens"),
+        "refill_tokens_per_hour": fields.get("refill_tokens_per_hour"),
+        "max_concurrent": fields.get("max_concurrent"),
+        "priority": fields.get("priority"),
+        "max_queue_wait_s": fields.get("max_queue_wait_s"),
+        "slot_share": fields.get("slot_share"),
+        "degrade": fields.get("degrade"),
         "changed_by": changed_by,
         "changed_at": int(time.time() * 1000),
     }

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
 from storage.ids import parse_id
+from topics.events import MemoryChanged
 from topics.pipeline import MEMORY_CHANGED
 
 
@@ -53,9 +54,11 @@ async def owned_run(deps: Services, user: Principal, chat_id: str, run_id: str) 
     return chat, state[0], state[1]
 
 
-async def memory_changed(deps: Services, chat_id: uuid.UUID, user: Principal, action: str, **fields: Any) -> None:
+async def memory_changed(
+    deps: Services, chat_id: uuid.UUID, user: Principal, action: Literal["edited", "deleted", "reset"], **fields: Any
+) -> None:
     """Tell the memory stage (it re-embeds an edited message and summarises again)."""
-    event = {
+    event: MemoryChanged = {
         "event_id": str(uuid.uuid4()),
         "chat_id": str(chat_id),
         "user_id": user.user_id,

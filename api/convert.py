@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from api.replies import ACCEPTED, Reply
-from topics.codec import Event
+from topics.events import ChatMessage, PromptAccepted, RunControl
 
 
 def prompt_accepted(
@@ -23,10 +23,10 @@ def prompt_accepted(
     model: str | None,
     reply_partition: int,
     prev_run_id: str | None,
-    messages: list[dict[str, str]] | None = None,
+    messages: list[ChatMessage] | None = None,
     temperature: float | None = None,
     store: bool = True,
-) -> Event:
+) -> PromptAccepted:
     return {
         "event_id": str(uuid.uuid4()),
         "run_id": run_id,
@@ -46,7 +46,7 @@ def prompt_accepted(
     }
 
 
-def run_control(*, run_id: str, chat_id: str, user_id: str, reason: str) -> Event:
+def run_control(*, run_id: str, chat_id: str, user_id: str, reason: str) -> RunControl:
     return {
         "event_id": str(uuid.uuid4()),
         "run_id": run_id,

@@ -14,6 +14,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import Counter
@@ -45,12 +46,12 @@ class Reply:
     record: Event
 
 
-def reply_topics(namespace: str) -> dict[str, tuple[str, Topic]]:
+def reply_topics(namespace: str) -> dict[str, tuple[str, Topic[Any]]]:
     """Broker name -> (cursor prefix, topic) of the two topics a run's stream is made of."""
     return {named(TOKEN_DELTA, namespace): ("t", TOKEN_DELTA), named(RUN_REJECTED, namespace): ("r", RUN_REJECTED)}
 
 
-def to_reply(topics: dict[str, tuple[str, Topic]], msg: Message) -> tuple[str, Reply]:
+def to_reply(topics: dict[str, tuple[str, Topic[Any]]], msg: Message) -> tuple[str, Reply]:
     """(run id, Reply) of a consumed reply record; raises PoisonEvent when it does not decode."""
     prefix, topic = topics[str(msg.topic())]
     record = codec.decode(topic.schema, msg.value())

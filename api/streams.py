@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
+from typing import Any
 
 from confluent_kafka import KafkaException
 from opentelemetry import trace
@@ -25,6 +26,7 @@ from api.replies import ACCEPTED, HANDOFF, TERMINAL, LiveRun, NoReplyPartition, 
 from runtime.kafka import until_ready
 from storage.ids import id_time_ms
 from topics.codec import Event
+from topics.events import PromptAccepted
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
 log = logging.getLogger(__name__)
@@ -128,7 +130,12 @@ def rejection_error(record: Event) -> ApiError:
 
 
 def shed_when_full(
-    deps: Services, user: Principal, model: str | None, messages: list[dict[str, str]], max_tokens: int, may_grow: bool
+    deps: Services,
+    user: Principal,
+    model: str | None,
+    messages: Sequence[Mapping[str, Any]],
+    max_tokens: int,
+    may_grow: bool,
 ) -> None:
     """429 over_capacity now, before the request enters the pipeline, when no pool it could be placed in has
     room for the user's tier (admission.placement.at_the_door); otherwise the scheduler decides."""
@@ -217,7 +224,7 @@ def reply_partition(deps: Services) -> int:
         raise ApiError(503, f"{exc}; retry shortly.", "edge_not_ready", headers={"Retry-After": "1"}) from None
 
 
-async def start_run(deps: Services, event: Event) -> LiveRun:
+async def start_run(deps: Services, event: PromptAccepted) -> LiveRun:
     """Publish an accepted prompt, registered with the hub first so none of its replies can be missed."""
     run = deps.replies.open(event["run_id"], event["reply_partition"])
     tracer = trace.get_tracer("parley-api")

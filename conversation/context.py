@@ -14,6 +14,7 @@ after the system prompt, summary, retrieval reserve and new message; a message t
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,7 +27,7 @@ RECALL_FOOTER = "\n\nNew message:\n"
 
 class Tokens(Protocol):
     def count(self, text: str) -> int: ...
-    def count_chat(self, messages: list[dict[str, str]]) -> int: ...
+    def count_chat(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
     def truncate(self, text: str, tokens: int) -> str: ...
 
 
@@ -49,7 +50,7 @@ class Limits:
 
 @dataclass
 class Assembled:
-    messages: list[dict[str, str]]
+    messages: Sequence[Mapping[str, Any]]
     record: dict[str, Any] = field(default_factory=dict)  # RunScheduled.context: what the model saw
     largest_dropped: int = 0  # the tokens of the largest earlier turn the window let go (pool choice)
 

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 from prometheus_client import Histogram
@@ -26,6 +27,7 @@ from storage.conversations import Conversations, Message
 from storage.ids import MIN_ID
 from storage.memory import Memory
 from topics.codec import Event
+from topics.events import PromptAccepted, PromptContext, RunScheduled
 
 log = logging.getLogger(__name__)
 
@@ -59,27 +61,29 @@ def pools_in_order(prompt: Event, settings: ContextSettings) -> list[str]:
     return first + [name for name in by_size if name not in first]
 
 
-def scheduled(prompt: Event, pool: str, settings: ContextSettings, assembled: Assembled, turns: int) -> Event:
+def scheduled(
+    prompt: PromptAccepted, pool: str, settings: ContextSettings, assembled: Assembled, turns: int
+) -> RunScheduled:
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,
         "pool": pool,
         "model": settings.pools[pool].model,
-        "messages": assembled.messages,
+        "messages": [{"role": m["role"], "content": m["content"]} for m in assembled.messages],
         "context_turns": turns,
         "priority": 0,
         "degraded_from": None,
         "estimate_tokens": assembled.record["prompt_tokens"] + prompt["max_tokens"],
-        "context": assembled.record,
+        "context": cast(PromptContext, assembled.record),  # built up by the assembly (conversation/context.py)
         "rescheduled": False,
         "scheduled_at": int(time.time() * 1000),
     }
 
 
-def assemble_given(prompt: Event, settings: ContextSettings) -> Event:
+def assemble_given(prompt: PromptAccepted, settings: ContextSettings) -> RunScheduled:
     """The run for a prompt that carries its whole conversation (the OpenAI-compatible route), used as sent:
     the first pool in order whose budget holds it, counted with that pool's tokenizer. Raises TooLong."""
-    messages = [dict(m) for m in prompt["messages"]]
+    messages = [dict(m) for m in prompt.get("messages") or []]
     need = 0
     for name in pools_in_order(prompt, settings):
         pool = settings.pools[name]
@@ -164,12 +168,12 @@ def conversation_turns(rows: list[Message], before: int) -> list[Turn]:
 
 
 async def assemble_chat_run(
-    prompt: Event,
+    prompt: PromptAccepted,
     conversations: Conversations,
     memory: Memory,
     guard: ContextGuard,
     settings: ContextSettings,
-) -> Event:
+) -> RunScheduled:
     """The run for a chat message: system prompt + summary + verbatim window + recalled messages + the new
     message, fitted into the first pool whose budget holds it (conversation/context.py). Raises TooLong."""
     chat_id, tier = uuid.UUID(prompt["chat_id"]), prompt["tier"]

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,12 @@ class ChatTokenizer:
         """Tokens of a plain text (no template, special tokens in it are not special)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return self.template.render(
             messages=messages, add_generation_prompt=True, bos_token=self.bos, eos_token=self.eos
         )
 
-    def count_chat(self, messages: list[dict[str, str]]) -> int:
+    def count_chat(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """Tokens of the prompt the engine builds from these messages (template and generation prompt)."""
         return len(self.tokenizer.encode(self.render(messages), add_special_tokens=False).ids)
 

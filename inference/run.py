@@ -29,6 +29,7 @@ from safety.output import OutputGuard
 from safety.policy import PolicyView
 from topics.codec import Event
 from topics.codec import token_delta as delta
+from topics.events import RunCompleted, TokenDelta, Usage
 from topics.pipeline import OUTPUT_MODERATED, RUN_COMPLETED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
@@ -59,13 +60,13 @@ def completed(
     run: Event,
     text: str,
     finish_reason: str,
-    usage: dict[str, int],
+    usage: Usage,
     ttft_ms: float,
     duration_ms: float,
     served_by: str,
     error: str | None = None,
     timing: Timing | None = None,
-) -> Event:
+) -> RunCompleted:
     timing = timing or Timing()
     return {
         # One id per run: a RunCompleted published again after a takeover is the same event to every sink.
@@ -88,7 +89,7 @@ def completed(
     }
 
 
-def usage_after(prior: Prior, outcome: Outcome | None) -> dict[str, int]:
+def usage_after(prior: Prior, outcome: Outcome | None) -> Usage:
     """The run's usage (pure). A continued run's engine prompt held the text published before; that text is
     counted once, as completion, and the prompt as the user's own (the re-read is our failure's cost)."""
     if outcome is None:
@@ -148,7 +149,7 @@ class RunServer:
         self.moderator = moderator  # None: output moderation is off (docs/decisions/0007-safety.md)
         self.engine_down = engine_down  # the engine failed mid-run: the consumer stops taking work
 
-    async def _publish_delta(self, run: Event, record: Event) -> None:
+    async def _publish_delta(self, run: Event, record: TokenDelta) -> None:
         await self.producer.publish(TOKEN_DELTA, record, partition=run["prompt"]["reply_partition"])
 
     async def prior(self, flight: Flight) -> Prior:
@@ -179,7 +180,7 @@ class RunServer:
             )
         return prior
 
-    async def serve(self, flight: Flight) -> Event | None:
+    async def serve(self, flight: Flight) -> RunCompleted | None:
         """Generate one run: started, coalesced deltas, completed (also on failure), then RunCompleted.
 
         Returns None when the run was handed off (to continue on another consumer): nothing final published.
@@ -291,7 +292,7 @@ class RunServer:
         )
 
     @staticmethod
-    def _retraction(run: Event, seq: int, guard: OutputGuard) -> Event:
+    def _retraction(run: Event, seq: int, guard: OutputGuard) -> TokenDelta:
         assert guard.blocked is not None
         return delta(
             run,
@@ -313,7 +314,7 @@ class RunServer:
         error: tuple[str, str] | None,
         guard: OutputGuard | None = None,
         timing: Timing | None = None,
-    ) -> Event:
+    ) -> RunCompleted:
         """Publish the terminal delta and RunCompleted (and the run's output moderation)."""
         pool = self.settings.pool
         usage = usage_after(prior, outcome)
@@ -347,12 +348,12 @@ class RunServer:
         RUNS.labels(pool, finish).inc()
         return done
 
-    async def _finish_ended(self, run: Event, prior: Prior) -> Event:
+    async def _finish_ended(self, run: Event, prior: Prior) -> RunCompleted:
         """A run whose consumer died after its terminal delta: publish its RunCompleted from the log."""
         terminal = prior.terminal
         assert terminal is not None
         error = terminal["kind"] == "error"
-        usage = terminal["usage"] or {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
+        usage: Usage = terminal["usage"] or {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
         finish = "error" if error else terminal["finish_reason"] or "stop"
         message = terminal["error_message"] if error else None
         timing = Timing(moderation="retracted" if finish == "content_filter" else "passed")  # category: in the log

@@ -52,8 +52,8 @@ from runtime.outage import Outage
 from safety.moderator import Moderator
 from safety.policy import PolicyView
 from topics import codec
-from topics.codec import Event
 from topics.errors import PoisonEvent, RetriableError
+from topics.events import PoolStatus
 from topics.pipeline import POOL_STATUS, RUN_CONTROL, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,7 @@ class Worker:
             flight.task = asyncio.create_task(self._run_task(flight))
         QUEUED.labels(pool).set(len(self.dispatch))
 
-    def status(self) -> Event:
+    def status(self) -> PoolStatus:
         return {
             "worker_id": self.settings.worker_id,
             "pool": self.settings.pool,

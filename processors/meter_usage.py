@@ -136,7 +136,7 @@ def rejected_row(rejected: Event) -> dict[str, Any]:
     )
 
 
-def usage_row(topic: Topic, event: Event, prices: Prices) -> tuple[dict[str, Any], int]:
+def usage_row(topic: Topic[Any], event: Event, prices: Prices) -> tuple[dict[str, Any], int]:
     """A RunCompleted's or RunRejected's usage row, and when its run ended (epoch ms)."""
     if topic is RUN_COMPLETED:
         return completed_row(event, prices), event["completed_at"]
@@ -163,7 +163,7 @@ def register(stage: Stage, store: UsageStore) -> None:
     async def run(fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
-    def metered(topic: Topic) -> Callable[[list[Event]], Awaitable[None]]:
+    def metered(topic: Topic[Any]) -> Callable[[list[Any]], Awaitable[None]]:
         async def on_batch(batch: list[Event]) -> None:
             rows, ended = zip(*(usage_row(topic, e, prices) for e in batch), strict=True)
             await run(write, list(rows), list(ended))

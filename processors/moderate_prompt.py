@@ -17,6 +17,7 @@ from processors.stage import Stage
 from safety.moderator import Moderator, Verdict
 from safety.policy import PolicyView
 from topics.codec import Event
+from topics.events import PromptAccepted, PromptModerated
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def texts_of(prompt: Event) -> list[str]:
     return turns or [prompt["content"]]
 
 
-def moderated(prompt: Event, verdict: Verdict) -> Event:
+def moderated(prompt: PromptAccepted, verdict: Verdict) -> PromptModerated:
     """The PromptModerated event for a verdict (pure)."""
     decision = verdict.decision
     blocked = decision.blocked
@@ -55,7 +56,7 @@ def moderated(prompt: Event, verdict: Verdict) -> Event:
 
 
 def register(stage: Stage, moderator: Moderator, policies: PolicyView) -> None:
-    async def handle(prompt: Event) -> None:
+    async def handle(prompt: PromptAccepted) -> None:
         policy = policies.for_tier(prompt["tier"])
         verdict = await moderator.check_async(policy, "input", texts_of(prompt))
         if verdict.decision.action:

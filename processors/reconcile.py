@@ -88,7 +88,7 @@ def read_log(
     rows: dict[str, dict[str, Any]] = {}
     bad = 0
     try:
-        topics: dict[str, Topic] = {}
+        topics: dict[str, Topic[Any]] = {}
         wanted: list[TopicPartition] = []
         for topic in (RUN_COMPLETED, RUN_REJECTED):
             name = named(topic, namespace)

@@ -30,6 +30,7 @@ from storage.conversations import Conversations, Message
 from storage.ids import new_id, utc
 from storage.memory import Memory, Summary
 from topics.codec import Event
+from topics.events import ChatMessage, PromptAccepted, RunScheduled
 from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)
@@ -73,9 +74,7 @@ def fold(messages: list[Message], counts: list[int], after_tokens: int, keep_tok
     return n
 
 
-def summary_request(
-    previous: str | None, messages: list[Message], counter: tokens.ChatTokenizer
-) -> list[dict[str, str]]:
+def summary_request(previous: str | None, messages: list[Message], counter: tokens.ChatTokenizer) -> list[ChatMessage]:
     lines = [
         f"{m.role.capitalize()}: {counter.truncate(' '.join(m.content.split()), MESSAGE_TOKENS)}" for m in messages
     ]
@@ -127,7 +126,7 @@ def register(
         request = summary_request(latest.content if latest else None, block, counter)
         run_id = str(new_id())
         now = int(time.time() * 1000)
-        summary_prompt = {
+        summary_prompt: PromptAccepted = {
             "event_id": str(uuid.uuid4()),
             "run_id": run_id,
             "chat_id": chat_key,
@@ -145,7 +144,7 @@ def register(
             "summary": {"version": version, "through": block[-1].id, "messages": n},
             "created_at": now,
         }
-        run = {
+        run: RunScheduled = {
             "event_id": str(uuid.uuid4()),
             "prompt": summary_prompt,
             "pool": settings.memory_pool,

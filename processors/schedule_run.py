@@ -37,6 +37,7 @@ from storage.conversations import Conversations
 from storage.ledger import Decision, Ledger
 from storage.memory import Memory
 from topics.codec import Event, token_delta
+from topics.events import PromptAccepted, PromptModerated, RunRejected, RunScheduled, TokenDelta
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ SETTLED = Counter("parley_scheduler_settled_total", "Runs whose charge was settl
 
 
 def reject(
-    prompt: Event, code: str, message: str, category: str | None = None, retry_after_s: int | None = None
-) -> Event:
+    prompt: PromptAccepted, code: str, message: str, category: str | None = None, retry_after_s: int | None = None
+) -> RunRejected:
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": prompt,
@@ -62,7 +63,7 @@ def reject(
     }
 
 
-def queued(run: Event, wait_s: float) -> Event:
+def queued(run: RunScheduled, wait_s: float) -> TokenDelta:
     """The reply record that tells the edge the run was admitted (seq -1: before the consumer's `started`)."""
     return token_delta(
         run,
@@ -90,13 +91,13 @@ class Refusal:
 
 
 def place_run(
-    run: Event,
+    run: RunScheduled,
     before: Decision | None,
     tiers: dict[str, Limits],
     loads: dict[str, list[EngineLoad]],
     partitions: dict[str, int],
     settings: ProcessorSettings,
-) -> tuple[Event, Placement] | Refusal:
+) -> tuple[RunScheduled, Placement] | Refusal:
     """Where an assembled run goes, and the run as it is scheduled there (pure: a new run, the given one is
     left as it was): its pool (a smaller one under pressure, for tiers that may degrade), the model of that
     pool, its tier's priority. A run the ledger admitted before a crash goes where it went the first time,
@@ -130,7 +131,7 @@ def register(
 ) -> None:
     settings = stage.settings
 
-    async def refuse(prompt: Event, code: str, message: str, **extra: Any) -> None:
+    async def refuse(prompt: PromptAccepted, code: str, message: str, **extra: Any) -> None:
         ADMISSION.labels(prompt["tier"], "", code).inc()
         log.info(
             "run %s of %s (%s) rejected: %s: %s", prompt["run_id"], prompt["user_id"], prompt["tier"], code, message
@@ -152,7 +153,7 @@ def register(
         )
         return any(r["kind"] == "queued" for r in records)
 
-    async def handle(moderated: Event) -> None:
+    async def handle(moderated: PromptModerated) -> None:
         prompt = moderated["prompt"]
         if moderated["decision"] == "blocked":
             category = moderated["category"]

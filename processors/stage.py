@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import faust
 from cassandra import OperationTimedOut, ReadTimeout, Unavailable, WriteTimeout
@@ -29,6 +29,8 @@ from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent, RetriableError
 from topics.pipeline import Topic, check_publish, dead_letter_name, named
+
+E = TypeVar("E")  # a topic's event type
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +108,10 @@ class Stage:
             body = {"status": "ok" if assigned else "rebalancing", "stage": name}
             return web.json(body, status=200 if assigned else 503)
 
-    def topic(self, topic: Topic) -> TopicT:
+    def topic(self, topic: Topic[Any]) -> TopicT:
         return self._raw(named(topic, self.settings.namespace), self.settings.layout.partitions(topic))
 
-    def dlq(self, topic: Topic) -> TopicT:
+    def dlq(self, topic: Topic[Any]) -> TopicT:
         return self._raw(dead_letter_name(topic, self.settings.namespace), 1)
 
     def _raw(self, name: str, partitions: int) -> TopicT:
@@ -142,8 +144,8 @@ class Stage:
 
     async def publish(
         self,
-        topic: Topic,
-        record: Event,
+        topic: Topic[E],
+        record: E,
         *,
         key: str | None = None,
         partition: int | None = None,
@@ -154,14 +156,14 @@ class Stage:
         headers = [(k, v) for k, v in tracing.inject() if isinstance(v, bytes)]
         fut = await self.topic(topic).send(
             key=key.encode() if key is not None else None,
-            value=codec.encode(topic.schema, record),
+            value=codec.encode(topic.schema, cast(Event, record)),
             partition=partition,
             headers=headers,
             force=True,
         )
         await fut
 
-    async def dead_letter(self, topic: Topic, event: EventT[Any], error: str) -> None:
+    async def dead_letter(self, topic: Topic[Any], event: EventT[Any], error: str) -> None:
         msg = event.message
         source = f"{msg.topic}[{msg.partition}]@{msg.offset}"
         headers = [
@@ -174,7 +176,7 @@ class Stage:
         EVENTS.labels(self.name, topic.name, "dead_letter").inc()
         log.warning("%s: dead-lettered %s: %s", self.name, source, error)
 
-    def consume(self, topic: Topic, handle: Callable[[Event], Awaitable[None]]) -> None:
+    def consume(self, topic: Topic[E], handle: Callable[[E], Awaitable[None]]) -> None:
         """One event at a time: decode, handle, and only then let faust ack the offset."""
 
         async def agent(stream: faust.StreamT[Any]) -> None:
@@ -186,8 +188,8 @@ class Stage:
 
     def consume_batches(
         self,
-        topic: Topic,
-        handle: Callable[[list[Event]], Awaitable[None]],
+        topic: Topic[E],
+        handle: Callable[[list[E]], Awaitable[None]],
         size: int,
         within: float,
     ) -> None:
@@ -200,14 +202,14 @@ class Stage:
         agent.__name__ = f"{self.name}_{topic.schema}_batch"
         self.app.agent(self.topic(topic), name=f"{self.name}.{topic.schema}")(agent)
 
-    async def _handle_one(self, topic: Topic, event: EventT[Any], handle: Callable[[Event], Awaitable[None]]) -> None:
+    async def _handle_one(self, topic: Topic[E], event: EventT[Any], handle: Callable[[E], Awaitable[None]]) -> None:
         msg = event.message
         started = time.perf_counter()
         where = f"{msg.topic}[{msg.partition}]@{msg.offset}"
         with tracing.consumed_span(self.tracer, f"{self.name} {topic.name}", msg.headers) as span:
             span.set_attribute("messaging.kafka.offset", msg.offset)
             try:
-                record = codec.decode(topic.schema, msg.value)
+                record = cast(E, codec.decode(topic.schema, msg.value))
                 await self._with_retries(where, lambda: handle(record))
             except PoisonEvent as exc:
                 await self.dead_letter(topic, event, str(exc))
@@ -235,16 +237,16 @@ class Stage:
 
     async def _handle_batch(
         self,
-        topic: Topic,
+        topic: Topic[E],
         events: Sequence[EventT[Any]],
-        handle: Callable[[list[Event]], Awaitable[None]],
+        handle: Callable[[list[E]], Awaitable[None]],
     ) -> None:
         started = time.perf_counter()
-        good: list[Event] = []
+        good: list[E] = []
         carried = []  # each good record's trace context
         for event in events:
             try:
-                good.append(codec.decode(topic.schema, event.message.value))
+                good.append(cast(E, codec.decode(topic.schema, event.message.value)))
                 carried.append(event.message.headers)
             except PoisonEvent as exc:
                 await self.dead_letter(topic, event, str(exc))

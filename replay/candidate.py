@@ -23,6 +23,7 @@ from runtime.settings import StackSettings
 from runtime.window import Read, Window
 from safety.policy import ANY_TIER, Policy, to_record
 from storage.ids import id_time_ms
+from topics.events import PromptAccepted
 from topics.pipeline import LIMITS, POOLS, SAFETY_POLICIES
 
 THROUGH = ("moderation", "pipeline")
@@ -58,9 +59,9 @@ class Candidate:
                 "--temperature or --max-tokens"
             )
 
-    def prompt(self, recorded: dict[str, Any]) -> dict[str, Any]:
+    def prompt(self, recorded: PromptAccepted) -> PromptAccepted:
         """The recorded prompt as the candidate sends it (pure): same ids, the candidate's model and sampling."""
-        out = dict(recorded)
+        out: PromptAccepted = {**recorded}
         if self.model is not None:
             out["model"] = self.model
         if self.temperature is not None:
@@ -132,8 +133,8 @@ def publish_tables(settings: StackSettings, namespace: str, candidate: Candidate
     for row in rows:
         producer.publish(row.topic, row.event, key=row.key)
     if candidate.policy is not None:
-        record = to_record(ANY_TIER, Policy(**candidate.policy), "replay")
-        producer.publish(SAFETY_POLICIES, record, key=ANY_TIER)
+        policy = to_record(ANY_TIER, Policy(**candidate.policy), "replay")
+        producer.publish(SAFETY_POLICIES, policy, key=ANY_TIER)
         for row in rows:  # a tier's own production policy would shadow the candidate's '*'
             if row.topic is SAFETY_POLICIES and row.key and row.key.decode() != ANY_TIER:
                 tiered = to_record(row.key.decode(), Policy(**candidate.policy), "replay")
@@ -141,8 +142,7 @@ def publish_tables(settings: StackSettings, namespace: str, candidate: Candidate
     for scope, names in (candidate.limits or {}).items():
         for name, fields in names.items():
             kind = scope.rstrip("s")  # tiers -> tier, users -> user
-            record = change(kind, name, fields, "replay")
-            producer.publish(LIMITS, record, key=row_key(kind, name))
+            producer.publish(LIMITS, change(kind, name, fields, "replay"), key=row_key(kind, name))
     if producer.flush(30):
         raise CandidateError("could not write the replay's tables")
 

@@ -7,19 +7,20 @@ from __future__ import annotations
 import difflib
 import statistics
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from replay.selection import Recorded
 
 
-def verdict(moderated: dict[str, Any] | None) -> dict[str, Any]:
+def verdict(moderated: Mapping[str, Any] | None) -> dict[str, Any]:
     if moderated is None:
         return {"decision": None, "action": None, "category": None, "policy_version": None}
     keys = ("decision", "action", "category", "policy_version")
     return {k: moderated.get(k) for k in keys} | {"scores": moderated.get("scores") or {}}
 
 
-def served(scheduled: dict[str, Any] | None, done: dict[str, Any] | None, ended: str | None) -> dict[str, Any]:
+def served(scheduled: Mapping[str, Any] | None, done: Mapping[str, Any] | None, ended: str | None) -> dict[str, Any]:
     """What a run's answer was (pure): pool, prompt tokens, the answer, its tokens, TTFT, how it ended."""
     context = (scheduled or {}).get("context") or {}
     usage = (done or {}).get("usage") or {}
@@ -37,12 +38,12 @@ def served(scheduled: dict[str, Any] | None, done: dict[str, Any] | None, ended:
 COMPARED = ("pool", "prompt_tokens", "completion_tokens", "ended")
 
 
-def compared(run: Recorded, now: dict[str, Any] | None, replayed: Recorded | None = None) -> dict[str, Any]:
+def compared(run: Recorded, now: Mapping[str, Any] | None, replayed: Recorded | None = None) -> dict[str, Any]:
     """One run's result (pure): the verdict then and now and, when the run went through the whole pipeline
     (`replayed`), what it was served then and now; `changed` names every field that differs."""
     then, new = verdict(run.moderated), verdict(now)
     what = [k for k in ("decision", "action") if then[k] != new[k]]
-    out = {
+    out: dict[str, Any] = {
         "run_id": run.prompt["run_id"],
         "chat_id": run.prompt["chat_id"],
         "user_id": run.prompt["user_id"],

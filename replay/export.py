@@ -14,7 +14,7 @@ from typing import Any
 
 from runtime.window import Read, Window
 from storage.history import ENDED_WITHIN_MS, FIND_MS, iso, minted_ms
-from topics.pipeline import FEEDBACK, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED
+from topics.pipeline import FEEDBACK, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED, Topic
 
 CLUSTER_GAP_MS = 600_000  # rated runs closer than this in time are read in one window
 
@@ -24,7 +24,7 @@ def ratings(window: Window, since_ms: int, until_ms: int) -> dict[str, dict[str,
     found: dict[str, dict[str, Any]] = {}
     for record in window.read([Read(FEEDBACK, since_ms, until_ms)]):
         event = record.event
-        found[event["message_id"]] = event | {"rated_ms": record.timestamp_ms}
+        found[event["message_id"]] = {**event, "rated_ms": record.timestamp_ms}
     return {k: v for k, v in found.items() if v["rating"] in ("up", "down")}
 
 
@@ -46,7 +46,7 @@ def runs_of(window: Window, run_ids: set[str]) -> dict[str, dict[str, Any]]:
     times = [minted_ms(r) for r in run_ids]
     found: dict[str, dict[str, Any]] = {}
     for since, until in windows(times):
-        topics = (*RUN_SCHEDULED.values(), PROMPT_MODERATED, RUN_COMPLETED)
+        topics: tuple[Topic[Any], ...] = (*RUN_SCHEDULED.values(), PROMPT_MODERATED, RUN_COMPLETED)
         for record in window.read([Read(t, since, until + ENDED_WITHIN_MS) for t in topics]):
             event = record.event
             prompt = event["prompt"]

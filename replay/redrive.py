@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, TopicPartition
 from tqdm import tqdm
@@ -36,6 +36,7 @@ from runtime.window import Window
 from storage.history import minted_ms, run_of
 from topics import codec
 from topics.errors import PoisonEvent
+from topics.events import PromptAccepted
 from topics.pipeline import (
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
@@ -181,7 +182,7 @@ class Replay:
         """Read what the replay's stages wrote until each pending run is decided (moderation) or ended
         (pipeline), or nothing came for quiet_s; each result is kept as it arrives."""
         pipeline = self.candidate.through == "pipeline"
-        topics: list[Topic] = [PROMPT_MODERATED]
+        topics: list[Topic[Any]] = [PROMPT_MODERATED]
         if pipeline:
             topics += [*RUN_SCHEDULED.values(), RUN_COMPLETED, RUN_REJECTED]
         by_name = {named(t, self.plan.namespace): t for t in topics}
@@ -212,7 +213,7 @@ class Replay:
                     run_id = str(run_of(event))
                     if run_id not in pending:
                         continue
-                    replayed = now.setdefault(run_id, Recorded(event.get("prompt") or {}))
+                    replayed = now.setdefault(run_id, Recorded(cast(PromptAccepted, event.get("prompt") or {})))
                     replayed.add(topic.schema, event)
                     waiting = replayed.ended is None if pipeline else replayed.moderated is None
                     if waiting:

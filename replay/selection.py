@@ -5,11 +5,13 @@ recorded it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from runtime.window import Read, Window
 from storage.history import ENDED_WITHIN_MS, FIND_MS, GRACE_MS, minted_ms, run_of
+from topics.events import PromptAccepted
 from topics.pipeline import FEEDBACK, PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED
 
 
@@ -35,14 +37,14 @@ class Selection:
 class Recorded:
     """A run as production recorded it: its prompt, its moderation verdict, how it ended, its rating."""
 
-    prompt: dict[str, Any]
-    moderated: dict[str, Any] | None = None
+    prompt: PromptAccepted
+    moderated: Mapping[str, Any] | None = None
     ended: str | None = None
     rating: str | None = None
-    scheduled: dict[str, Any] | None = None
-    completed: dict[str, Any] | None = None
+    scheduled: Mapping[str, Any] | None = None
+    completed: Mapping[str, Any] | None = None
 
-    def add(self, schema: str, event: dict[str, Any]) -> None:
+    def add(self, schema: str, event: Mapping[str, Any]) -> None:
         """Take in one of the run's later events (its verdict, schedule, completion or rejection)."""
         if schema == "PromptModerated":
             self.moderated = event
@@ -81,7 +83,7 @@ def select(window: Window, selection: Selection) -> list[Recorded]:
         Read(FEEDBACK, since, int(time.time() * 1000)),
     ]
     runs: dict[str, Recorded] = {}
-    later: list[tuple[str, dict[str, Any]]] = []
+    later: list[tuple[str, Mapping[str, Any]]] = []
     wanted = set(selection.runs)
     for record in window.read(reads):
         schema, event = record.topic.schema, record.event
@@ -92,7 +94,7 @@ def select(window: Window, selection: Selection) -> list[Recorded]:
                 continue
             if selection.user and event["user_id"] != selection.user:
                 continue
-            runs[event["run_id"]] = Recorded(event)
+            runs[event["run_id"]] = Recorded(cast(PromptAccepted, event))
         else:
             later.append((schema, event))
     for schema, event in later:  # a chat's events are in order per partition; topics are read interleaved

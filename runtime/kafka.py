@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
@@ -19,6 +19,7 @@ from topics.pipeline import TOPICS, Layout, Topic, check_publish, dead_letter_na
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+E = TypeVar("E")  # a topic's event type
 
 
 class ConsumerThread:
@@ -81,7 +82,7 @@ def consumer_config(bootstrap: str, group: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def ensure_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic, ...] = TOPICS) -> list[str]:
+def ensure_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic[Any], ...] = TOPICS) -> list[str]:
     """Create every pipeline topic and its dead-letter topic if missing, with the layout's partitions and
     replication; returns the names created."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -129,7 +130,9 @@ def led(admin: AdminClient, names: list[str], timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def grow_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic, ...] = TOPICS) -> dict[str, int]:
+def grow_topics(
+    bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic[Any], ...] = TOPICS
+) -> dict[str, int]:
     """Raise every topic's partition count to the layout's (Kafka never lowers one); returns {name: new count}
     of the topics grown. Chat-keyed topics all grow to one count, so a chat's events still meet on matching
     partitions. A chat whose key now hashes to a new partition continues there: its turn in flight during the
@@ -151,7 +154,7 @@ def grow_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[To
 
 def dead_letter(
     producer: Producer,
-    topic: Topic,
+    topic: Topic[Any],
     namespace: str,
     *,
     source: str,
@@ -182,9 +185,10 @@ class Publisher:
         self.namespace = namespace
         self.producer = Producer(producer_config(bootstrap))
 
-    def publish(self, topic: Topic, record: Event, *, key: str | bytes | None = None) -> None:
+    def publish(self, topic: Topic[E], record: E, *, key: str | bytes | None = None) -> None:
         check_publish(self.stage, topic)
-        self.producer.produce(named(topic, self.namespace), key=key, value=codec.encode(topic.schema, record))
+        value = codec.encode(topic.schema, cast(Event, record))
+        self.producer.produce(named(topic, self.namespace), key=key, value=value)
         self.producer.poll(0)
 
     def flush(self, timeout_s: float) -> int:
@@ -214,11 +218,16 @@ class AsyncProducer:
         while self._running:
             await loop.run_in_executor(None, self.producer.poll, 0.05)
 
-    async def publish(self, topic: Topic, record: Event | None, *, key: str | None = None, partition: int = -1) -> None:
-        """Encode and send one record (None: a table row's tombstone) and wait for the broker's ack."""
+    async def publish(self, topic: Topic[E], record: E, *, key: str | None = None, partition: int = -1) -> None:
+        """Encode and send one record and wait for the broker's ack."""
         check_publish(self.stage, topic)
-        value = codec.encode(topic.schema, record) if record is not None else None
+        value = codec.encode(topic.schema, cast(Event, record))
         await self._send(named(topic, self.namespace), value, key=key, partition=partition)
+
+    async def tombstone(self, topic: Topic[Any], key: str) -> None:
+        """Remove a table row (a compacted topic keeps no record for the key) and wait for the broker's ack."""
+        check_publish(self.stage, topic)
+        await self._send(named(topic, self.namespace), None, key=key, partition=-1)
 
     async def _send(self, topic: str, value: bytes | None, *, key: str | None, partition: int) -> None:
         loop = asyncio.get_running_loop()

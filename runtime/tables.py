@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from functools import partial
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -26,7 +27,7 @@ class TopicTable:
     def __init__(
         self,
         bootstrap: str,
-        topic: Topic,
+        topic: Topic[Any],
         namespace: str,
         *,
         since_s: float | None = None,

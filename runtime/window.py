@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ Key = tuple[str, int]  # (topic name on the broker, partition)
 class Read:
     """Records of a topic with a timestamp in [since_ms, until_ms]; partitions None: every partition."""
 
-    topic: Topic
+    topic: Topic[Any]
     since_ms: int
     until_ms: int
     partitions: tuple[int, ...] | None = None
@@ -34,12 +34,12 @@ class Read:
 
 @dataclass(frozen=True)
 class Record:
-    topic: Topic
+    topic: Topic[Any]
     partition: int
     offset: int
     timestamp_ms: int
     headers: list[tuple[str, bytes]]
-    event: dict[str, Any]
+    event: Mapping[str, Any]
     key: bytes | None = None
 
 
@@ -67,14 +67,14 @@ class Window:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def partitions(self, topic: Topic) -> list[int]:
+    def partitions(self, topic: Topic[Any]) -> list[int]:
         name = named(topic, self.namespace)
         meta = self.consumer.list_topics(name, timeout=10).topics.get(name)
         if meta is None or meta.error is not None:
             raise LookupError(f"topic {name} does not exist (is this the right namespace and cluster?)")
         return sorted(meta.partitions)
 
-    def oldest_ms(self, topic: Topic, timeout_s: float = 10.0) -> int | None:
+    def oldest_ms(self, topic: Topic[Any], timeout_s: float = 10.0) -> int | None:
         """The timestamp of the oldest record the topic still keeps (None: empty): where retention has cut.
         Reads the first retained record of every partition, all at once."""
         name = named(topic, self.namespace)
@@ -105,7 +105,7 @@ class Window:
         """Every decodable record of the windows, in the order each partition holds them (partitions
         interleaved). `until()`, asked after each record, may pull every window's end earlier (the inspector
         stops once it has seen the run end). Poison records are skipped: they sit in the dead-letter topics."""
-        topics: dict[str, Topic] = {}
+        topics: dict[str, Topic[Any]] = {}
         bounds: dict[Key, int] = {}
         wanted: list[TopicPartition] = []
         for r in reads:

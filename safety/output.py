@@ -14,11 +14,12 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from safety.moderator import Moderator, Verdict
 from safety.policy import Policy
+from topics.events import ModeratedWindow, OutputModerated
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class OutputGuard:
         self.window_tokens = window_tokens
         self.text = prior_text  # a run taken over re-checks what its predecessor published
         self.checked = 0  # the answer up to here passed a check
-        self.windows: list[dict[str, Any]] = []
+        self.windows: list[ModeratedWindow] = []
         self.blocked: Verdict | None = None
         self.retract_from: int | None = None
         self.warned: Verdict | None = None
@@ -111,7 +112,7 @@ class OutputGuard:
         """The answer that stays: all of it, or what precedes the retracted part."""
         return self.text if self.retract_from is None else self.text[: self.retract_from]
 
-    def event(self, run: dict[str, Any]) -> dict[str, Any]:
+    def event(self, run: Mapping[str, Any]) -> OutputModerated:
         """The run's OutputModerated event."""
         prompt = run["prompt"]
         decided = self.blocked or self.warned

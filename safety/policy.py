@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, Field
 
 from runtime.tables import TopicTable
 from topics.codec import Event
+from topics.events import SafetyPolicy, SafetyRule
 from topics.pipeline import SAFETY_POLICIES
 
 Stage = Literal["input", "output", "context"]
@@ -101,12 +102,12 @@ def from_record(record: Event) -> Policy:
     return Policy(version=record["version"], rules=rules, on_error=record["on_error"])
 
 
-def to_record(tier: str, policy: Policy, changed_by: str) -> Event:
+def to_record(tier: str, policy: Policy, changed_by: str) -> SafetyPolicy:
     return {
         "event_id": str(uuid.uuid4()),
         "tier": tier,
         "version": policy.version,
-        "rules": [r.model_dump() for r in policy.rules],
+        "rules": [cast(SafetyRule, r.model_dump()) for r in policy.rules],
         "on_error": policy.on_error,
         "changed_by": changed_by,
         "changed_at": int(time.time() * 1000),

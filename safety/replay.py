@@ -42,7 +42,7 @@ def replayed(policy: Policy, schema: str, record: Event) -> tuple[str, str | Non
     return record["run_id"], record.get("action"), strictest
 
 
-def events(bootstrap: str, topic: Topic, namespace: str, timeout_s: float = 120.0) -> list[Event]:
+def events(bootstrap: str, topic: Topic[Any], namespace: str, timeout_s: float = 120.0) -> list[Event]:
     """Every decodable record of the topic, from its start to its end when called (or what was read by
     timeout_s)."""
     name = named(topic, namespace)

@@ -9,6 +9,7 @@ those partitions, from the run's start until it ended. Nothing is read from offs
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +29,7 @@ from topics.pipeline import (
     RUN_REJECTED,
     RUN_SCHEDULED,
     TOKEN_DELTA,
+    Topic,
 )
 
 FIND_MS = 60_000  # how far around a run id's time its first event may be (clock skew between hosts)
@@ -61,11 +63,11 @@ def _ms(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) else None
 
 
-def _prompt(event: dict[str, Any]) -> dict[str, Any]:
+def _prompt(event: Mapping[str, Any]) -> Mapping[str, Any]:
     return event["prompt"] if "prompt" in event else event
 
 
-def run_of(event: dict[str, Any]) -> str | None:
+def run_of(event: Mapping[str, Any]) -> str | None:
     """The run an event is about: its own run_id, or its prompt's."""
     return event.get("run_id") or (event.get("prompt") or {}).get("run_id")
 
@@ -212,7 +214,8 @@ def find(window: Window, run_id: str) -> History:
     run_id = str(uuid.UUID(run_id))
     at = minted_ms(run_id)
     first: Record | None = None
-    starts = [Read(t, at - FIND_MS, at + FIND_MS) for t in (PROMPT_ACCEPTED, *RUN_SCHEDULED.values())]
+    opening: tuple[Topic[Any], ...] = (PROMPT_ACCEPTED, *RUN_SCHEDULED.values())
+    starts = [Read(t, at - FIND_MS, at + FIND_MS) for t in opening]
     found = window.read(starts)
     try:
         for record in found:

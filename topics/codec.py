@@ -18,14 +18,16 @@ import io
 import json
 import struct
 import time
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import fastavro
 from fastavro.types import Schema
 
 from topics.errors import PoisonEvent, RetriableError
+from topics.events import TokenDelta
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 # Order matters only for named types referenced by others; parse_schema resolves against this store.
@@ -33,7 +35,7 @@ _DEPENDENCIES = ("Usage", "ChatMessage", "PromptAccepted")
 MAGIC = 0
 HEADER = struct.Struct(">bI")  # magic byte, schema id
 
-Event = dict[str, Any]
+Event = Mapping[str, Any]  # a record as read or built; its own type is in topics/events.py
 
 
 def _raw(directory: Path) -> dict[str, dict[str, Any]]:
@@ -162,10 +164,10 @@ def registry() -> Schemas:
     return _schemas
 
 
-def token_delta(run: Event, seq: int, kind: str, **fields: Any) -> Event:
+def token_delta(run: Event, seq: int, kind: str, **fields: Any) -> TokenDelta:
     """A TokenDelta record of a scheduled run: every optional field empty unless given."""
     prompt = run["prompt"]
-    return {
+    record: dict[str, Any] = {
         "run_id": prompt["run_id"],
         "chat_id": prompt["chat_id"],
         "seq": seq,
@@ -185,6 +187,7 @@ def token_delta(run: Event, seq: int, kind: str, **fields: Any) -> Event:
         "emitted_at": int(time.time() * 1000),
         **fields,
     }
+    return cast(TokenDelta, record)  # the fields given are the caller's: the codec checks them at encode
 
 
 def encode(schema_name: str, record: Event) -> bytes:

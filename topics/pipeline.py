@@ -7,6 +7,9 @@ Reading this file top to bottom reads the data flow:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from topics import events
 
 # How a topic is partitioned. Conversation topics are keyed by chat_id and share one partition count along the
 # path, so one chat's events stay in order on matching partitions. Reply topics are partitioned by edge replica
@@ -24,15 +27,23 @@ EVENTS = (("retention.ms", str(30 * 86_400_000)),)
 STREAM = (("retention.ms", str(7 * 86_400_000)),)
 
 
+E = TypeVar("E")  # a topic's event type (topics/events.py)
+
+
 @dataclass(frozen=True)
-class Topic:
+class Topic(Generic[E]):
     name: str
-    schema: str
+    event: type[E]  # its record type: what its producers publish and its consumers are handed
     producers: tuple[str, ...]  # every stage that writes it: publishing from any other fails (UndeclaredPublish)
     consumers: tuple[str, ...]
     scale: str  # CHAT | REPLY | SINGLE
     key: str  # "chat_id", "reply_partition", or the row key of a table topic
     config: tuple[tuple[str, str], ...] = ()  # broker topic settings (a table topic is compacted)
+
+    @property
+    def schema(self) -> str:
+        """The record type's name: its schema is schemas/<schema>.avsc."""
+        return self.event.__name__
 
     @property
     def dead_letter(self) -> str:
@@ -51,10 +62,10 @@ class Layout:
     replication_factor: int = 3
     min_insync_replicas: int = 2
 
-    def partitions(self, topic: Topic) -> int:
+    def partitions(self, topic: Topic[Any]) -> int:
         return {CHAT: self.chat_partitions, REPLY: self.reply_partitions}.get(topic.scale, 1)
 
-    def config(self, topic: Topic | None = None) -> dict[str, str]:
+    def config(self, topic: Topic[Any] | None = None) -> dict[str, str]:
         """Broker settings of a topic (None: a dead-letter topic): durability first, then the topic's own."""
         durable = {"min.insync.replicas": str(self.min_insync_replicas), "unclean.leader.election.enable": "false"}
         return {**durable, **dict(topic.config if topic else ())}
@@ -62,7 +73,7 @@ class Layout:
 
 PROMPT_ACCEPTED = Topic(
     "chat.prompt-accepted.v1",
-    "PromptAccepted",
+    events.PromptAccepted,
     ("api",),
     ("moderation", "persistence"),
     CHAT,
@@ -71,7 +82,7 @@ PROMPT_ACCEPTED = Topic(
 )
 PROMPT_MODERATED = Topic(
     "chat.prompt-moderated.v1",
-    "PromptModerated",
+    events.PromptModerated,
     ("moderation",),
     ("scheduling", "persistence"),
     CHAT,
@@ -84,15 +95,15 @@ PROMPT_MODERATED = Topic(
 POOLS = ("small", "large")
 
 
-def _scheduled(pool: str) -> Topic:
+def _scheduled(pool: str) -> Topic[events.RunScheduled]:
     name = f"chat.run-scheduled-{pool}.v1"
-    return Topic(name, "RunScheduled", ("scheduling", "memory"), ("inference",), CHAT, "chat_id", EVENTS)
+    return Topic(name, events.RunScheduled, ("scheduling", "memory"), ("inference",), CHAT, "chat_id", EVENTS)
 
 
 RUN_SCHEDULED = {pool: _scheduled(pool) for pool in POOLS}
 RUN_REJECTED = Topic(
     "chat.run-rejected.v1",
-    "RunRejected",
+    events.RunRejected,
     ("scheduling",),
     ("api", "persistence", "metering"),
     REPLY,
@@ -103,7 +114,7 @@ RUN_REJECTED = Topic(
 # record (the admission the edge waits for before it starts the SSE stream).
 TOKEN_DELTA = Topic(
     "chat.token-delta.v1",
-    "TokenDelta",
+    events.TokenDelta,
     ("inference", "scheduling"),
     ("api",),
     REPLY,
@@ -112,7 +123,7 @@ TOKEN_DELTA = Topic(
 )
 RUN_COMPLETED = Topic(
     "chat.run-completed.v1",
-    "RunCompleted",
+    events.RunCompleted,
     ("inference",),
     ("persistence", "metering", "scheduling", "memory"),
     CHAT,
@@ -124,7 +135,7 @@ RUN_COMPLETED = Topic(
 # (docs/decisions/0008-conversation-memory.md).
 MEMORY_CHANGED = Topic(
     "chat.memory-changed.v1",
-    "MemoryChanged",
+    events.MemoryChanged,
     ("api",),
     ("memory",),
     CHAT,
@@ -134,7 +145,7 @@ MEMORY_CHANGED = Topic(
 # Thumbs up/down on answers, from the chat frontend: kept in the log for evals, shown on the stored answer.
 FEEDBACK = Topic(
     "chat.feedback.v1",
-    "Feedback",
+    events.Feedback,
     ("api",),
     ("persistence",),
     CHAT,
@@ -145,7 +156,7 @@ FEEDBACK = Topic(
 # are rare, and only the consumer holding the run acts (docs/decisions/0004-cancel-and-openai-route.md).
 RUN_CONTROL = Topic(
     "chat.run-control.v1",
-    "RunControl",
+    events.RunControl,
     ("api",),
     ("inference",),
     CHAT,
@@ -158,7 +169,7 @@ RUN_CONTROL = Topic(
 # edge writes it (admin routes) and also keeps a view of it to answer /v1/usage and the admin reads.
 LIMITS = Topic(
     "admin.limits.v1",
-    "LimitsChanged",
+    events.LimitsChanged,
     ("api",),
     ("scheduling", "inference"),
     SINGLE,
@@ -168,7 +179,7 @@ LIMITS = Topic(
 # Safety policies per tier ('*': the default), set by admins at run time (docs/decisions/0007-safety.md).
 SAFETY_POLICIES = Topic(
     "admin.safety-policies.v1",
-    "SafetyPolicy",
+    events.SafetyPolicy,
     ("api",),
     ("moderation", "scheduling", "inference"),
     SINGLE,
@@ -178,7 +189,7 @@ SAFETY_POLICIES = Topic(
 # Each run's output moderation: every window checked, its scores, and the decision (a retraction or none).
 OUTPUT_MODERATED = Topic(
     "chat.output-moderated.v1",
-    "OutputModerated",
+    events.OutputModerated,
     ("inference",),
     ("persistence",),
     CHAT,
@@ -189,7 +200,7 @@ OUTPUT_MODERATED = Topic(
 # shedding at the door are measured by.
 POOL_STATUS = Topic(
     "chat.pool-status.v1",
-    "PoolStatus",
+    events.PoolStatus,
     ("inference",),
     ("scheduling", "api"),
     SINGLE,
@@ -197,7 +208,7 @@ POOL_STATUS = Topic(
     (("retention.ms", str(3600_000)),),
 )
 
-TOPICS: tuple[Topic, ...] = (
+TOPICS: tuple[Topic[Any], ...] = (
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
     *RUN_SCHEDULED.values(),
@@ -220,16 +231,16 @@ class UndeclaredPublish(RuntimeError):
     """A stage wrote to a topic the declaration above does not list it as a producer of."""
 
 
-def check_publish(stage: str, topic: Topic) -> None:
+def check_publish(stage: str, topic: Topic[Any]) -> None:
     """Every publisher calls this before it sends: the declaration is the contract, not a comment."""
     if stage not in topic.producers:
         raise UndeclaredPublish(f"{stage} may not publish to {topic.name}: its producers are {topic.producers}")
 
 
-def named(topic: Topic, namespace: str) -> str:
+def named(topic: Topic[Any], namespace: str) -> str:
     """The topic's name on the broker: tests and parallel stacks run under their own namespace prefix."""
     return f"{namespace}.{topic.name}" if namespace else topic.name
 
 
-def dead_letter_name(topic: Topic, namespace: str) -> str:
+def dead_letter_name(topic: Topic[Any], namespace: str) -> str:
     return f"{named(topic, namespace)}.dlq"

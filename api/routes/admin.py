@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +21,7 @@ from api.errors import ApiError
 from runtime.tables import TopicTable
 from topics.pipeline import LIMITS, Topic
 
+E = TypeVar("E")  # the table's event type
 router = APIRouter(prefix="/v1/admin")
 
 
@@ -36,21 +38,24 @@ class LimitsPatch(BaseModel):
     degrade: bool | None = None
 
 
-async def publish(
-    deps: Services, key: str, record: dict[str, Any] | None, topic: Topic, view: TopicTable | None = None
-) -> None:
-    """Write a table row and wait (bounded) until this replica's view has it, so a read right after sees it."""
+async def publish(deps: Services, key: str, record: E | None, topic: Topic[E], view: TopicTable | None = None) -> None:
+    """Write a table row (None: remove it) and wait (bounded) until this replica's view has it, so a read right
+    after sees it."""
     view = view or deps.limits
-    await deps.producer.publish(topic, record, key=key)
+    if record is None:
+        await deps.producer.tombstone(topic, key)
+    else:
+        await deps.producer.publish(topic, record, key=key)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         row = view.get(key)
-        if (record is None and row is None) or (record is not None and row and row["event_id"] == record["event_id"]):
+        written = None if record is None else cast(dict[str, Any], record)["event_id"]
+        if (record is None and row is None) or (record is not None and row and row["event_id"] == written):
             return
         await asyncio.sleep(0.02)
 
 
-def overrides(row: dict[str, Any] | None) -> dict[str, Any]:
+def overrides(row: Mapping[str, Any] | None) -> dict[str, Any]:
     return {f: row[f] for f in FIELDS if row and row.get(f) is not None}
 
 

@@ -21,6 +21,7 @@ from api.deps import Deps
 from api.errors import ApiError
 from api.routes.chats import Limit
 from storage.ids import decode_cursor, encode_cursor, new_id, parse_id
+from topics.events import Feedback
 from topics.pipeline import FEEDBACK
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ async def feedback(deps: Deps, user: CurrentUser, chat_id: str, message_id: str,
     message = await owned_message(deps, parsed, message_id)
     if message.role != "assistant":
         raise ApiError(400, "Only an answer can be rated.", "invalid_value", "message_id")
-    event = {
+    event: Feedback = {
         "event_id": str(uuid.uuid4()),
         "chat_id": str(parsed),
         "user_id": user.user_id,

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 from fastapi import APIRouter
@@ -29,6 +29,7 @@ from api.deps import Deps, Services
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply
 from storage.ids import new_id
+from topics.events import ChatMessage, PromptAccepted
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -81,8 +82,8 @@ def text_of(message: InMessage, index: int) -> str:
     return "".join(texts)
 
 
-def conversation(deps: Services, body: Completion) -> list[dict[str, str]]:
-    messages = []
+def conversation(deps: Services, body: Completion) -> list[ChatMessage]:
+    messages: list[ChatMessage] = []
     for i, message in enumerate(body.messages):
         role = ROLES.get(message.role)
         if role is None:
@@ -97,7 +98,7 @@ def conversation(deps: Services, body: Completion) -> list[dict[str, str]]:
     return messages
 
 
-def conversation_key(user_id: str, messages: list[dict[str, str]]) -> str:
+def conversation_key(user_id: str, messages: list[ChatMessage]) -> str:
     """A stateless client resends its conversation each turn; the same opening (system prompt and first user
     message) gives the same key, so each turn is routed like a chat's: to the engine holding its prefix warm."""
     first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
@@ -167,7 +168,7 @@ def check_end(reply: Reply, run_id: str) -> None:
         raise ApiError(502, record["error_message"] or "The model failed.", record["error_code"] or "engine_error")
 
 
-async def cancel(deps: Services, user: Principal, event: dict[str, Any], reason: str) -> None:
+async def cancel(deps: Services, user: Principal, event: PromptAccepted, reason: str) -> None:
     try:
         await streams.request_cancel(
             deps, run_id=event["run_id"], chat_id=event["chat_id"], user_id=user.user_id, reason=reason
@@ -176,7 +177,7 @@ async def cancel(deps: Services, user: Principal, event: dict[str, Any], reason:
         log.exception("run %s: could not publish its cancel", event["run_id"])
 
 
-def usage_json(record: dict[str, Any]) -> dict[str, Any]:
+def usage_json(record: Mapping[str, Any]) -> dict[str, Any]:
     usage = record["usage"] or {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
     return {
         "prompt_tokens": usage["prompt_tokens"],
@@ -223,7 +224,7 @@ def data(payload: dict[str, Any]) -> dict[str, str]:
 async def chunk_stream(
     deps: Services,
     user: Principal,
-    event: dict[str, Any],
+    event: PromptAccepted,
     first: Reply,
     replies: AsyncIterator[Reply],
     include_usage: bool,
