@@ -46,7 +46,7 @@ from inference.metrics import (
 )
 from inference.run import Flight, RunServer, now_ms
 from inference.settings import InferenceSettings
-from runtime import tracing
+from runtime import failures, tracing
 from runtime.kafka import AsyncProducer, dead_letter
 from runtime.outage import Outage
 from safety.moderator import Moderator
@@ -103,9 +103,13 @@ class Worker:
                 done = await self.runs.serve(flight)
             if done is not None:
                 self.membership.commit(flight.msg)
-        except Exception:
-            # Kafka unreachable while publishing: leave the offset uncommitted so the run is redelivered.
-            log.exception("run %s could not be published; it will be redelivered", flight.run_id)
+        except Exception as exc:
+            if failures.after(exc) == "retry":
+                # Kafka unreachable while publishing: the offset stays uncommitted, the run is read again.
+                log.warning("run %s could not be published (%s); it will be redelivered", flight.run_id, exc)
+            else:  # a run its consumer fails on: parked with the reason, as a stage parks an event
+                log.exception("run %s failed on this consumer; dead-lettered", flight.run_id)
+                self._dead_letter(flight.msg, f"{type(exc).__name__}: {exc}")
         finally:
             relay.cancel()
             self.controls.release(flight.run_id)
@@ -237,6 +241,24 @@ class Worker:
             await member.close()
             await pages.cleanup()
 
+    def _dead_letter(self, msg: Message, error: str) -> None:
+        """Park a run's record in the dead-letter topic with where it came from and why, then commit past it
+        (runtime/failures.py)."""
+        topic, partition, offset = position(msg)
+        dead_letter(
+            self.producer.producer,
+            RUN_SCHEDULED[self.settings.pool],
+            self.settings.namespace,
+            source=topic,
+            partition=partition,
+            offset=offset,
+            key=msg.key(),
+            value=msg.value(),
+            error=error,
+            stage="inference",
+        )
+        self.membership.commit(msg)
+
     def _accept(self, msg: Message) -> None:
         topic, partition, offset = position(msg)
         scheduled = RUN_SCHEDULED[self.settings.pool]
@@ -244,19 +266,7 @@ class Worker:
             run = codec.decode(scheduled.schema, msg.value())
         except PoisonEvent as exc:
             self.membership.offsets.started(partition, offset)
-            dead_letter(
-                self.producer.producer,
-                scheduled,
-                self.settings.namespace,
-                source=topic,
-                partition=partition,
-                offset=offset,
-                key=msg.key(),
-                value=msg.value(),
-                error=str(exc),
-                stage="inference",
-            )
-            self.membership.commit(msg)
+            self._dead_letter(msg, str(exc))
             return
         self.membership.offsets.started(partition, offset)
         # A run read from before this consumer had the partition, or scheduled again after its scheduler failed,

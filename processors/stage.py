@@ -16,35 +16,23 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import faust
-from cassandra import OperationTimedOut, ReadTimeout, Unavailable, WriteTimeout
-from cassandra.cluster import NoHostAvailable
 from faust.types import EventT, TopicT
 from faust.web.exceptions import NotAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from processors.settings import STAGE_PORTS, ProcessorSettings
 from runtime import logs, tracing
+from runtime.failures import RETRIABLE
 from runtime.outage import Outage
 from topics import codec
 from topics.codec import Event
-from topics.errors import PoisonEvent, RetriableError
+from topics.errors import PoisonEvent
 from topics.pipeline import Topic, check_publish, dead_letter_name, named
 
 E = TypeVar("E")  # a topic's event type
 
 log = logging.getLogger(__name__)
 
-# Failures of a dependency, not of the event: retried with backoff.
-RETRIABLE: tuple[type[BaseException], ...] = (
-    RetriableError,
-    ConnectionError,
-    TimeoutError,
-    NoHostAvailable,
-    OperationTimedOut,
-    Unavailable,
-    ReadTimeout,
-    WriteTimeout,
-)
 
 EVENTS = Counter("parley_stage_events_total", "Events handled by a stage", ["stage", "topic", "outcome"])
 LATENCY = Histogram(
@@ -208,9 +196,12 @@ class Stage:
         where = f"{msg.topic}[{msg.partition}]@{msg.offset}"
         with tracing.consumed_span(self.tracer, f"{self.name} {topic.name}", msg.headers) as span:
             span.set_attribute("messaging.kafka.offset", msg.offset)
+
+            async def attempt() -> None:  # decoding too: a writer schema not seen yet waits for the registry
+                await handle(cast(E, codec.decode(topic.schema, msg.value)))
+
             try:
-                record = cast(E, codec.decode(topic.schema, msg.value))
-                await self._with_retries(where, lambda: handle(record))
+                await self._with_retries(where, attempt)  # retries what runtime/failures.py calls retriable
             except PoisonEvent as exc:
                 await self.dead_letter(topic, event, str(exc))
                 return

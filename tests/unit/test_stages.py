@@ -121,3 +121,22 @@ async def test_a_briefly_unavailable_store_is_retried_not_dead_lettered():
 
     with pytest.raises(KeyError):  # not retried: the caller parks the event in the dead-letter topic
         await stage._with_retries("t[0]@2", broken)
+
+
+def test_one_failure_policy_for_both_kafka_clients_a_dependency_away_is_retried_anything_else_dead_lettered():
+    from cassandra.cluster import NoHostAvailable
+    from confluent_kafka import KafkaError, KafkaException
+
+    from runtime.failures import after
+    from topics.errors import PoisonEvent, RetriableError
+
+    for away in (
+        RetriableError("registry away"),
+        ConnectionError(),
+        TimeoutError(),
+        KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)),
+        NoHostAvailable("no host", {}),
+    ):
+        assert after(away) == "retry", away
+    for bad in (PoisonEvent("undecodable"), KeyError("prompt"), ValueError("bad"), TypeError()):
+        assert after(bad) == "dead_letter", bad
