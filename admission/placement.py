@@ -18,10 +18,9 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
@@ -165,13 +164,6 @@ def capacity_message(model: str, wait_s: float) -> str:
 
 def over_capacity(wait_s: float, limits: Limits) -> Placement:
     return Placement(None, wait_s, retry_after_s=max(1, math.ceil(wait_s - limits.max_queue_wait_s)))
-
-
-def estimate_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
-    """A deliberately high estimate of a prompt's tokens (English runs about 4 characters per token with
-    SmolLM2's tokenizer; 3 leaves room), plus the chat template's few tokens per message. Only the edge's
-    shedding at the door uses it; the scheduler counts with the serving model's tokenizer (conversation/tokens.py)."""
-    return sum(len(m["content"]) // 3 + 4 for m in messages)
 
 
 def at_the_door(

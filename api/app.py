@@ -20,6 +20,7 @@ from api.body_limit import BodyLimit
 from api.deps import Services
 from api.replies import ReplyHub
 from api.settings import ApiSettings
+from conversation import tokens
 from registry import client as registry
 from runtime import tracing
 from runtime.kafka import AsyncProducer
@@ -62,6 +63,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, policies.start)
         memory = await loop.run_in_executor(None, Memory, session, keyspace)
+        for pool in settings.pools.values():  # the door counts a request's tokens with them (api/streams.py)
+            await loop.run_in_executor(None, tokens.load, pool.tokenizer)
         keys = await loop.run_in_executor(None, ApiKeys, session, keyspace)
         decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace)
         app.state.services = Services(

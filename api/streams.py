@@ -17,12 +17,13 @@ from confluent_kafka import KafkaException
 from opentelemetry import trace
 from prometheus_client import Counter
 
-from admission.placement import at_the_door, capacity_message, estimate_tokens
+from admission.placement import at_the_door, capacity_message
 from api import convert
 from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
 from api.replies import ACCEPTED, HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
+from conversation import tokens
 from runtime.kafka import until_ready
 from storage.ids import id_time_ms
 from topics.codec import Event
@@ -138,11 +139,15 @@ def shed_when_full(
     may_grow: bool,
 ) -> None:
     """429 over_capacity now, before the request enters the pipeline, when no pool it could be placed in has
-    room for the user's tier (admission.placement.at_the_door); otherwise the scheduler decides."""
+    room for the user's tier (admission.placement.at_the_door); otherwise the scheduler decides. The request's
+    size is the one every stage uses: the serving model's tokenizer and chat template (conversation/tokens.py),
+    here over the messages the request brings (the least of the pools' counts: a lower bound of what the
+    scheduler will count with the history added)."""
     settings = deps.settings
+    least = min(tokens.load(pool.tokenizer).count_chat(messages) for pool in settings.pools.values())
     placement = at_the_door(
         model,
-        estimate_tokens(messages) + max_tokens,
+        least + max_tokens,
         may_grow,
         settings.pools,
         settings.default_pool,

@@ -1,10 +1,10 @@
 """Pure parts of the inference stage: pool routing, both engines' stream formats, takeover bookkeeping."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from admission.placement import estimate_tokens
 from api.routes.openai import conversation_key
 from conversation.context import TooLong
 from conversation.gather import assemble_given
@@ -36,9 +36,24 @@ def test_a_requested_model_picks_its_pool_and_nothing_fits_beyond_the_largest():
         assemble_given(prompt(max_tokens=256, messages=huge), SETTINGS)
 
 
-def test_the_token_estimate_errs_high():
+def test_the_door_counts_a_request_as_the_scheduler_does_and_never_more(monkeypatch):
+    """One size for a request: the edge's door counts the messages it brings with the serving tokenizer, as the
+    scheduler counts them (the OpenAI route's conversation is used as sent; a chat's adds its system prompt and
+    history), so the door's count is a lower bound of the scheduler's and it never sheds on a larger one."""
+    import api.streams as streams
+
     text = "The quick brown fox jumps over the lazy dog. " * 40  # SmolLM2: about 10 tokens per sentence
-    assert estimate_tokens([{"role": "user", "content": text}]) >= 400
+    messages = [{"role": "user", "content": text}]
+    seen: list[int] = []
+    monkeypatch.setattr(streams, "at_the_door", lambda model, least_tokens, *rest: seen.append(least_tokens))
+    deps = SimpleNamespace(
+        settings=SimpleNamespace(pools=SETTINGS.pools, default_pool=SETTINGS.default_pool),
+        pools=SimpleNamespace(loads=dict),
+        limits=SimpleNamespace(tiers_for=lambda user, tier: None),
+    )
+    streams.shed_when_full(deps, SimpleNamespace(user_id="u", tier="pro"), None, messages, 7, False)
+    run = assemble_given(prompt(max_tokens=7, messages=messages), SETTINGS)
+    assert seen == [run["estimate_tokens"]] and run["context"]["prompt_tokens"] >= 400
 
 
 # SGLang's documented OpenAI-compatible stream (sglang/srt/entrypoints/openai/protocol.py,
