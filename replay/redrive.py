@@ -215,7 +215,10 @@ class Replay:
                         continue
                     replayed = now.setdefault(run_id, Recorded(cast(PromptAccepted, event.get("prompt") or {})))
                     replayed.add(topic.schema, event)
-                    waiting = replayed.ended is None if pipeline else replayed.moderated is None
+                    # Through the pipeline a run is done once it ended and its verdict is in: the two come on
+                    # different topics, read interleaved, so the end can be read first (the report then showed
+                    # a refused run's verdict as gone: a false flip).
+                    waiting = replayed.moderated is None or (pipeline and replayed.ended is None)
                     if waiting:
                         continue
                     run = pending.pop(run_id)
