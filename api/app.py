@@ -63,8 +63,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, policies.start)
         memory = await loop.run_in_executor(None, Memory, session, keyspace)
-        for pool in settings.pools.values():  # the door counts a request's tokens with them (api/streams.py)
-            await loop.run_in_executor(None, tokens.load, pool.tokenizer)
+        for spec in {pool.tokenizer for pool in settings.pools.values()}:  # the door counts with them (api/streams.py)
+            await loop.run_in_executor(None, tokens.load, spec)
         keys = await loop.run_in_executor(None, ApiKeys, session, keyspace)
         decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace)
         app.state.services = Services(

@@ -144,7 +144,8 @@ def shed_when_full(
     here over the messages the request brings (the least of the pools' counts: a lower bound of what the
     scheduler will count with the history added)."""
     settings = deps.settings
-    least = min(tokens.load(pool.tokenizer).count_chat(messages) for pool in settings.pools.values())
+    tokenizers = {pool.tokenizer for pool in settings.pools.values()}  # pools serving one model share one
+    least = min(tokens.load(spec).count_chat(messages) for spec in tokenizers)
     placement = at_the_door(
         model,
         least + max_tokens,
