@@ -11,7 +11,7 @@ import math
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -95,20 +95,15 @@ def change(scope: str, name: str, fields: Mapping[str, Any], changed_by: str) ->
     """A LimitsChanged record; fields not given stay null (inherit)."""
     if scope not in ("tier", "user"):
         raise ValueError(f"limits are set per tier or per user, not per {scope!r}")
-    return {
+    record = {
         "event_id": str(uuid.uuid4()),
-        "scope": "tier" if scope == "tier" else "user",
+        "scope": scope,
         "name": name,
-        "budget_tokens": fields.get("budget_tokens"),
-        "refill_tokens_per_hour": fields.get("refill_tokens_per_hour"),
-        "max_concurrent": fields.get("max_concurrent"),
-        "priority": fields.get("priority"),
-        "max_queue_wait_s": fields.get("max_queue_wait_s"),
-        "slot_share": fields.get("slot_share"),
-        "degrade": fields.get("degrade"),
+        **{f: fields.get(f) for f in FIELDS},
         "changed_by": changed_by,
         "changed_at": int(time.time() * 1000),
     }
+    return cast(LimitsChanged, record)  # FIELDS are the record's limit fields (tests/unit/test_events.py)
 
 
 class LimitsView(TopicTable):

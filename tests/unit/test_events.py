@@ -20,6 +20,14 @@ def test_each_type_has_its_schemas_fields_and_a_field_with_a_default_may_be_left
         assert typed.__optional_keys__ == {f["name"] for f in raw["fields"] if "default" in f}, name
 
 
+def test_a_limits_row_carries_exactly_the_limits_the_edge_sets():
+    from admission.limits import FIELDS, change
+
+    row = change("user", "u1", {"max_concurrent": 3}, "admin")
+    assert set(row) == events.LimitsChanged.__required_keys__ | events.LimitsChanged.__optional_keys__
+    assert set(FIELDS) <= events.LimitsChanged.__optional_keys__ and row["max_concurrent"] == 3
+
+
 def test_every_topic_declares_the_event_type_of_its_schema():
     for topic in TOPICS:
         assert topic.event is getattr(events, topic.schema), topic.name
