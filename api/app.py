@@ -30,7 +30,6 @@ from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.ledger import Ledger
-from storage.memory import Memory
 
 log = logging.getLogger(__name__)
 
@@ -49,26 +48,25 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         await loop.run_in_executor(None, registry.connect, settings.schema_registry_url)
         session = await loop.run_in_executor(None, schema.connect, settings.cassandra)
         keyspace = settings.keyspace_name
-        conversations = await loop.run_in_executor(None, Conversations, session, keyspace)
+        conversations = await loop.run_in_executor(None, Conversations, session, keyspace, "api")
         producer = AsyncProducer(settings.kafka_bootstrap, "api", settings.namespace)
         producer.start()
         replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.edge_session_timeout_s)
         await loop.run_in_executor(None, replies.start, loop)
         http = httpx.AsyncClient(timeout=5.0)
-        ledger = await loop.run_in_executor(None, Ledger, session, keyspace)
+        ledger = await loop.run_in_executor(None, Ledger, session, keyspace, "api")
         limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, limits.start)
         pools = PoolView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, pools.start)
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
         await loop.run_in_executor(None, policies.start)
-        memory = await loop.run_in_executor(None, Memory, session, keyspace)
         for spec in {pool.tokenizer for pool in settings.pools.values()}:  # the door counts with them (api/streams.py)
             await loop.run_in_executor(None, tokens.load, spec)
-        keys = await loop.run_in_executor(None, ApiKeys, session, keyspace)
-        decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace)
+        keys = await loop.run_in_executor(None, ApiKeys, session, keyspace, "api")
+        decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace, "api")
         app.state.services = Services(
-            settings, producer, replies, conversations, http, ledger, limits, pools, policies, memory, keys, decisions
+            settings, producer, replies, conversations, http, ledger, limits, pools, policies, keys, decisions
         )
         log.info("edge ready on %s:%d, reply partitions %s", settings.host, settings.port, list(replies.partitions))
         try:

@@ -1,5 +1,5 @@
 """The edge's reads and writes of a chat on its owner's behalf: the ownership checks every route makes (404,
-never 403: no existence leak) and forgetting a message with its memory, which the memory stage is told of."""
+never 403: no existence leak) and deleting a message, which the memory stage is told of."""
 
 from __future__ import annotations
 
@@ -55,9 +55,14 @@ async def owned_run(deps: Services, user: Principal, chat_id: str, run_id: str) 
 
 
 async def memory_changed(
-    deps: Services, chat_id: uuid.UUID, user: Principal, action: Literal["edited", "deleted", "reset"], **fields: Any
+    deps: Services,
+    chat_id: uuid.UUID,
+    user: Principal,
+    action: Literal["edited", "deleted", "reset", "chat_deleted"],
+    **fields: Any,
 ) -> None:
-    """Tell the memory stage (it re-embeds an edited message and summarises again)."""
+    """Tell the memory stage (it re-embeds an edited message, forgets and summarises again) and persistence (it
+    erases a deleted chat's messages)."""
     event: MemoryChanged = {
         "event_id": str(uuid.uuid4()),
         "chat_id": str(chat_id),
@@ -72,9 +77,7 @@ async def memory_changed(
 
 
 async def forget_message(deps: Services, chat_id: uuid.UUID, user: Principal, message: Any) -> None:
-    """Delete a stored message with its embedding and every summary that covers it, and tell the memory stage."""
-    mid = uuid.UUID(message.id)
-    await deps.conversations.delete_message(chat_id, mid)
-    await deps.memory.forget(chat_id, mid)
-    await deps.memory.drop_summaries_covering(chat_id, mid)
+    """Delete a stored message, and tell the memory stage (it forgets its embedding and every summary covering
+    it; until then the scheduler passes over them, conversation/gather.py)."""
+    await deps.conversations.delete_message(chat_id, uuid.UUID(message.id))
     await memory_changed(deps, chat_id, user, "deleted", message_id=message.id, role=message.role)

@@ -19,7 +19,6 @@ from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.ledger import Ledger
-from storage.memory import Memory
 
 
 @dataclass
@@ -33,7 +32,6 @@ class Services:
     limits: LimitsView
     pools: PoolView  # the inference consumers' load: the edge sheds at the door what could not be placed
     policies: PolicyView  # the safety policies, for the admin routes
-    memory: Memory  # a chat's embeddings and summaries: an edit or a delete forgets at once
     keys: ApiKeys
     decisions: SafetyDecisions  # the moderation decisions admins review (written by the persistence stage)
 

@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import cast
 
@@ -23,9 +24,9 @@ from conversation.settings import ContextSettings
 from runtime.settings import Pool
 from safety.moderator import Moderator
 from safety.policy import PolicyView
-from storage.conversations import Conversations, Message
+from storage.conversations import Change, Conversations, Message
 from storage.ids import MIN_ID
-from storage.memory import Memory
+from storage.memory import Memory, Recalled, Summary
 from topics.codec import Event
 from topics.events import PromptAccepted, PromptContext, RunScheduled
 
@@ -155,6 +156,28 @@ class ContextGuard:
         return out, withheld
 
 
+SUMMARIES_READ = 3  # the newest summaries read: one that an edit or a delete made wrong is passed over
+
+
+def current_summary(summaries: list[Summary], changes: Mapping[str, Change]) -> Summary | None:
+    """The newest summary no later edit or delete has made wrong (pure): one covering a changed message and
+    written before the change is passed over until the memory stage, told of the change, drops it."""
+    for summary in summaries:
+        through = uuid.UUID(summary.through).time
+        if not any(
+            uuid.UUID(mid).time <= through and (summary.created_at is None or change.at > summary.created_at)
+            for mid, change in changes.items()
+        ):
+            return summary
+    return None
+
+
+def as_changed(found: list[Recalled], changes: Mapping[str, Change]) -> list[Recalled]:
+    """Recalled messages as the user left them (pure): a deleted one is not recalled, nor an edited one until
+    the memory stage has embedded its new text."""
+    return [r for r in found if r.id not in changes or changes[r.id].content == r.content]
+
+
 def conversation_turns(rows: list[Message], before: int) -> list[Turn]:
     """The stored messages a prompt may carry (pure): those with text, earlier than the new message (a uuid1
     time), and answered. A question the pipeline turned away (refused by moderation, over capacity or budget)
@@ -180,7 +203,10 @@ async def assemble_chat_run(
     summary, earlier, older, reset, withheld = None, [], False, None, []
     if prompt["prev_run_id"]:  # not the chat's first turn (its first turn reads nothing: faster first token)
         await wait_for_previous(prompt, conversations, settings)
-        chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
+        chat, summaries, changes = await asyncio.gather(
+            conversations.get_chat(chat_id), memory.summaries(chat_id, SUMMARIES_READ), conversations.changes(chat_id)
+        )
+        latest = current_summary(summaries, changes)
         reset = chat.context_from if chat is not None else None
         after = reset
         if latest is not None and not (reset and uuid.UUID(latest.through).time < reset.time):
@@ -191,7 +217,7 @@ async def assemble_chat_run(
             else:
                 summary = (latest.version, latest.through, latest.content)
             older, after = True, uuid.UUID(latest.through)
-        rows = await conversations.messages_after(chat_id, after, settings.recent_messages)
+        rows = await conversations.messages_after(chat_id, after, settings.recent_messages, changes)
         older = older or len(rows) >= settings.recent_messages
         before = uuid.UUID(prompt["message_id"]).time
         earlier = conversation_turns(rows, before)
@@ -223,7 +249,7 @@ async def assemble_chat_run(
     kept = assembled.record["verbatim_ids"]
     if older or len(kept) < len(earlier):  # there is memory beyond the window: recall from it
         first = uuid.UUID(kept[0]) if kept else uuid.UUID(prompt["message_id"])
-        recalled = await recall(memory, guard, chat_id, prompt["content"], reset, first, tier, settings)
+        recalled = await recall(memory, guard, chat_id, prompt["content"], reset, first, tier, settings, changes)
         withheld += [t.id for t in recalled if t.content == WITHHELD]
         counter = tokens.load(settings.pools[name].tokenizer)
         assembled = assemble_chat(*args, recalled, prompt["content"], limits, counter)
@@ -241,11 +267,13 @@ async def recall(
     before: uuid.UUID,
     tier: str,
     settings: ContextSettings,
+    changes: Mapping[str, Change],
 ) -> list[Turn]:
     """The older messages to recall for the new one (best first, conversation/context.py `relevant`), with
     assistant messages screened (the user's own were moderated as they came in)."""
     vector = await asyncio.get_running_loop().run_in_executor(None, guard.moderator.encoder.embed, [text])
     found = await memory.recall(chat_id, vector[0].tolist(), settings.recall_candidates, after or MIN_ID, before)
+    found = as_changed(found, changes)
     vectors = np.array([r.embedding for r in found], dtype=np.float32).reshape(len(found), -1)
     picked = relevant(
         vector[0],

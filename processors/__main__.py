@@ -35,8 +35,8 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from storage.memory import Memory
 
         session = schema.connect(settings.cassandra)
-        conversations = Conversations(session, settings.keyspace_name)
-        ledger = Ledger(session, settings.keyspace_name, settings.run_deadline_s)
+        conversations = Conversations(session, settings.keyspace_name, name)
+        ledger = Ledger(session, settings.keyspace_name, name, settings.run_deadline_s)
         limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
         pools = PoolView(settings.kafka_bootstrap, settings.namespace)
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
@@ -44,7 +44,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         pools.start()
         policies.start()
         context = ContextGuard(Moderator(), policies)
-        memory = Memory(session, settings.keyspace_name)
+        memory = Memory(session, settings.keyspace_name, name)
         schedule_run.register(stage, conversations, ledger, limits, pools, context, memory)
     elif name == "persistence":
         from processors import persist_turn
@@ -54,7 +54,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
 
         session = schema.connect(settings.cassandra)
         keyspace = settings.keyspace_name
-        persist_turn.register(stage, Conversations(session, keyspace), SafetyDecisions(session, keyspace))
+        persist_turn.register(stage, Conversations(session, keyspace, name), SafetyDecisions(session, keyspace, name))
     elif name == "metering":
         from processors import meter_usage
         from storage.usage import open_usage
@@ -68,8 +68,8 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from storage.memory import Memory
 
         session = schema.connect(settings.cassandra)
-        conversations = Conversations(session, settings.keyspace_name)
-        remember.register(stage, conversations, Memory(session, settings.keyspace_name), Encoder(), settings)
+        conversations = Conversations(session, settings.keyspace_name, name)
+        remember.register(stage, conversations, Memory(session, settings.keyspace_name, name), Encoder(), settings)
     else:
         raise SystemExit(f"unknown stage {name!r}; one of {', '.join(STAGES)}")
     return stage

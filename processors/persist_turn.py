@@ -1,6 +1,8 @@
 """PromptAccepted | RunCompleted | RunRejected -> Cassandra messages (idempotent: keyed by the event's ids).
 PromptModerated | OutputModerated that matched a rule -> the safety decisions admins review.
 Feedback -> the rating shown on the stored answer.
+MemoryChanged of a deleted chat -> its messages erased (this stage is the one writer of the messages table;
+a user's edits and deletes are the edge's, kept beside them: storage/conversations.py).
 
 Runs of the stateless OpenAI route (store = false) are not written as messages; they are metered and stay
 in the log. A deleted chat gets no new rows from runs that were still in flight when it was deleted.
@@ -18,6 +20,7 @@ from storage.decisions import SafetyDecision, SafetyDecisions
 from topics.codec import Event
 from topics.pipeline import (
     FEEDBACK,
+    MEMORY_CHANGED,
     OUTPUT_MODERATED,
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
@@ -122,13 +125,11 @@ def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisi
 
     async def on_completed(done: Event) -> None:
         if chat_id := await stored_chat(done["prompt"]):
-            await conversations.put_message(chat_id, assistant_turn(done))
-            await conversations.finish_run(chat_id, uuid.UUID(done["prompt"]["run_id"]), done["finish_reason"])
+            await conversations.put_message(chat_id, assistant_turn(done))  # how the run ended, too
 
     async def on_rejected(rejected: Event) -> None:
         if chat_id := await stored_chat(rejected["prompt"]):
             await conversations.put_message(chat_id, refusal_turn(rejected))
-            await conversations.finish_run(chat_id, uuid.UUID(rejected["prompt"]["run_id"]), rejected["code"])
 
     async def on_moderated(moderated: Event) -> None:
         if decision := input_decision(moderated):
@@ -145,7 +146,14 @@ def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisi
         if not await conversations.set_feedback(chat_id, message_id, rating):
             log.info("chat %s: feedback on message %s, which is gone; not stored", chat_id, message_id)
 
+    async def on_changed(change: Event) -> None:
+        """A deleted chat's messages go (the edge has deleted the chat, its runs and its changes)."""
+        if change["action"] == "chat_deleted":
+            await conversations.erase_messages(uuid.UUID(change["chat_id"]))
+            log.info("chat %s deleted: its messages erased", change["chat_id"])
+
     stage.consume(PROMPT_MODERATED, on_moderated)
+    stage.consume(MEMORY_CHANGED, on_changed)
     stage.consume(FEEDBACK, on_feedback)
     stage.consume(OUTPUT_MODERATED, on_output_moderated)
     stage.consume(PROMPT_ACCEPTED, on_prompt)

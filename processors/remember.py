@@ -207,16 +207,22 @@ def register(
             return
         if not prompt.get("store", True) or prompt.get("messages"):
             return  # stateless runs (OpenAI route) are not chat messages
+        chat_id = uuid.UUID(prompt["chat_id"])
+        chat, changes = await asyncio.gather(conversations.get_chat(chat_id), conversations.changes(chat_id))
+        if chat is None:
+            return  # deleted meanwhile: nothing of it is remembered
         items = [(prompt["message_id"], "user", prompt["content"])]
         if done["finish_reason"] != "error":
             items.append((prompt["run_id"], "assistant", done["content"]))
-        await remember(uuid.UUID(prompt["chat_id"]), items)
+        # As the user left them: a change that reached this stage first is not undone by a late completion.
+        items = [(i, role, (changes[i].content or "") if i in changes else text) for i, role, text in items]
+        await remember(chat_id, items)
         await maybe_summarize(prompt)
 
     async def on_changed(change: Event) -> None:
         chat_id = uuid.UUID(change["chat_id"])
         action = change["action"]
-        if action == "reset":
+        if action in ("reset", "chat_deleted"):
             await memory.reset(chat_id)
         elif change["message_id"]:
             message_id = uuid.UUID(change["message_id"])

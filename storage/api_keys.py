@@ -11,7 +11,7 @@ from typing import Any
 from cassandra.cluster import Session
 
 from storage.ids import new_id, now, utc
-from storage.session import Store, create_tables, idempotent
+from storage.session import Store, create_tables
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.api_keys (
@@ -37,9 +37,11 @@ class ApiKey:
 
 
 class ApiKeys(Store):
-    def __init__(self, session: Session, keyspace: str) -> None:
-        super().__init__(session, keyspace)
-        ks, p = keyspace, idempotent(session)
+    WRITERS = {"api_keys": "api", "api_keys_by_user": "api"}
+
+    def __init__(self, session: Session, keyspace: str, writer: str) -> None:
+        super().__init__(session, keyspace, writer)
+        ks, p = keyspace, self._prepare
         self._insert_key = p(
             f"INSERT INTO {ks}.api_keys (key_hash, key_id, user_id, tier, revoked) VALUES (?, ?, ?, ?, false)"
         )

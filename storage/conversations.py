@@ -1,10 +1,18 @@
 """Conversations in Cassandra: chats, their runs and their messages, written idempotently (the primary key is
-the event's id or the request's)."""
+the event's id or the request's).
+
+Each table has one writer (WRITERS). The edge writes what a request changes: a chat, its runs as they open, and
+the user's edits and deletes of messages, kept beside them in `message_changes`. Persistence writes what the log
+records: the messages themselves, each run's answer (which says how the run ended) and its rating. A read lays
+the changes over the messages (`overlay`), so an edit shows at once, and a redelivered or replayed event that
+rewrites a message never undoes it."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -12,15 +20,16 @@ from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
 from storage.ids import MIN_ID, new_id, now, utc
-from storage.session import Store, create_tables, idempotent
+from storage.session import Store, create_tables
 
 SCHEMA = (
     # Ownership and metadata of one chat.
     """CREATE TABLE IF NOT EXISTS {ks}.chats (
          chat_id timeuuid PRIMARY KEY, user_id text, title text, created_at timestamp, last_run_id text,
          last_active_at timestamp, context_from timeuuid, memory_changed_at timestamp)""",
-    # Where each run's reply stream lives, so any edge replica can replay or resume it; finish_reason is set
-    # once the run has ended (cancel of a finished run is a conflict).
+    # Where each run's reply stream lives, so any edge replica can replay or resume it. How a run ended is its
+    # answer's finish_reason (the answer's id is the run's); finish_reason here is set only for a run whose
+    # prompt never reached the log (not_accepted).
     """CREATE TABLE IF NOT EXISTS {ks}.runs (
          chat_id timeuuid, run_id timeuuid, reply_partition int, finish_reason text,
          PRIMARY KEY ((chat_id), run_id))""",
@@ -34,6 +43,10 @@ SCHEMA = (
          chat_id timeuuid, message_id timeuuid, role text, content text, created_at timestamp,
          run_id text, model text, finish_reason text, pool text, feedback text,
          PRIMARY KEY ((chat_id), message_id)) WITH CLUSTERING ORDER BY (message_id ASC)""",
+    # The user's edits (content: the new text) and deletes (content null) of a chat's messages.
+    """CREATE TABLE IF NOT EXISTS {ks}.message_changes (
+         chat_id timeuuid, message_id timeuuid, content text, changed_at timestamp,
+         PRIMARY KEY ((chat_id), message_id))""",
 )
 # Columns added after a table first shipped: (table, column, type), applied when missing.
 # context_from: a reset's marker (earlier messages stay listed but no longer go into prompts); memory_changed_at:
@@ -66,13 +79,44 @@ class Message:
     feedback: str | None = None  # the user's rating of an answer; never written by put_message
 
 
+@dataclass(frozen=True)
+class Change:
+    """A user's edit (the new content) or delete (content None) of a stored message."""
+
+    content: str | None
+    at: datetime
+
+
+def overlay(rows: list[Message], changes: Mapping[str, Change]) -> list[Message]:
+    """The messages as the user left them (pure): edited ones with their new text, deleted ones gone."""
+    out = []
+    for m in rows:
+        change = changes.get(m.id)
+        if change is None:
+            out.append(m)
+        elif change.content is not None:
+            out.append(replace(m, content=change.content))
+    return out
+
+
+def deleted(changes: Mapping[str, Change]) -> int:
+    return sum(1 for c in changes.values() if c.content is None)
+
+
 class Conversations(Store):
     """Reads and writes of chats, their runs and their messages; one per process, built at start-up."""
 
-    def __init__(self, session: Session, keyspace: str) -> None:
-        super().__init__(session, keyspace)
-        ks = keyspace
-        p = idempotent(session)
+    WRITERS = {
+        "chats": "api",
+        "chats_by_activity": "api",
+        "runs": "api",
+        "message_changes": "api",
+        "messages": "persistence",
+    }
+
+    def __init__(self, session: Session, keyspace: str, writer: str) -> None:
+        super().__init__(session, keyspace, writer)
+        ks, p = keyspace, self._prepare
         self._insert_chat: PreparedStatement = p(
             f"INSERT INTO {ks}.chats (chat_id, user_id, title, created_at, last_active_at) VALUES (?, ?, ?, ?, ?)"
         )
@@ -94,10 +138,12 @@ class Conversations(Store):
         self._set_title = p(f"UPDATE {ks}.chats SET title = ? WHERE chat_id = ?")
         self._delete_chat = p(f"DELETE FROM {ks}.chats WHERE chat_id = ?")
         self._delete_messages = p(f"DELETE FROM {ks}.messages WHERE chat_id = ?")
+        self._delete_changes = p(f"DELETE FROM {ks}.message_changes WHERE chat_id = ?")
         self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE chat_id = ?")
         self._insert_run = p(f"INSERT INTO {ks}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)")
         self._get_run = p(f"SELECT reply_partition, finish_reason FROM {ks}.runs WHERE chat_id = ? AND run_id = ?")
-        self._finish_run = p(f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?")
+        self._withdraw_run = p(f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?")
+        self._run_end = p(f"SELECT finish_reason FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._list_chats = p(
             f"SELECT active_at, chat_id, title, created_at FROM {ks}.chats_by_activity WHERE user_id = ? LIMIT ?"
         )
@@ -117,8 +163,13 @@ class Conversations(Store):
         self._get_message = p(f"SELECT message_id FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._one_message = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._set_feedback = p(f"UPDATE {ks}.messages SET feedback = ? WHERE chat_id = ? AND message_id = ?")
-        self._set_content = p(f"UPDATE {ks}.messages SET content = ? WHERE chat_id = ? AND message_id = ?")
-        self._delete_message = p(f"DELETE FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+        self._put_change = p(
+            f"INSERT INTO {ks}.message_changes (chat_id, message_id, content, changed_at) VALUES (?, ?, ?, ?)"
+        )
+        self._changes = p(f"SELECT message_id, content, changed_at FROM {ks}.message_changes WHERE chat_id = ?")
+        self._change = p(
+            f"SELECT message_id, content, changed_at FROM {ks}.message_changes WHERE chat_id = ? AND message_id = ?"
+        )
 
     # -- chats -------------------------------------------------------------------------------------
     async def create_chat(self, user_id: str, title: str) -> tuple[uuid.UUID, datetime]:
@@ -142,11 +193,12 @@ class Conversations(Store):
         )
 
     async def delete_chat(self, chat: Any) -> None:
-        """The chat, its messages and its runs (so its streams can no longer be resumed); its memory is the memory
-        store's to forget, first (api/routes/chats.py). Its content goes first and the chat itself last: a delete
-        cut short leaves the chat listed, and deleting it again finishes the job (nothing is left unowned)."""
+        """The chat, its runs (so its streams can no longer be resumed) and the user's changes; its messages and
+        memory are erased by the persistence and memory stages, told first (api/routes/chats.py). Its content
+        goes first and the chat itself last: a delete cut short leaves the chat listed, and deleting it again
+        finishes the job (nothing is left unowned)."""
         await self._all(
-            (self._delete_messages, (chat.chat_id,)),
+            (self._delete_changes, (chat.chat_id,)),
             (self._delete_runs, (chat.chat_id,)),
         )
         await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
@@ -190,39 +242,63 @@ class Conversations(Store):
     async def withdraw_run(self, chat: Any, run_id: uuid.UUID, opened_at: datetime) -> None:
         """A run opened whose prompt never reached the log: ended (`not_accepted`), and the chat's latest run the
         one before it again (the chat keeps its new place in the list)."""
-        await self._run(self._finish_run, ("not_accepted", chat.chat_id, run_id))
+        await self._run(self._withdraw_run, ("not_accepted", chat.chat_id, run_id))
         await self._run(self._set_active, (opened_at, chat.last_run_id, chat.chat_id))
 
     async def get_run(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> tuple[int, str | None] | None:
-        """(reply partition, finish reason or None while it runs), or None when the chat has no such run."""
-        row = (await self._run(self._get_run, (chat_id, run_id))).one()
-        return (int(row.reply_partition), row.finish_reason) if row else None
-
-    async def finish_run(self, chat_id: uuid.UUID, run_id: uuid.UUID, finish_reason: str) -> None:
-        await self._run(self._finish_run, (finish_reason, chat_id, run_id))
+        """(reply partition, finish reason or None while it runs), or None when the chat has no such run. A run
+        has ended once its answer is stored (the answer's id is the run's) or when it was withdrawn."""
+        run, answer = await asyncio.gather(
+            self._run(self._get_run, (chat_id, run_id)), self._run(self._run_end, (chat_id, run_id))
+        )
+        row, end = run.one(), answer.one()
+        if row is None:
+            return None
+        return int(row.reply_partition), row.finish_reason or (end.finish_reason if end else None)
 
     # -- messages ----------------------------------------------------------------------------------
-    async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
-        rows = await self._run(self._list_messages, (chat_id, after or MIN_ID, limit))
-        return [_message(r) for r in rows]
+    async def changes(self, chat_id: uuid.UUID) -> dict[str, Change]:
+        """The user's edits and deletes of the chat's messages, by message id."""
+        rows = await self._run(self._changes, (chat_id,))
+        return {str(r.message_id): _change(r) for r in rows}
 
-    async def messages_after(self, chat_id: uuid.UUID, after: uuid.UUID | None, limit: int) -> list[Message]:
-        """The newest `limit` messages later than `after` (all of the chat's when None), oldest first."""
-        rows = await self._run(self._messages_after, (chat_id, after or MIN_ID, limit))
-        return [_message(r) for r in reversed(list(rows))]
+    async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
+        """A page of the chat's messages as the user left them, oldest first."""
+        changes = await self.changes(chat_id)
+        rows = await self._run(self._list_messages, (chat_id, after or MIN_ID, limit + deleted(changes)))
+        return overlay([_message(r) for r in rows], changes)[:limit]
+
+    async def messages_after(
+        self, chat_id: uuid.UUID, after: uuid.UUID | None, limit: int, changes: Mapping[str, Change] | None = None
+    ) -> list[Message]:
+        """The newest `limit` messages later than `after` (all of the chat's when None) as the user left them,
+        oldest first; `changes` when the caller has read them already."""
+        if changes is None:
+            changes = await self.changes(chat_id)
+        rows = await self._run(self._messages_after, (chat_id, after or MIN_ID, limit + deleted(changes)))
+        return overlay([_message(r) for r in reversed(list(rows))], changes)[-limit:]
 
     async def get_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
-        row = (await self._run(self._one_message, (chat_id, message_id))).one()
-        return _message(row) if row else None
+        rows, changes = await asyncio.gather(
+            self._run(self._one_message, (chat_id, message_id)), self._run(self._change, (chat_id, message_id))
+        )
+        found = overlay([_message(r) for r in rows], {str(r.message_id): _change(r) for r in changes})
+        return found[0] if found else None
 
     async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str) -> None:
         # The change is marked first: a summary begun before it is discarded even if the edit itself fails.
-        await self._run(self._set_memory_changed, (now(), chat_id))
-        await self._run(self._set_content, (content, chat_id, message_id))
+        at = now()
+        await self._run(self._set_memory_changed, (at, chat_id))
+        await self._run(self._put_change, (chat_id, message_id, content, at))
 
     async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
-        await self._run(self._set_memory_changed, (now(), chat_id))
-        await self._run(self._delete_message, (chat_id, message_id))
+        at = now()
+        await self._run(self._set_memory_changed, (at, chat_id))
+        await self._run(self._put_change, (chat_id, message_id, None, at))
+
+    async def erase_messages(self, chat_id: uuid.UUID) -> None:
+        """Every message of a deleted chat (the persistence stage, told by the edge)."""
+        await self._run(self._delete_messages, (chat_id,))
 
     async def reset_context(self, chat_id: uuid.UUID) -> uuid.UUID:
         """Later prompts start from here: the chat's earlier messages stay listed but leave its memory."""
@@ -252,8 +328,8 @@ class Conversations(Store):
 
     async def set_feedback(self, chat_id: uuid.UUID, message_id: uuid.UUID, rating: str | None) -> bool:
         """Record the user's rating of a stored message (None clears it); False when there is no such message
-        (an update would create a row holding only the rating)."""
-        if not await self.has_message(chat_id, message_id):
+        (an update would create a row holding only the rating) or the user deleted it."""
+        if await self.get_message(chat_id, message_id) is None:
             return False
         await self._run(self._set_feedback, (rating, chat_id, message_id))
         return True
@@ -262,6 +338,10 @@ class Conversations(Store):
 def _active_at(chat: Any) -> datetime:
     active: datetime = chat.last_active_at or chat.created_at
     return active
+
+
+def _change(row: Any) -> Change:
+    return Change(row.content, utc(row.changed_at))
 
 
 def _message(row: Any) -> Message:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from cassandra.cluster import Session
 
 from storage.ids import utc
-from storage.session import Store, create_tables, idempotent
+from storage.session import Store, create_tables
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.safety_decisions (
@@ -42,9 +42,11 @@ class SafetyDecision:
 
 
 class SafetyDecisions(Store):
-    def __init__(self, session: Session, keyspace: str) -> None:
-        super().__init__(session, keyspace)
-        ks, p = keyspace, idempotent(session)
+    WRITERS = {"safety_decisions": "persistence"}
+
+    def __init__(self, session: Session, keyspace: str, writer: str) -> None:
+        super().__init__(session, keyspace, writer)
+        ks, p = keyspace, self._prepare
         self._insert = p(
             f"INSERT INTO {ks}.safety_decisions (day, decision_id, at, stage, action, category, score, "
             "policy_version, run_id, chat_id, user_id, tier, excerpt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"

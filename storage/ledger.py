@@ -24,7 +24,7 @@ from cassandra.query import BatchStatement
 from prometheus_client import Counter
 
 from admission.limits import Limits
-from storage.session import create_tables, idempotent, wait
+from storage.session import NotTheWriter, create_tables, idempotent, wait
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +146,14 @@ def create_schema(session: Session, keyspace: str) -> None:
 
 
 class Ledger:
-    def __init__(self, session: Session, keyspace: str, run_deadline_s: float = 300.0) -> None:
+    """Written by the scheduling stage alone (WRITERS, as in storage/session.py Store); the edge reads a
+    user's standing from it."""
+
+    WRITERS = {"budgets": "scheduling"}
+
+    def __init__(self, session: Session, keyspace: str, writer: str, run_deadline_s: float = 300.0) -> None:
         self.session = session
+        self.writer = writer
         self.deadline_ms = int(run_deadline_s * 1000)
         ks = keyspace
         p = idempotent(session)  # all but the compare-and-set batch's statements: run twice, it would conflict
@@ -172,6 +178,10 @@ class Ledger:
             f"UPDATE {ks}.budgets USING TTL {RUN_ROW_TTL_S} SET actual = ?, settled = true "
             "WHERE user_id = ? AND run_id = ?"
         )
+
+    def _writing(self) -> None:
+        if self.WRITERS["budgets"] != self.writer:
+            raise NotTheWriter(f"{self.writer} may not write budgets: its one writer is {self.WRITERS['budgets']}")
 
     @counted
     async def account(self, user_id: str) -> Account:
@@ -199,6 +209,7 @@ class Ledger:
         now_ms: int,
         run: tuple[Any, tuple[Any, ...]],
     ) -> bool:
+        self._writing()
         batch = BatchStatement()
         version = (before.version or 0) + 1
         batch.add(self._set_bucket, (used, now_ms, version, in_flight, user_id, before.version))
@@ -238,6 +249,7 @@ class Ledger:
     @counted
     async def mark_scheduled(self, user_id: str, run_id: str) -> None:
         """The run was handed to its pool: a redelivered prompt is not scheduled (served) a second time."""
+        self._writing()
         await wait(self.session.execute_async(self._scheduled, (user_id, run_id)))
 
     @counted

@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 
 from cassandra.cluster import Session
 
-from storage.session import Store, create_tables, idempotent
+from storage.ids import utc
+from storage.session import Store, create_tables
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.memory (
@@ -46,12 +47,19 @@ class Summary:
     content: str
     tokens: int
     run_id: str
+    created_at: datetime | None = None
 
 
 class Memory(Store):
-    def __init__(self, session: Session, keyspace: str) -> None:
-        super().__init__(session, keyspace)
-        ks, p = keyspace, idempotent(session)
+    """Written by the memory stage alone: it embeds what the log records and applies a user's edits, deletes
+    and resets as their events reach it; until then a reader lays the chat's changes over what it finds
+    (conversation/gather.py)."""
+
+    WRITERS = {"memory": "memory", "summaries": "memory"}
+
+    def __init__(self, session: Session, keyspace: str, writer: str) -> None:
+        super().__init__(session, keyspace, writer)
+        ks, p = keyspace, self._prepare
         self._put = p(f"INSERT INTO {ks}.memory (chat_id, message_id, role, content, embedding) VALUES (?, ?, ?, ?, ?)")
         self._forget = p(f"DELETE FROM {ks}.memory WHERE chat_id = ? AND message_id = ?")
         self._recall = p(
@@ -60,7 +68,8 @@ class Memory(Store):
         )
         self._forget_all = p(f"DELETE FROM {ks}.memory WHERE chat_id = ?")
         self._summaries = p(
-            f"SELECT version, through, content, tokens, run_id FROM {ks}.summaries WHERE chat_id = ? LIMIT ?"
+            f"SELECT version, through, content, tokens, run_id, created_at FROM {ks}.summaries "
+            "WHERE chat_id = ? LIMIT ?"
         )
         self._put_summary = p(
             f"INSERT INTO {ks}.summaries (chat_id, version, through, content, tokens, run_id, created_at) "
@@ -91,7 +100,10 @@ class Memory(Store):
     async def summaries(self, chat_id: uuid.UUID, limit: int = 1) -> list[Summary]:
         """The newest versions first."""
         rows = await self._run(self._summaries, (chat_id, limit))
-        return [Summary(r.version, str(r.through), r.content, r.tokens, r.run_id) for r in rows]
+        return [
+            Summary(r.version, str(r.through), r.content, r.tokens, r.run_id, r.created_at and utc(r.created_at))
+            for r in rows
+        ]
 
     async def latest_summary(self, chat_id: uuid.UUID) -> Summary | None:
         found = await self.summaries(chat_id, 1)

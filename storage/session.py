@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from cassandra import ConsistencyLevel, InvalidRequest
 from cassandra.auth import PlainTextAuthProvider
@@ -55,14 +56,45 @@ async def wait(future: ResponseFuture) -> Any:
     return future.result()
 
 
-class Store:
-    """A store's statements run on the shared session: one at a time (`_run`) or independent ones at once."""
+class NotTheWriter(RuntimeError):
+    """A process wrote a table another process owns (docs/structure.md, "Tables")."""
 
-    def __init__(self, session: Session, keyspace: str) -> None:
+
+WRITE = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+\w+\.(\w+)", re.IGNORECASE)
+
+
+class Store:
+    """A store's statements run on the shared session: one at a time (`_run`) or independent ones at once.
+
+    Every table has one writer, a process named in the store's WRITERS; a store is built for the process
+    using it (`writer`), and running a write statement on a table that process does not own raises
+    NotTheWriter, before anything is sent. The table a statement writes is read from its text."""
+
+    WRITERS: ClassVar[Mapping[str, str]] = {}  # table -> the one process that writes it
+
+    def __init__(self, session: Session, keyspace: str, writer: str) -> None:
         self.session = session
         self.keyspace = keyspace
+        self.writer = writer
+        self._prepare_idempotent = idempotent(session)
+        self._writes: dict[int, str] = {}  # id of a prepared write statement -> its table
+
+    def _prepare(self, query: str) -> PreparedStatement:
+        statement = self._prepare_idempotent(query)
+        if match := WRITE.match(query):
+            table = match.group(1)
+            if table not in self.WRITERS:
+                raise ValueError(f"{type(self).__name__} writes {table}, which its WRITERS do not name")
+            self._writes[id(statement)] = table
+        return statement
+
+    def _check(self, statement: Any) -> None:
+        table = self._writes.get(id(statement))
+        if table is not None and self.WRITERS[table] != self.writer:
+            raise NotTheWriter(f"{self.writer} may not write {table}: its one writer is {self.WRITERS[table]}")
 
     async def _run(self, statement: Any, params: tuple[Any, ...]) -> Any:
+        self._check(statement)
         return await wait(self.session.execute_async(statement, params))
 
     async def _all(self, *items: tuple[Any, tuple[Any, ...]]) -> None:
@@ -71,6 +103,8 @@ class Store:
         replica and every logged batch times out, while a plain LOCAL_QUORUM write needs only the two live
         copies. Each method orders or pairs its writes so that a failure between them leaves nothing a
         reader shows wrongly (docs/decisions/0011-replicated-data-plane.md), and a retry completes them."""
+        for statement, _ in items:
+            self._check(statement)  # all refused before any is sent
         await asyncio.gather(*(self._run(statement, params) for statement, params in items))
 
 

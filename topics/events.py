@@ -80,13 +80,14 @@ class LimitsChanged(TypedDict):
 
 
 class MemoryChanged(TypedDict):
-    """A user edited or deleted a message, or reset a chat's context. The edge has already applied it to the
-    stored messages; the memory stage re-embeds, forgets and re-summarises. Keyed by chat_id."""
+    """A user edited or deleted a message, reset a chat's context or deleted the chat. The edge has already
+    recorded it beside the stored messages; the memory stage re-embeds, forgets and re-summarises, and
+    persistence erases a deleted chat's messages. Keyed by chat_id."""
 
     event_id: str
     chat_id: str
     user_id: str
-    action: Literal["edited", "deleted", "reset"]
+    action: Literal["edited", "deleted", "reset", "chat_deleted"]
     message_id: NotRequired[str | None]
     role: NotRequired[str | None]
     content: NotRequired[str | None]

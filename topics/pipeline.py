@@ -130,14 +130,15 @@ RUN_COMPLETED = Topic(
     "chat_id",
     EVENTS,
 )
-# Edits, deletes and context resets of a chat's messages, for the memory stage (which re-embeds, forgets and
-# summarises again). The memory stage also writes RunScheduled itself: a summary is a run on the small pool
+# Edits, deletes and context resets of a chat's messages, and deleted chats: for the memory stage (which
+# re-embeds, forgets and summarises again) and for persistence (which erases a deleted chat's messages). The
+# memory stage also writes RunScheduled itself: a summary is a run on the small pool
 # (docs/decisions/0008-conversation-memory.md).
 MEMORY_CHANGED = Topic(
     "chat.memory-changed.v1",
     events.MemoryChanged,
     ("api",),
-    ("memory",),
+    ("memory", "persistence"),
     CHAT,
     "chat_id",
     EVENTS,

@@ -113,9 +113,11 @@ async def rename_chat(deps: Deps, user: CurrentUser, chat_id: str, body: ChatPat
 
 @router.delete("/{chat_id}", status_code=204)
 async def delete_chat(deps: Deps, user: CurrentUser, chat_id: str) -> Response:
-    """The chat with its messages and runs; its streams can no longer be resumed (404)."""
-    _, chat = await owned_chat(deps, user, chat_id)
-    await deps.memory.reset(chat.chat_id)  # its embeddings and summaries first: the chat row goes last
+    """The chat with its messages and runs; its streams can no longer be resumed (404). Its messages and memory
+    are erased by the persistence and memory stages, told first: the chat row goes last, so a delete cut short
+    is finished by deleting again."""
+    parsed, chat = await owned_chat(deps, user, chat_id)
+    await memory_changed(deps, parsed, user, "chat_deleted")
     await deps.conversations.delete_chat(chat)
     log.info("chat %s deleted by %s", chat_id, user.user_id)
     return Response(status_code=204)
@@ -127,7 +129,6 @@ async def reset_context(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str
     summary and no retrieved memory."""
     parsed, _ = await owned_chat(deps, user, chat_id)
     marker = await deps.conversations.reset_context(parsed)
-    await deps.memory.reset(parsed)
     await memory_changed(deps, parsed, user, "reset")
     log.info("chat %s: context reset by %s", chat_id, user.user_id)
     return {"id": chat_id, "object": "chat.context", "context_from": str(marker)}

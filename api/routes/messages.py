@@ -80,15 +80,12 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
 async def edit_message(
     deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: MessagePatch
 ) -> dict[str, Any]:
-    """Change a message's text. Memory follows: its old embedding and every summary covering it are dropped
-    now (the next prompt sees neither), and the memory stage embeds the new text and summarises again."""
+    """Change a message's text. Memory follows: the next prompt carries neither its old embedding nor a summary
+    covering it (conversation/gather.py), and the memory stage embeds the new text and summarises again."""
     checked_content(deps, body.content)
     parsed, _ = await owned_chat(deps, user, chat_id)
     message = await owned_message(deps, parsed, message_id)
-    mid = uuid.UUID(message.id)
-    await deps.conversations.edit_message(parsed, mid, body.content)
-    await deps.memory.forget(parsed, mid)
-    await deps.memory.drop_summaries_covering(parsed, mid)
+    await deps.conversations.edit_message(parsed, uuid.UUID(message.id), body.content)
     await memory_changed(deps, parsed, user, "edited", message_id=message.id, role=message.role, content=body.content)
     log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)
     return convert.message_json(replace(message, content=body.content))

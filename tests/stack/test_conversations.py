@@ -1,6 +1,9 @@
 """The conversation API: list by recent activity, read, rename, delete (with its runs), export."""
 
 import time
+import uuid
+
+from cassandra.cluster import Cluster
 
 from .conftest import chat_turn, wait_for
 
@@ -65,6 +68,20 @@ def test_delete_removes_the_chat_its_messages_and_its_runs(live):
     assert client.post(f"/v1/chats/{gone['id']}/runs/{run_id}/cancel").status_code == 404
     assert [c["id"] for c in client.get("/v1/chats").json()["data"]] == [keep["id"]]
     assert client.delete(f"/v1/chats/{gone['id']}").status_code == 404
+
+    # Its messages and their embeddings are erased by the persistence and memory stages, told of the delete.
+    session = Cluster(["127.0.0.1"], protocol_version=5).connect()
+    ks = f"parley_{live.namespace}".replace("-", "_")
+
+    def left(table):
+        query = f"SELECT count(*) FROM {ks}.{table} WHERE chat_id = %s"
+        return session.execute(query, (uuid.UUID(gone["id"]),)).one()[0]
+
+    try:
+        assert wait_for(lambda: left("messages") == 0 and left("memory") == 0)
+        assert left("message_changes") == 0 and left("runs") == 0
+    finally:
+        session.cluster.shutdown()
 
 
 def test_export_has_every_chat_with_its_messages_and_nothing_of_others(live):

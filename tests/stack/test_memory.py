@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 from admission.limits import BACKGROUND_PRIORITY
 from runtime.settings import DEFAULT_POOLS
 from topics import codec
-from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
+from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
 from ..sse import iter_sse
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
@@ -111,7 +111,7 @@ def test_edits_deletes_and_resets_update_memory(live):
     client = live.client(live.token())
     chat_id = client.post("/v1/chats", json={"title": "edits"}).json()["id"]
     chat_turn(client, chat_id, "My locker code is 4417.", max_tokens=8)
-    chat_turn(client, chat_id, "I like the colour green.", max_tokens=8)
+    colour_run = chat_turn(client, chat_id, "I like the colour green.", max_tokens=8)[0]["data"]["run_id"]
     messages = client.get(f"/v1/chats/{chat_id}/messages").json()["data"]
     code_id, colour_id = messages[0]["id"], messages[2]["id"]
 
@@ -121,12 +121,26 @@ def test_edits_deletes_and_resets_update_memory(live):
     assert client.patch(f"/v1/chats/{chat_id}/messages/{uuid.uuid1()}", json={"content": "x"}).status_code == 404
     too_long = client.patch(f"/v1/chats/{chat_id}/messages/{colour_id}", json={"content": "y" * 32_001})
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "content_too_long"
+    # The colour turn's prompt delivered again: persistence rewrites its message as the log recorded it, and
+    # the user's edit, kept beside it, still holds. The next turn's prompt follows it on the chat's partition.
+    producer = Producer({"bootstrap.servers": BOOTSTRAP})
+    for msg in read_topic(live.topic(PROMPT_ACCEPTED), for_run("PromptAccepted", colour_run)):
+        producer.produce(msg.topic(), value=msg.value(), key=msg.key())
+    producer.flush(10)
     after = chat_turn(client, chat_id, "Which colour do I like?", max_tokens=8)
     run = next(r for r in scheduled_runs(live, chat_id) if r["prompt"]["run_id"] == after[0]["data"]["run_id"])
-    text = "\n".join(m["content"] for m in run["messages"])
-    assert "My locker code is 4417." not in text and code_id not in run["context"]["verbatim_ids"]
+    # The user's own messages (an earlier answer may quote the user; it is the model's, and not edited).
+    asked = "\n".join(m["content"] for m in run["messages"] if m["role"] == "user")
+    assert "My locker code is 4417." not in asked and code_id not in run["context"]["verbatim_ids"]
     assert code_id not in run["context"]["retrieved_ids"]
-    assert "I like the colour teal." in text and "I like the colour green." not in text
+    assert "I like the colour teal." in asked and "I like the colour green." not in asked
+    assert colour_id in run["context"]["verbatim_ids"]
+
+    def listed():
+        return {m["id"]: m["content"] for m in client.get(f"/v1/chats/{chat_id}/messages").json()["data"]}
+
+    assert wait_for(lambda: after[0]["data"]["run_id"] in listed())  # persisted after the prompt delivered again
+    assert listed()[colour_id] == "I like the colour teal." and code_id not in listed()
 
     # the memory stage re-embedded the edited text (the vector row holds the new content)
     from cassandra.cluster import Cluster
@@ -143,6 +157,11 @@ def test_edits_deletes_and_resets_update_memory(live):
 
     assert wait_for(lambda: stored(colour_id) == "I like the colour teal.")
     assert stored(code_id) is None
+    recorded = session.execute(
+        f"SELECT content FROM {ks}.messages WHERE chat_id = %s AND message_id = %s",
+        (uuid.UUID(chat_id), uuid.UUID(colour_id)),
+    ).one()
+    assert recorded.content == "I like the colour green."  # what the log recorded, rewritten by the redelivery
 
     reset = client.post(f"/v1/chats/{chat_id}/context/reset")
     assert reset.status_code == 200

@@ -24,7 +24,7 @@ def test_a_process_refuses_an_unmigrated_keyspace_and_starts_after_the_migration
     try:
         session = schema.connect(settings)
         for store in (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger):  # every store's statements prepare
-            store(session, settings.keyspace)
+            store(session, settings.keyspace, "api")
         session.cluster.shutdown()
     finally:
         session = connect_session(settings)

@@ -1,16 +1,19 @@
 """Prompt assembly within a budget, with the serving model's own tokenizer (pure: no services)."""
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from conversation import tokens
 from conversation.context import Limits, TooLong, Turn, assemble_chat, costs, window
+from conversation.gather import as_changed, current_summary
 from processors.remember import fold
 from processors.settings import ProcessorSettings
 from runtime.settings import DEFAULT_POOLS
-from storage.conversations import Message
+from storage.conversations import Change, Message
 from storage.ids import new_id
+from storage.memory import Recalled, Summary
 
 SYSTEM = ProcessorSettings().system_prompt
 
@@ -154,3 +157,35 @@ def test_a_turned_away_question_and_its_notice_stay_out_of_the_prompt():
         ("user", "Say hello."),
     ]
     assert [t.id for t in conversation_turns(rows, uuid.UUID(rows[2].id).time)] == [rows[0].id, rows[1].id]
+
+
+def test_a_summary_an_edit_made_wrong_is_passed_over_until_a_newer_one_is_written():
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    ids = [uuid.uuid1() for _ in range(6)]
+    older = Summary(1, str(ids[1]), "up to 1", 5, "r1", t0)
+    newer = Summary(2, str(ids[3]), "up to 3", 5, "r2", t0 + timedelta(seconds=5))
+    newest_first = [newer, older]
+    assert current_summary(newest_first, {}) is newer
+    edit_of_2 = {str(ids[2]): Change("edited", t0 + timedelta(seconds=9))}
+    assert current_summary(newest_first, edit_of_2) is older  # 2 is covered by v2 only
+    delete_of_0 = {str(ids[0]): Change(None, t0 + timedelta(seconds=9))}
+    assert current_summary(newest_first, delete_of_0) is None  # covered by both
+    assert current_summary(newest_first, {str(ids[5]): Change(None, t0 + timedelta(seconds=9))}) is newer
+    # Written after the change (the memory stage summarised again from the edited text): current.
+    redone = Summary(3, str(ids[3]), "redone", 5, "r3", t0 + timedelta(seconds=20))
+    assert current_summary([redone, newer, older], edit_of_2) is redone
+
+
+def test_a_recalled_message_the_user_deleted_or_edited_is_not_recalled_until_embedded_again():
+
+    at = datetime.now(UTC)
+    kept, gone, edited, redone = (str(uuid.uuid1()) for _ in range(4))
+    found = [
+        Recalled(kept, "user", "green", [0.0]),
+        Recalled(gone, "user", "red", [0.0]),
+        Recalled(edited, "user", "blue", [0.0]),
+        Recalled(redone, "user", "teal", [0.0]),
+    ]
+    changes = {gone: Change(None, at), edited: Change("navy", at), redone: Change("teal", at)}
+    assert [r.id for r in as_changed(found, changes)] == [kept, redone]
