@@ -112,11 +112,12 @@ def place_run(
         partition = before.partition if before.partition is not None else home_partition(chat_id, partitions[pool])
         degraded_from = run["pool"] if pool != run["pool"] else None
         placement = Placement(pool, placement.wait_s, partition, degraded_from=degraded_from)
-        run["rescheduled"] = True
+        run = {**run, "rescheduled": True}
     if placement.pool is None:
         return Refusal("over_capacity", capacity_message(run["model"], placement.wait_s), placement.retry_after_s)
     if placement.degraded_from:
-        run |= {"degraded_from": run["pool"], "pool": placement.pool, "model": settings.pools[placement.pool].model}
+        model = settings.pools[placement.pool].model
+        run = {**run, "degraded_from": run["pool"], "pool": placement.pool, "model": model}
     return run, placement
 
 

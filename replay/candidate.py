@@ -63,11 +63,11 @@ class Candidate:
         """The recorded prompt as the candidate sends it (pure): same ids, the candidate's model and sampling."""
         out: PromptAccepted = {**recorded}
         if self.model is not None:
-            out["model"] = self.model
+            out = {**out, "model": self.model}
         if self.temperature is not None:
-            out["temperature"] = self.temperature
+            out = {**out, "temperature": self.temperature}
         if self.max_tokens is not None:
-            out["max_tokens"] = self.max_tokens
+            out = {**out, "max_tokens": self.max_tokens}
         return out
 
     def environment(self) -> dict[str, str]:

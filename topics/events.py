@@ -1,63 +1,66 @@
 """The events, one TypedDict per record type, written by topics/events_gen.py from schemas/ (do not edit:
-run `python -m topics.events_gen`). A field with a default may be left out by a writer; a timestamp is
-an int of epoch milliseconds. No `from __future__ import annotations`: TypedDict reads NotRequired from
-the evaluated annotations."""
+run `python -m topics.events_gen`). Every field is read-only (a changed event is a new dict: `{**e, k: v}`);
+a field with a default may be left out by a writer; a timestamp is an int of epoch milliseconds. No
+`from __future__ import annotations`: TypedDict reads NotRequired from the evaluated annotations."""
 
-from typing import Literal, NotRequired, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Literal, NotRequired
+
+from typing_extensions import ReadOnly, TypedDict
 
 
 class Usage(TypedDict):
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: NotRequired[int]
+    prompt_tokens: ReadOnly[int]
+    completion_tokens: ReadOnly[int]
+    cached_tokens: NotRequired[ReadOnly[int]]
 
 
 class ChatMessage(TypedDict):
     """One message of an assembled prompt."""
 
-    role: str
-    content: str
+    role: ReadOnly[str]
+    content: ReadOnly[str]
 
 
 class SummaryRequest(TypedDict):
-    version: int
-    through: str
-    messages: int
+    version: ReadOnly[int]
+    through: ReadOnly[str]
+    messages: ReadOnly[int]
 
 
 class PromptAccepted(TypedDict):
     """The edge accepted a user message and opened a run for it. Keyed by chat_id."""
 
-    event_id: str
-    run_id: str
-    chat_id: str
-    user_id: str
-    tier: str
-    message_id: str
-    content: str
-    max_tokens: int
-    model: NotRequired[str | None]
-    reply_partition: int
-    prev_run_id: NotRequired[str | None]
-    messages: NotRequired[list[ChatMessage] | None]
-    temperature: NotRequired[float | None]
-    store: NotRequired[bool]
-    summary: NotRequired[SummaryRequest | None]
-    created_at: int
+    event_id: ReadOnly[str]
+    run_id: ReadOnly[str]
+    chat_id: ReadOnly[str]
+    user_id: ReadOnly[str]
+    tier: ReadOnly[str]
+    message_id: ReadOnly[str]
+    content: ReadOnly[str]
+    max_tokens: ReadOnly[int]
+    model: NotRequired[ReadOnly[str | None]]
+    reply_partition: ReadOnly[int]
+    prev_run_id: NotRequired[ReadOnly[str | None]]
+    messages: NotRequired[ReadOnly[Sequence[ChatMessage] | None]]
+    temperature: NotRequired[ReadOnly[float | None]]
+    store: NotRequired[ReadOnly[bool]]
+    summary: NotRequired[ReadOnly[SummaryRequest | None]]
+    created_at: ReadOnly[int]
 
 
 class Feedback(TypedDict):
     """A user's thumbs up or down on one answer (or taking it back). Kept in the log for evals; the persistence
     stage shows it on the stored answer. Keyed by chat_id."""
 
-    event_id: str
-    chat_id: str
-    user_id: str
-    message_id: str
-    rating: Literal["up", "down", "none"]
-    comment: NotRequired[str | None]
-    model: NotRequired[str | None]
-    at: int
+    event_id: ReadOnly[str]
+    chat_id: ReadOnly[str]
+    user_id: ReadOnly[str]
+    message_id: ReadOnly[str]
+    rating: ReadOnly[Literal["up", "down", "none"]]
+    comment: NotRequired[ReadOnly[str | None]]
+    model: NotRequired[ReadOnly[str | None]]
+    at: ReadOnly[int]
 
 
 class LimitsChanged(TypedDict):
@@ -65,18 +68,18 @@ class LimitsChanged(TypedDict):
     field left null keeps the value below it (user over tier over built-in default); a tombstone removes the
     key's override."""
 
-    event_id: str
-    scope: Literal["tier", "user"]
-    name: str
-    budget_tokens: NotRequired[int | None]
-    refill_tokens_per_hour: NotRequired[int | None]
-    max_concurrent: NotRequired[int | None]
-    priority: NotRequired[int | None]
-    max_queue_wait_s: NotRequired[float | None]
-    slot_share: NotRequired[float | None]
-    degrade: NotRequired[bool | None]
-    changed_by: str
-    changed_at: int
+    event_id: ReadOnly[str]
+    scope: ReadOnly[Literal["tier", "user"]]
+    name: ReadOnly[str]
+    budget_tokens: NotRequired[ReadOnly[int | None]]
+    refill_tokens_per_hour: NotRequired[ReadOnly[int | None]]
+    max_concurrent: NotRequired[ReadOnly[int | None]]
+    priority: NotRequired[ReadOnly[int | None]]
+    max_queue_wait_s: NotRequired[ReadOnly[float | None]]
+    slot_share: NotRequired[ReadOnly[float | None]]
+    degrade: NotRequired[ReadOnly[bool | None]]
+    changed_by: ReadOnly[str]
+    changed_at: ReadOnly[int]
 
 
 class MemoryChanged(TypedDict):
@@ -84,155 +87,155 @@ class MemoryChanged(TypedDict):
     recorded it beside the stored messages; the memory stage re-embeds, forgets and re-summarises, and
     persistence erases a deleted chat's messages. Keyed by chat_id."""
 
-    event_id: str
-    chat_id: str
-    user_id: str
-    action: Literal["edited", "deleted", "reset", "chat_deleted"]
-    message_id: NotRequired[str | None]
-    role: NotRequired[str | None]
-    content: NotRequired[str | None]
-    at: int
+    event_id: ReadOnly[str]
+    chat_id: ReadOnly[str]
+    user_id: ReadOnly[str]
+    action: ReadOnly[Literal["edited", "deleted", "reset", "chat_deleted"]]
+    message_id: NotRequired[ReadOnly[str | None]]
+    role: NotRequired[ReadOnly[str | None]]
+    content: NotRequired[ReadOnly[str | None]]
+    at: ReadOnly[int]
 
 
 class ModeratedWindow(TypedDict):
-    start: int
-    end: int
-    scores: dict[str, float]
-    check_ms: float
+    start: ReadOnly[int]
+    end: ReadOnly[int]
+    scores: ReadOnly[Mapping[str, float]]
+    check_ms: ReadOnly[float]
 
 
 class OutputModerated(TypedDict):
     """The output moderation of one run's streamed answer: every window checked with its scores, and the
     decision. Keyed by chat_id; written by the inference consumer that served the run."""
 
-    event_id: str
-    run_id: str
-    chat_id: str
-    user_id: str
-    tier: str
-    policy_version: str
-    windows: list[ModeratedWindow]
-    action: NotRequired[str | None]
-    category: NotRequired[str | None]
-    retracted_from: NotRequired[int | None]
-    error: NotRequired[str | None]
-    moderated_at: int
+    event_id: ReadOnly[str]
+    run_id: ReadOnly[str]
+    chat_id: ReadOnly[str]
+    user_id: ReadOnly[str]
+    tier: ReadOnly[str]
+    policy_version: ReadOnly[str]
+    windows: ReadOnly[Sequence[ModeratedWindow]]
+    action: NotRequired[ReadOnly[str | None]]
+    category: NotRequired[ReadOnly[str | None]]
+    retracted_from: NotRequired[ReadOnly[int | None]]
+    error: NotRequired[ReadOnly[str | None]]
+    moderated_at: ReadOnly[int]
 
 
 class PoolStatus(TypedDict):
     """One inference consumer's load, published every quarter second. Keyed by worker_id."""
 
-    worker_id: str
-    pool: str
-    slots: int
-    healthy: bool
-    running: dict[str, int]
-    queued: dict[str, int]
-    mean_run_s: float
-    partitions: NotRequired[list[int]]
-    at: int
+    worker_id: ReadOnly[str]
+    pool: ReadOnly[str]
+    slots: ReadOnly[int]
+    healthy: ReadOnly[bool]
+    running: ReadOnly[Mapping[str, int]]
+    queued: ReadOnly[Mapping[str, int]]
+    mean_run_s: ReadOnly[float]
+    partitions: NotRequired[ReadOnly[Sequence[int]]]
+    at: ReadOnly[int]
 
 
 class PromptModerated(TypedDict):
     """The moderation stage's verdict on a prompt. Keyed by chat_id."""
 
-    event_id: str
-    prompt: PromptAccepted
-    decision: Literal["allowed", "blocked"]
-    category: NotRequired[str | None]
-    reason: NotRequired[str | None]
-    policy_version: NotRequired[str]
-    scores: NotRequired[dict[str, float]]
-    action: NotRequired[str | None]
-    error: NotRequired[str | None]
-    check_ms: NotRequired[float]
-    moderated_at: int
+    event_id: ReadOnly[str]
+    prompt: ReadOnly[PromptAccepted]
+    decision: ReadOnly[Literal["allowed", "blocked"]]
+    category: NotRequired[ReadOnly[str | None]]
+    reason: NotRequired[ReadOnly[str | None]]
+    policy_version: NotRequired[ReadOnly[str]]
+    scores: NotRequired[ReadOnly[Mapping[str, float]]]
+    action: NotRequired[ReadOnly[str | None]]
+    error: NotRequired[ReadOnly[str | None]]
+    check_ms: NotRequired[ReadOnly[float]]
+    moderated_at: ReadOnly[int]
 
 
 class RunCompleted(TypedDict):
     """A run ended (stop, length, cancelled or error) with its full answer and usage. Keyed by chat_id."""
 
-    event_id: str
-    prompt: PromptAccepted
-    pool: str
-    model: str
-    content: str
-    finish_reason: str
-    usage: Usage
-    ttft_ms: float
-    duration_ms: float
-    error_message: NotRequired[str | None]
-    served_by: NotRequired[str]
-    itl_p50_ms: NotRequired[float]
-    itl_p99_ms: NotRequired[float]
-    queue_ms: NotRequired[float]
-    moderation: NotRequired[str]
-    completed_at: int
+    event_id: ReadOnly[str]
+    prompt: ReadOnly[PromptAccepted]
+    pool: ReadOnly[str]
+    model: ReadOnly[str]
+    content: ReadOnly[str]
+    finish_reason: ReadOnly[str]
+    usage: ReadOnly[Usage]
+    ttft_ms: ReadOnly[float]
+    duration_ms: ReadOnly[float]
+    error_message: NotRequired[ReadOnly[str | None]]
+    served_by: NotRequired[ReadOnly[str]]
+    itl_p50_ms: NotRequired[ReadOnly[float]]
+    itl_p99_ms: NotRequired[ReadOnly[float]]
+    queue_ms: NotRequired[ReadOnly[float]]
+    moderation: NotRequired[ReadOnly[str]]
+    completed_at: ReadOnly[int]
 
 
 class RunControl(TypedDict):
     """A command to the inference consumer serving a run (today: cancel). Keyed by chat_id; every inference
     consumer reads the whole topic and acts on the runs it holds."""
 
-    event_id: str
-    run_id: str
-    chat_id: str
-    user_id: str
-    action: Literal["cancel"]
-    reason: NotRequired[str]
-    requested_at: int
+    event_id: ReadOnly[str]
+    run_id: ReadOnly[str]
+    chat_id: ReadOnly[str]
+    user_id: ReadOnly[str]
+    action: ReadOnly[Literal["cancel"]]
+    reason: NotRequired[ReadOnly[str]]
+    requested_at: ReadOnly[int]
 
 
 class RunRejected(TypedDict):
     """The run will not be served (blocked by moderation, over budget, over capacity). Written to the reply
     partition."""
 
-    event_id: str
-    prompt: PromptAccepted
-    code: str
-    message: str
-    category: NotRequired[str | None]
-    retry_after_s: NotRequired[int | None]
-    rejected_at: int
+    event_id: ReadOnly[str]
+    prompt: ReadOnly[PromptAccepted]
+    code: ReadOnly[str]
+    message: ReadOnly[str]
+    category: NotRequired[ReadOnly[str | None]]
+    retry_after_s: NotRequired[ReadOnly[int | None]]
+    rejected_at: ReadOnly[int]
 
 
 class PromptContext(TypedDict):
     """What went into the prompt, so a replay shows exactly what the model saw."""
 
-    budget: int
-    prompt_tokens: int
-    summary_version: NotRequired[int | None]
-    summary_through: NotRequired[str | None]
-    summary_tokens: NotRequired[int]
-    verbatim_ids: NotRequired[list[str]]
-    retrieved_ids: NotRequired[list[str]]
-    retrieved_tokens: NotRequired[int]
-    message_tokens: NotRequired[int]
-    withheld_ids: NotRequired[list[str]]
+    budget: ReadOnly[int]
+    prompt_tokens: ReadOnly[int]
+    summary_version: NotRequired[ReadOnly[int | None]]
+    summary_through: NotRequired[ReadOnly[str | None]]
+    summary_tokens: NotRequired[ReadOnly[int]]
+    verbatim_ids: NotRequired[ReadOnly[Sequence[str]]]
+    retrieved_ids: NotRequired[ReadOnly[Sequence[str]]]
+    retrieved_tokens: NotRequired[ReadOnly[int]]
+    message_tokens: NotRequired[ReadOnly[int]]
+    withheld_ids: NotRequired[ReadOnly[Sequence[str]]]
 
 
 class RunScheduled(TypedDict):
     """The scheduler admitted a run, chose its pool and assembled its context. Keyed by chat_id."""
 
-    event_id: str
-    prompt: PromptAccepted
-    pool: str
-    model: str
-    messages: list[ChatMessage]
-    context_turns: NotRequired[int]
-    priority: NotRequired[int]
-    degraded_from: NotRequired[str | None]
-    estimate_tokens: NotRequired[int]
-    context: NotRequired[PromptContext | None]
-    rescheduled: NotRequired[bool]
-    scheduled_at: int
+    event_id: ReadOnly[str]
+    prompt: ReadOnly[PromptAccepted]
+    pool: ReadOnly[str]
+    model: ReadOnly[str]
+    messages: ReadOnly[Sequence[ChatMessage]]
+    context_turns: NotRequired[ReadOnly[int]]
+    priority: NotRequired[ReadOnly[int]]
+    degraded_from: NotRequired[ReadOnly[str | None]]
+    estimate_tokens: NotRequired[ReadOnly[int]]
+    context: NotRequired[ReadOnly[PromptContext | None]]
+    rescheduled: NotRequired[ReadOnly[bool]]
+    scheduled_at: ReadOnly[int]
 
 
 class SafetyRule(TypedDict):
-    stage: str
-    category: str
-    threshold: float
-    action: str
+    stage: ReadOnly[str]
+    category: ReadOnly[str]
+    threshold: ReadOnly[float]
+    action: ReadOnly[str]
 
 
 class SafetyPolicy(TypedDict):
@@ -240,13 +243,13 @@ class SafetyPolicy(TypedDict):
     a tombstone returns the tier to '*' (or the built-in policy). Every moderation decision names the version it
     applied."""
 
-    event_id: str
-    tier: str
-    version: str
-    rules: list[SafetyRule]
-    on_error: NotRequired[str]
-    changed_by: str
-    changed_at: int
+    event_id: ReadOnly[str]
+    tier: ReadOnly[str]
+    version: ReadOnly[str]
+    rules: ReadOnly[Sequence[SafetyRule]]
+    on_error: NotRequired[ReadOnly[str]]
+    changed_by: ReadOnly[str]
+    changed_at: ReadOnly[int]
 
 
 class TokenDelta(TypedDict):
@@ -254,20 +257,20 @@ class TokenDelta(TypedDict):
     scheduler), then started, deltas and the end (by the inference consumer). Deltas are coalesced (a few ms or
     tokens per record)."""
 
-    run_id: str
-    chat_id: str
-    seq: int
-    kind: Literal["started", "delta", "completed", "error", "queued", "moderation"]
-    text: NotRequired[str]
-    model: NotRequired[str | None]
-    finish_reason: NotRequired[str | None]
-    usage: NotRequired[Usage | None]
-    error_code: NotRequired[str | None]
-    error_message: NotRequired[str | None]
-    tokens: NotRequired[int | None]
-    pool: NotRequired[str | None]
-    estimated_wait_ms: NotRequired[int | None]
-    degraded_from: NotRequired[str | None]
-    category: NotRequired[str | None]
-    retract_from: NotRequired[int | None]
-    emitted_at: int
+    run_id: ReadOnly[str]
+    chat_id: ReadOnly[str]
+    seq: ReadOnly[int]
+    kind: ReadOnly[Literal["started", "delta", "completed", "error", "queued", "moderation"]]
+    text: NotRequired[ReadOnly[str]]
+    model: NotRequired[ReadOnly[str | None]]
+    finish_reason: NotRequired[ReadOnly[str | None]]
+    usage: NotRequired[ReadOnly[Usage | None]]
+    error_code: NotRequired[ReadOnly[str | None]]
+    error_message: NotRequired[ReadOnly[str | None]]
+    tokens: NotRequired[ReadOnly[int | None]]
+    pool: NotRequired[ReadOnly[str | None]]
+    estimated_wait_ms: NotRequired[ReadOnly[int | None]]
+    degraded_from: NotRequired[ReadOnly[str | None]]
+    category: NotRequired[ReadOnly[str | None]]
+    retract_from: NotRequired[ReadOnly[int | None]]
+    emitted_at: ReadOnly[int]

@@ -42,9 +42,9 @@ def render(directory: Path = SCHEMA_DIR) -> str:
             case "enum":
                 return "Literal[" + ", ".join(json.dumps(s) for s in node["symbols"]) + "]"
             case "array":
-                return f"list[{kind(node['items'])}]"
+                return f"Sequence[{kind(node['items'])}]"
             case "map":
-                return f"dict[str, {kind(node['values'])}]"
+                return f"Mapping[str, {kind(node['values'])}]"
             case other:
                 return kind(other)
 
@@ -60,6 +60,7 @@ def render(directory: Path = SCHEMA_DIR) -> str:
             lines.append("")
         for field in schema["fields"]:
             typed = kind(field["type"])
+            typed = f"ReadOnly[{typed}]"
             lines.append(f"    {field['name']}: {f'NotRequired[{typed}]' if 'default' in field else typed}")
         classes[name] = lines
         order.append(name)
@@ -70,10 +71,11 @@ def render(directory: Path = SCHEMA_DIR) -> str:
     body = "\n\n\n".join("\n".join(classes[name]) for name in order)
     return (
         '"""The events, one TypedDict per record type, written by topics/events_gen.py from schemas/ (do not edit:\n'
-        "run `python -m topics.events_gen`). A field with a default may be left out by a writer; a timestamp is\n"
-        "an int of epoch milliseconds. No `from __future__ import annotations`: TypedDict reads NotRequired from\n"
-        'the evaluated annotations."""\n\n'
-        "from typing import Literal, NotRequired, TypedDict\n\n\n" + body + "\n"
+        "run `python -m topics.events_gen`). Every field is read-only (a changed event is a new dict: `{**e, k: v}`);\n"
+        "a field with a default may be left out by a writer; a timestamp is an int of epoch milliseconds. No\n"
+        '`from __future__ import annotations`: TypedDict reads NotRequired from the evaluated annotations."""\n\n'
+        "from collections.abc import Mapping, Sequence\nfrom typing import Literal, NotRequired\n\n"
+        "from typing_extensions import ReadOnly, TypedDict\n\n\n" + body + "\n"
     )
 
 

@@ -1,7 +1,7 @@
 """The typed events (topics/events.py) are what topics/events_gen.py writes from schemas/, and every topic's
-declared event type is its schema's."""
+declared event type is its schema's; every field of every event is read-only."""
 
-import typing
+import typing_extensions
 
 from topics import codec, events, events_gen
 from topics.pipeline import TOPICS
@@ -18,6 +18,7 @@ def test_each_type_has_its_schemas_fields_and_a_field_with_a_default_may_be_left
         typed = getattr(events, name)
         assert typed.__required_keys__ | typed.__optional_keys__ == {f["name"] for f in raw["fields"]}, name
         assert typed.__optional_keys__ == {f["name"] for f in raw["fields"] if "default" in f}, name
+        assert typed.__readonly_keys__ == typed.__required_keys__ | typed.__optional_keys__, name  # frozen
 
 
 def test_a_limits_row_carries_exactly_the_limits_the_edge_sets():
@@ -31,4 +32,4 @@ def test_a_limits_row_carries_exactly_the_limits_the_edge_sets():
 def test_every_topic_declares_the_event_type_of_its_schema():
     for topic in TOPICS:
         assert topic.event is getattr(events, topic.schema), topic.name
-        assert typing.get_type_hints(events.RunScheduled)["prompt"] is events.PromptAccepted
+        assert typing_extensions.get_type_hints(events.RunScheduled)["prompt"] is events.PromptAccepted

@@ -1,6 +1,7 @@
 """The typed contract is enforced where the suite runs, not only in `make check`: mypy --strict over every
 package (pyproject's [tool.mypy]) passes, and the same run refuses a probe that builds an event without a
-required field, publishes an event to another topic's type, or gives an enum field a value its schema lacks."""
+required field, publishes an event to another topic's type, gives an enum field a value its schema lacks, or
+changes a field of an event it was handed (events are read-only: a changed copy is a new dict)."""
 
 import os
 import subprocess
@@ -21,6 +22,7 @@ async def probe(stage: Stage, prompt: PromptAccepted) -> None:
     await stage.publish(PROMPT_MODERATED, missing)
     await stage.publish(RUN_COMPLETED, ok)
     await stage.publish(PROMPT_MODERATED, {**ok, "decision": "maybe"})
+    prompt["content"] = "changed after the fact"
 """
 
 
@@ -35,4 +37,5 @@ def test_mypy_passes_on_the_packages_and_refuses_ill_typed_events(tmp_path):
     # mypy's cache may name the probe by an earlier run's folder: it is matched by its file name
     assert errors and all(f"/{probe.name}:" in line for line in errors), done.stdout  # the packages are clean
     lines = sorted(int(line.split(f"{probe.name}:")[1].split(":")[0]) for line in errors)
-    assert 'Missing key "decision"' in done.stdout and lines == [8, 11, 12], done.stdout
+    assert 'Missing key "decision"' in done.stdout and lines == [8, 11, 12, 13], done.stdout
+    assert 'ReadOnly TypedDict key "content" TypedDict is mutated' in done.stdout, done.stdout
