@@ -19,6 +19,7 @@ Failure (docs/decisions/0005-inference-pools-and-takeover.md):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -86,6 +87,7 @@ class Worker:
         self.runs = RunServer(settings, engine, self.producer, self.controls, self.policies, moderator, self._down)
         self.dispatch = Dispatch(settings, lambda tier: tier_cap(settings.slots, self.limits.tier(tier).slot_share))
         self._slot_freed = asyncio.Event()
+        self._parking: set[asyncio.Task[None]] = set()  # poison records on their way to the dead-letter topic
         self.healthy = True
         self._stopping = asyncio.Event()
 
@@ -109,7 +111,7 @@ class Worker:
                 log.warning("run %s could not be published (%s); it will be redelivered", flight.run_id, exc)
             else:  # a run its consumer fails on: parked with the reason, as a stage parks an event
                 log.exception("run %s failed on this consumer; dead-lettered", flight.run_id)
-                self._dead_letter(flight.msg, f"{type(exc).__name__}: {exc}")
+                await self._dead_letter(flight.msg, f"{type(exc).__name__}: {exc}")
         finally:
             relay.cancel()
             self.controls.release(flight.run_id)
@@ -241,11 +243,13 @@ class Worker:
             await member.close()
             await pages.cleanup()
 
-    def _dead_letter(self, msg: Message, error: str) -> None:
+    async def _dead_letter(self, msg: Message, error: str) -> None:
         """Park a run's record in the dead-letter topic with where it came from and why, then commit past it
-        (runtime/failures.py)."""
+        once the parking is acknowledged (runtime/failures.py). The wait for the acknowledgement runs off the
+        event loop: the runs being served keep streaming meanwhile."""
         topic, partition, offset = position(msg)
-        dead_letter(
+        park = functools.partial(
+            dead_letter,
             self.producer.producer,
             RUN_SCHEDULED[self.settings.pool],
             self.settings.namespace,
@@ -257,6 +261,7 @@ class Worker:
             error=error,
             stage="inference",
         )
+        await asyncio.get_running_loop().run_in_executor(None, park)
         self.membership.commit(msg)
 
     def _accept(self, msg: Message) -> None:
@@ -266,7 +271,9 @@ class Worker:
             run = codec.decode(scheduled.schema, msg.value())
         except PoisonEvent as exc:
             self.membership.offsets.started(partition, offset)
-            self._dead_letter(msg, str(exc))
+            parking = asyncio.create_task(self._dead_letter(msg, str(exc)))
+            self._parking.add(parking)  # held until done (the loop keeps only a weak reference)
+            parking.add_done_callback(self._parking.discard)
             return
         self.membership.offsets.started(partition, offset)
         # A run read from before this consumer had the partition, or scheduled again after its scheduler failed,
