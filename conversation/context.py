@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from topics.events import ChatMessage
+
 SUMMARY_HEADER = "\n\nSummary of the earlier conversation:\n"
 RECALL_HEADER = "Earlier in this conversation (recalled):\n"
 RECALL_FOOTER = "\n\nNew message:\n"
@@ -50,7 +52,7 @@ class Limits:
 
 @dataclass
 class Assembled:
-    messages: Sequence[Mapping[str, Any]]
+    messages: list[ChatMessage]
     record: dict[str, Any] = field(default_factory=dict)  # RunScheduled.context: what the model saw
     largest_dropped: int = 0  # the tokens of the largest earlier turn the window let go (pool choice)
 
@@ -164,7 +166,7 @@ def assemble_chat(
     tokens: Tokens,
 ) -> Assembled:
     """The prompt for a new message; raises TooLong when the system prompt and the message alone overflow."""
-    bare = [{"role": "system", "content": system_prompt}, {"role": "user", "content": new_message}]
+    bare: list[ChatMessage] = [{"role": "system", "content": system_prompt}, {"role": "user", "content": new_message}]
     floor = tokens.count_chat(bare)
     if floor > limits.budget:
         raise TooLong(f"This message needs {floor} prompt tokens; this model's budget is {limits.budget}.")
@@ -188,7 +190,7 @@ def assemble_chat(
     block, used = "", list[Turn]()
     if recalled:
         block, used = recall_block(recalled, max(0, room - sum(cost[start:])), limits, tokens)
-    messages = [{"role": "system", "content": system}]
+    messages: list[ChatMessage] = [{"role": "system", "content": system}]
     messages += [{"role": t.role, "content": t.content} for t in kept]
     messages.append({"role": "user", "content": block + new_message})
     total = tokens.count_chat(messages)
@@ -198,7 +200,7 @@ def assemble_chat(
         total = tokens.count_chat(messages)
     if total > limits.budget:  # only the recalled block is left to give up
         block, used = "", []
-        messages[-1]["content"] = new_message
+        messages[-1] = {"role": "user", "content": new_message}
         total = tokens.count_chat(messages)
     record = {
         "budget": limits.budget,

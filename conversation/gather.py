@@ -70,7 +70,7 @@ def scheduled(
         "prompt": prompt,
         "pool": pool,
         "model": settings.pools[pool].model,
-        "messages": [{"role": m["role"], "content": m["content"]} for m in assembled.messages],
+        "messages": assembled.messages,
         "context_turns": turns,
         "priority": 0,
         "degraded_from": None,
@@ -84,7 +84,7 @@ def scheduled(
 def assemble_given(prompt: PromptAccepted, settings: ContextSettings) -> RunScheduled:
     """The run for a prompt that carries its whole conversation (the OpenAI-compatible route), used as sent:
     the first pool in order whose budget holds it, counted with that pool's tokenizer. Raises TooLong."""
-    messages = [dict(m) for m in prompt.get("messages") or []]
+    messages = list(prompt.get("messages") or [])
     need = 0
     for name in pools_in_order(prompt, settings):
         pool = settings.pools[name]
