@@ -176,19 +176,31 @@ def dead_letter(
     log.warning("dead-lettered %s[%d]@%d: %s", source, partition, offset, error)
 
 
-class Publisher:
-    """A blocking producer for tools that write as a stage (a replay writes prompts and tables as the edge does,
-    into its own namespace): the same check as AsyncProducer's, then produce; flush() waits for the acks."""
+class StageProducer:
+    """A Kafka producer writing as one stage of one namespace: it refuses a topic the pipeline does not declare
+    the stage a producer of (topics/pipeline.check_publish) before anything is encoded or sent."""
 
     def __init__(self, bootstrap: str, stage: str, namespace: str) -> None:
         self.stage = stage
         self.namespace = namespace
         self.producer = Producer(producer_config(bootstrap))
 
-    def publish(self, topic: Topic[E], record: E, *, key: str | bytes | None = None) -> None:
+    def _topic(self, topic: Topic[Any]) -> str:
         check_publish(self.stage, topic)
-        value = codec.encode(topic.schema, cast(Event, record))
-        self.producer.produce(named(topic, self.namespace), key=key, value=value)
+        return named(topic, self.namespace)
+
+    def _encoded(self, topic: Topic[E], record: E) -> tuple[str, bytes]:
+        name = self._topic(topic)
+        return name, codec.encode(topic.schema, cast(Event, record))
+
+
+class Publisher(StageProducer):
+    """A blocking producer for tools that write as a stage (a replay writes prompts and tables as the edge does,
+    into its own namespace): produce, then flush() waits for the acks."""
+
+    def publish(self, topic: Topic[E], record: E, *, key: str | bytes | None = None) -> None:
+        name, value = self._encoded(topic, record)
+        self.producer.produce(name, key=key, value=value)
         self.producer.poll(0)
 
     def flush(self, timeout_s: float) -> int:
@@ -196,17 +208,15 @@ class Publisher:
         return int(self.producer.flush(timeout_s))
 
 
-class AsyncProducer:
+class AsyncProducer(StageProducer):
     """confluent-kafka producer for asyncio, publishing as one stage: `await publish(topic, record)` returns once
-    the broker has acknowledged, and refuses a topic the pipeline does not declare the stage a producer of.
+    the broker has acknowledged.
 
     The trace context of the caller travels in the record's headers.
     """
 
     def __init__(self, bootstrap: str, stage: str, namespace: str) -> None:
-        self.stage = stage
-        self.namespace = namespace
-        self.producer = Producer(producer_config(bootstrap))
+        super().__init__(bootstrap, stage, namespace)
         self._running = True
         self._task: asyncio.Task[None] | None = None
 
@@ -220,14 +230,12 @@ class AsyncProducer:
 
     async def publish(self, topic: Topic[E], record: E, *, key: str | None = None, partition: int = -1) -> None:
         """Encode and send one record and wait for the broker's ack."""
-        check_publish(self.stage, topic)
-        value = codec.encode(topic.schema, cast(Event, record))
-        await self._send(named(topic, self.namespace), value, key=key, partition=partition)
+        name, value = self._encoded(topic, record)
+        await self._send(name, value, key=key, partition=partition)
 
     async def tombstone(self, topic: Topic[Any], key: str) -> None:
         """Remove a table row (a compacted topic keeps no record for the key) and wait for the broker's ack."""
-        check_publish(self.stage, topic)
-        await self._send(named(topic, self.namespace), None, key=key, partition=-1)
+        await self._send(self._topic(topic), None, key=key, partition=-1)
 
     async def _send(self, topic: str, value: bytes | None, *, key: str | None, partition: int) -> None:
         loop = asyncio.get_running_loop()
