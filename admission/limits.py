@@ -107,8 +107,8 @@ def change(scope: str, name: str, fields: Mapping[str, Any], changed_by: str) ->
 
 
 class LimitsView(TopicTable):
-    def __init__(self, bootstrap: str, namespace: str) -> None:
-        super().__init__(bootstrap, LIMITS, namespace)
+    def __init__(self, bootstrap: str, namespace: str, reader: str) -> None:
+        super().__init__(bootstrap, LIMITS, namespace, reader)
 
     def for_user(self, user_id: str, tier: str) -> Limits:
         return effective(self._rows, user_id, tier)

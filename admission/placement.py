@@ -31,7 +31,7 @@ from runtime.tables import TopicTable
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.pipeline import POOL_STATUS, RUN_SCHEDULED, named
+from topics.pipeline import POOL_STATUS, RUN_SCHEDULED, check_consume, named
 
 STALE_MS = 3_000  # a consumer silent this long is not counted (it died, or left its group)
 TRANSIT_MS = 250  # a run placed this long before a consumer's status may not have reached it yet
@@ -217,8 +217,10 @@ class PoolView(TopicTable):
     later). Without the others' placements, two schedulers that see the same free slot both fill it, and one
     run waits a whole slot turnover: the overshoot that kept admitted runs waiting seconds under a burst."""
 
-    def __init__(self, bootstrap: str, namespace: str) -> None:
-        super().__init__(bootstrap, POOL_STATUS, namespace, since_s=STALE_MS / 1000)
+    def __init__(self, bootstrap: str, namespace: str, reader: str) -> None:
+        super().__init__(bootstrap, POOL_STATUS, namespace, reader, since_s=STALE_MS / 1000)
+        for topic in RUN_SCHEDULED.values():
+            check_consume(reader, topic, tailing=True)
         self._placed: dict[str, tuple[int, str, str, int | None]] = {}  # run id -> (at ms, pool, tier, partition)
         self._topics = {named(RUN_SCHEDULED[pool], namespace): pool for pool in RUN_SCHEDULED}
         self._runs = Consumer(

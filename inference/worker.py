@@ -80,8 +80,8 @@ class Worker:
         self.membership = Membership(settings, self._hand_off)
         self._kafka_outage = Outage(log, f"Kafka (the {settings.pool} pool's consumer)")
         self.controls = RunControls(settings.kafka_bootstrap, named(RUN_CONTROL, settings.namespace))
-        self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
-        self.policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
+        self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace, "inference")
+        self.policies = PolicyView(settings.kafka_bootstrap, settings.namespace, "inference")
         # Output moderation runs beside generation, in this process (docs/decisions/0007-safety.md).
         moderator = Moderator() if settings.output_moderation else None
         self.runs = RunServer(settings, engine, self.producer, self.controls, self.policies, moderator, self._down)

@@ -19,7 +19,7 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         from safety.moderator import Moderator
         from safety.policy import PolicyView
 
-        policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
+        policies = PolicyView(settings.kafka_bootstrap, settings.namespace, name)
         policies.start()
         moderate_prompt.register(stage, Moderator(), policies)
     elif name == "scheduling":
@@ -37,9 +37,9 @@ def build(name: str, settings: ProcessorSettings) -> Stage:
         session = schema.connect(settings.cassandra)
         conversations = Conversations(session, settings.keyspace_name, name)
         ledger = Ledger(session, settings.keyspace_name, name, settings.run_deadline_s)
-        limits = LimitsView(settings.kafka_bootstrap, settings.namespace)
-        pools = PoolView(settings.kafka_bootstrap, settings.namespace)
-        policies = PolicyView(settings.kafka_bootstrap, settings.namespace)
+        limits = LimitsView(settings.kafka_bootstrap, settings.namespace, name)
+        pools = PoolView(settings.kafka_bootstrap, settings.namespace, name)
+        policies = PolicyView(settings.kafka_bootstrap, settings.namespace, name)
         limits.start()
         pools.start()
         policies.start()

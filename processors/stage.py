@@ -27,7 +27,7 @@ from runtime.outage import Outage
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.pipeline import Topic, check_publish, dead_letter_name, named
+from topics.pipeline import Topic, check_consume, check_publish, dead_letter_name, named
 
 E = TypeVar("E")  # a topic's event type
 
@@ -166,6 +166,7 @@ class Stage:
 
     def consume(self, topic: Topic[E], handle: Callable[[E], Awaitable[None]]) -> None:
         """One event at a time: decode, handle, and only then let faust ack the offset."""
+        check_consume(self.name, topic)
 
         async def agent(stream: faust.StreamT[Any]) -> None:
             async for event in stream.events():
@@ -182,6 +183,7 @@ class Stage:
         within: float,
     ) -> None:
         """Batches of events: decode each (poison ones to the dead-letter topic), handle the good ones together."""
+        check_consume(self.name, topic)
 
         async def agent(stream: Any) -> None:  # faust's StreamT does not declare take_events
             async for events in stream.take_events(size, within=within):

@@ -18,7 +18,7 @@ from runtime.kafka import ConsumerThread, consumer_config, until_ready
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.pipeline import Topic, named
+from topics.pipeline import Topic, check_consume, named
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,13 @@ class TopicTable:
         bootstrap: str,
         topic: Topic[Any],
         namespace: str,
+        reader: str,
         *,
         since_s: float | None = None,
     ) -> None:
-        """since_s: read only the last seconds of the topic (status that goes stale); None: the whole topic."""
+        """reader: the stage whose process keeps the view (a declared consumer of the topic); since_s: read only
+        the last seconds of the topic (status that goes stale); None: the whole topic."""
+        check_consume(reader, topic)
         self.topic = topic
         self.name = named(topic, namespace)
         self.since_s = since_s

@@ -117,8 +117,8 @@ def to_record(tier: str, policy: Policy, changed_by: str) -> SafetyPolicy:
 class PolicyView(TopicTable):
     """The policies as this replica last read them."""
 
-    def __init__(self, bootstrap: str, namespace: str) -> None:
-        super().__init__(bootstrap, SAFETY_POLICIES, namespace)
+    def __init__(self, bootstrap: str, namespace: str, reader: str) -> None:
+        super().__init__(bootstrap, SAFETY_POLICIES, namespace, reader)
 
     def for_tier(self, tier: str) -> Policy:
         row = self.get(tier) or self.get(ANY_TIER)

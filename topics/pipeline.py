@@ -35,10 +35,15 @@ class Topic(Generic[E]):
     name: str
     event: type[E]  # its record type: what its producers publish and its consumers are handed
     producers: tuple[str, ...]  # every stage that writes it: publishing from any other fails (UndeclaredPublish)
+    # Every stage that consumes it (a consumer group, committing what it has handled) or, for a table, reads it
+    # whole into memory: reading it from any other fails (UndeclaredConsume).
     consumers: tuple[str, ...]
     scale: str  # CHAT | REPLY | SINGLE
     key: str  # "chat_id", "reply_partition", or the row key of a table topic
     config: tuple[tuple[str, str], ...] = ()  # broker topic settings (a table topic is compacted)
+    # Stages that tail a stream topic's newest records outside any consumer group (no offsets, no lag to scale
+    # on): the placement view reads the scheduled runs every scheduler replica places.
+    readers: tuple[str, ...] = ()
 
     @property
     def schema(self) -> str:
@@ -97,7 +102,16 @@ POOLS = ("small", "large")
 
 def _scheduled(pool: str) -> Topic[events.RunScheduled]:
     name = f"chat.run-scheduled-{pool}.v1"
-    return Topic(name, events.RunScheduled, ("scheduling", "memory"), ("inference",), CHAT, "chat_id", EVENTS)
+    return Topic(
+        name,
+        events.RunScheduled,
+        ("scheduling", "memory"),
+        ("inference",),
+        CHAT,
+        "chat_id",
+        EVENTS,
+        readers=("scheduling", "api"),  # admission/placement.PoolView: runs placed that no status shows yet
+    )
 
 
 RUN_SCHEDULED = {pool: _scheduled(pool) for pool in POOLS}
@@ -172,17 +186,18 @@ LIMITS = Topic(
     "admin.limits.v1",
     events.LimitsChanged,
     ("api",),
-    ("scheduling", "inference"),
+    ("scheduling", "inference", "api"),
     SINGLE,
     "tier:<name> | user:<id>",
     (("cleanup.policy", "compact"),),
 )
-# Safety policies per tier ('*': the default), set by admins at run time (docs/decisions/0007-safety.md).
+# Safety policies per tier ('*': the default), set by admins at run time (docs/decisions/0007-safety.md). The
+# edge writes it and reads it back for the admin routes.
 SAFETY_POLICIES = Topic(
     "admin.safety-policies.v1",
     events.SafetyPolicy,
     ("api",),
-    ("moderation", "scheduling", "inference"),
+    ("moderation", "scheduling", "inference", "api"),
     SINGLE,
     "<tier> | *",
     (("cleanup.policy", "compact"),),
@@ -236,6 +251,18 @@ def check_publish(stage: str, topic: Topic[Any]) -> None:
     """Every publisher calls this before it sends: the declaration is the contract, not a comment."""
     if stage not in topic.producers:
         raise UndeclaredPublish(f"{stage} may not publish to {topic.name}: its producers are {topic.producers}")
+
+
+class UndeclaredConsume(RuntimeError):
+    """A stage read a topic the declaration above does not list it as a consumer (or reader) of."""
+
+
+def check_consume(stage: str, topic: Topic[Any], *, tailing: bool = False) -> None:
+    """Every consumer and table view calls this before it reads; `tailing`: outside a consumer group."""
+    allowed = topic.readers if tailing else topic.consumers
+    if stage not in allowed:
+        role = "readers" if tailing else "consumers"
+        raise UndeclaredConsume(f"{stage} may not read {topic.name}: its {role} are {allowed}")
 
 
 def named(topic: Topic[Any], namespace: str) -> str:

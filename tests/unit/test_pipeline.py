@@ -1,5 +1,6 @@
 """The pipeline declaration is consistent (every topic has a schema, known producers and consumers) and it is
-the code's: the producers it lists are the stages whose code publishes there, and nothing else may publish."""
+the code's: the producers it lists are the stages whose code publishes there, and nothing else may publish; the
+consumers it lists are the stages that read there, and nothing else may read."""
 
 import ast
 import asyncio
@@ -15,11 +16,14 @@ from topics.pipeline import (
     PROMPT_ACCEPTED,
     REPLY,
     RUN_COMPLETED,
+    RUN_SCHEDULED,
     SINGLE,
     STAGES,
     TOPICS,
     Layout,
+    UndeclaredConsume,
     UndeclaredPublish,
+    check_consume,
     dead_letter_name,
     named,
 )
@@ -43,7 +47,11 @@ def test_every_topic_has_a_schema_and_known_producers():
         assert topic.schema in schemas, topic.name
         assert topic.producers and set(topic.producers) <= set(STAGES), topic.name
         assert topic.consumers and set(topic.consumers) <= set(STAGES), topic.name
-        assert not set(topic.producers) & set(topic.consumers), topic.name
+        assert set(topic.readers) <= set(STAGES), topic.name
+        # A stage reads what it writes only as a table's writer reading its rows back (the edge's admin reads),
+        # or as a reader tailing placements (the scheduler's replicas see each other's).
+        assert not set(topic.producers) & set(topic.consumers) or topic.scale == SINGLE, topic.name
+        assert not topic.readers or topic.scale != SINGLE, topic.name
 
 
 def _topics_named(node: ast.AST) -> set[str]:
@@ -87,6 +95,47 @@ def _published(paths: list[str]) -> set[str]:
 def test_the_declared_producers_of_each_topic_are_the_stages_whose_code_publishes_there(stage):
     declared = {t.name for t in TOPICS if stage in t.producers}
     assert _published(STAGE_CODE[stage]) == declared
+
+
+FAUST_STAGES = ("moderation", "scheduling", "persistence", "metering", "memory")
+
+
+@pytest.mark.parametrize("stage", FAUST_STAGES)
+def test_the_declared_consumers_of_each_stream_are_the_stages_whose_code_consumes_it(stage):
+    """A faust stage's consume(...) calls name exactly the stream topics declaring it a consumer (the tables
+    it reads are views, checked as they are built: test below)."""
+    consumed: set[str] = set()
+    tree = ast.parse((ROOT / STAGE_CODE[stage][0]).read_text())
+    looped = {  # `for topic in (A, B): stage.consume(topic, ...)`
+        n.target.id: set().union(*(_topics_named(e) for e in n.iter.elts))
+        for n in ast.walk(tree)
+        if isinstance(n, ast.For) and isinstance(n.target, ast.Name) and isinstance(n.iter, ast.Tuple)
+    }
+    for node in ast.walk(tree):
+        func = getattr(node, "func", None)
+        if isinstance(node, ast.Call) and isinstance(func, ast.Attribute) and func.attr.startswith("consume"):
+            arg = node.args[0]
+            topics = _topics_named(arg) or (looped.get(arg.id, set()) if isinstance(arg, ast.Name) else set())
+            assert topics, f"{stage}:{node.lineno}: consume() names no pipeline topic"
+            consumed |= topics
+    assert consumed == {t.name for t in TOPICS if stage in t.consumers and t.scale != SINGLE}
+
+
+def test_reading_a_topic_the_stage_does_not_consume_fails_before_connecting():
+    from admission.limits import LimitsView
+    from admission.placement import PoolView
+    from processors.settings import ProcessorSettings
+    from processors.stage import Stage
+
+    with pytest.raises(UndeclaredConsume, match="metering may not read admin.limits.v1"):
+        LimitsView("127.0.0.1:9", "t", "metering")
+    with pytest.raises(UndeclaredConsume, match="inference may not read chat.pool-status.v1"):
+        PoolView("127.0.0.1:9", "t", "inference")
+    with pytest.raises(UndeclaredConsume, match="memory may not read chat.run-scheduled-small.v1: its readers"):
+        check_consume("memory", RUN_SCHEDULED["small"], tailing=True)
+    stage = Stage("metering", ProcessorSettings(kafka_bootstrap="127.0.0.1:9", namespace="t"))
+    with pytest.raises(UndeclaredConsume, match="metering may not read chat.prompt-accepted.v1"):
+        stage.consume(PROMPT_ACCEPTED, lambda _event: asyncio.sleep(0))
 
 
 def test_publishing_to_a_topic_the_stage_does_not_produce_fails_in_both_kafka_clients():
