@@ -77,7 +77,7 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
 	$(PY) bench/inference_pools.py
-	$(PY) bench/admission.py
+	$(PY) bench/admission_load.py
 	$(PY) bench/safety_latency.py
 	$(PY) bench/safety_false_retractions.py
 	$(PY) bench/memory_long_chat.py

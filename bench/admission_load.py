@@ -10,7 +10,7 @@
 
 The stack: two edge replicas, two of moderation, scheduling and persistence (metering: one, chdb is
 single-process), two inference consumers (engines) per pool. Prints JSON, writes bench/results/admission.json.
-Usage: python bench/admission.py [--phase-s 20]
+Usage: python bench/admission_load.py [--phase-s 20]
 """
 
 from __future__ import annotations
