@@ -7,6 +7,19 @@ Before each pair the prompt is sent once to the engine, so both measurements fin
 cache (llama-server reuses a slot's cached prefix; otherwise whichever goes second gains 40-140 ms), and
 which of the two goes first is random per pair.
 
+Where the added time goes, per run, from the records the run left in the log (the stack's own namespace is
+read whole afterwards): each record's Kafka timestamp is when its producer sent it, and the inference
+consumer's RunCompleted says how long the run waited there (queue_ms, from scheduled_at) and how long the
+engine took to its first token (ttft_ms, request to first token as that consumer's client saw it). Hops:
+
+    edge        the client's request -> the edge publishes PromptAccepted (auth, chat read, door, run opened)
+    moderation  PromptAccepted sent -> PromptModerated sent (Kafka, the stage, its classifier)
+    scheduling  PromptModerated sent -> RunScheduled sent (Kafka, context, ledger, placement)
+    dispatch    RunScheduled built -> the engine request (Kafka, the consumer's queue)
+    engine      the engine request -> its first token (ttft_ms; the engine alone: engine_ttft_ms)
+    publish     the first token -> the first TokenDelta record sent (the coalescer)
+    reply       the first TokenDelta sent -> the client reads the token (Kafka, the edge, SSE)
+
 Runs its own stack under a fresh namespace and port base; prints JSON and writes bench/results/.
 Usage: python bench/pipeline_ttft.py [--requests 100] [--max-tokens 16]
 """
@@ -18,16 +31,30 @@ import json
 import random
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+from confluent_kafka import Consumer, TopicPartition
 from measure import pct, summary
 from tqdm import tqdm
 
 from api.auth import credential
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
+from registry import client as registry
 from replay.sse import iter_sse
+from topics import codec
+from topics.pipeline import (
+    PROMPT_ACCEPTED,
+    PROMPT_MODERATED,
+    RUN_COMPLETED,
+    RUN_SCHEDULED,
+    TOKEN_DELTA,
+    Topic,
+    named,
+)
 
 PROMPTS = [
     "Say hello.",
@@ -72,18 +99,95 @@ def _engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_token
     return first * 1000
 
 
-def pipeline_ttft(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> float:
+@dataclass
+class Sent:
+    """One request through the pipeline: its TTFT, its run, and when (epoch ms) it left and its token came."""
+
+    ttft_ms: float
+    run_id: str
+    sent_ms: float
+    first_ms: float
+
+
+def pipeline_ttft(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> Sent:
+    sent_ms = time.time() * 1000
     started = time.perf_counter()
-    first = None
+    first, first_ms, run_id = None, 0.0, ""
     with client.stream(
         "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
     ) as response:
         for sse in iter_sse(response.iter_lines()):
+            if sse.get("event") == "run.started":
+                run_id = sse["data"]["run_id"]
             if first is None and sse.get("event") == "token":
                 first = time.perf_counter() - started
+                first_ms = time.time() * 1000
     if first is None:
         raise RuntimeError("pipeline produced no token")
-    return first * 1000
+    return Sent(first * 1000, run_id, sent_ms, first_ms)
+
+
+def log_records(bootstrap: str, namespace: str, topics: list[Topic[Any]]) -> dict[str, list[tuple[dict, float]]]:
+    """Every record of the namespace's topics, decoded, with its Kafka timestamp (ms), by topic name."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for topic in topics:
+        name = named(topic, namespace)
+        parts = consumer.list_topics(name, timeout=10).topics[name].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1] for p in parts}
+        consumer.assign([TopicPartition(name, p, 0) for p in parts if ends[p] > 0])
+        left, found = {p for p in parts if ends[p] > 0}, []
+        deadline = time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            found.append((codec.decode(topic.schema, msg.value()), float(msg.timestamp()[1])))
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                left.discard(msg.partition())
+        out[topic.name] = found
+    consumer.close()
+    return out
+
+
+HOPS = ("edge", "moderation", "scheduling", "dispatch", "engine", "publish", "reply")
+
+
+def hops(runs: list[Sent], bootstrap: str, namespace: str) -> dict[str, list[float]]:
+    """Each run's time per hop (module docstring), from its records in the log."""
+    scheduled = RUN_SCHEDULED["small"]
+    log = log_records(bootstrap, namespace, [PROMPT_ACCEPTED, PROMPT_MODERATED, scheduled, RUN_COMPLETED, TOKEN_DELTA])
+    accepted = {r["run_id"]: ts for r, ts in log[PROMPT_ACCEPTED.name]}
+    moderated = {r["prompt"]["run_id"]: ts for r, ts in log[PROMPT_MODERATED.name]}
+    placed = {r["prompt"]["run_id"]: (r["scheduled_at"], ts) for r, ts in log[scheduled.name]}
+    completed = {r["prompt"]["run_id"]: r for r, _ in log[RUN_COMPLETED.name]}
+    first_delta: dict[str, float] = {}
+    for r, ts in log[TOKEN_DELTA.name]:
+        if r["kind"] == "delta" and r["text"]:
+            first_delta[r["run_id"]] = min(ts, first_delta.get(r["run_id"], ts))
+    out: dict[str, list[float]] = {hop: [] for hop in HOPS}
+    for run in runs:
+        rid = run.run_id
+        if not all(rid in table for table in (accepted, moderated, placed, completed, first_delta)):
+            continue
+        built_ms, placed_ms = placed[rid]
+        request_ms = built_ms + completed[rid]["queue_ms"]
+        token_ms = request_ms + completed[rid]["ttft_ms"]
+        for hop, value in zip(
+            HOPS,
+            (
+                accepted[rid] - run.sent_ms,
+                moderated[rid] - accepted[rid],
+                placed_ms - moderated[rid],
+                request_ms - built_ms,
+                token_ms - request_ms,
+                first_delta[rid] - token_ms,
+                run.first_ms - first_delta[rid],
+            ),
+            strict=True,
+        ):
+            out[hop].append(value)
+    return out
 
 
 def rss_mb(pid: int) -> float:
@@ -113,6 +217,7 @@ def main() -> None:
 
     stack = Stack(namespace=f"bench{uuid.uuid4().hex[:6]}", port_base=args.port_base)
     stack.up()
+    registry.connect(stack.registry_url)  # the log's records are read back for the per-hop times
     try:
         token = credential("bench", "pro", 30 * 86_400)
         api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
@@ -129,7 +234,7 @@ def main() -> None:
                 [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}],
                 args.max_tokens,
             )
-        pairs = []
+        pairs, runs = [], []
         for i in tqdm(range(args.requests), desc="pairs", unit="pair", mininterval=5):
             content = f"{PROMPTS[i % len(PROMPTS)]} ({i})"
             messages = [{"role": "system", "content": system}, {"role": "user", "content": content}]
@@ -138,13 +243,15 @@ def main() -> None:
             engine_first = rng.random() < 0.5
             if engine_first:
                 e = engine_ttft(engine, engine_url, messages, args.max_tokens)
-                p = pipeline_ttft(api, chat, content, args.max_tokens)
+                sent = pipeline_ttft(api, chat, content, args.max_tokens)
             else:
-                p = pipeline_ttft(api, chat, content, args.max_tokens)
+                sent = pipeline_ttft(api, chat, content, args.max_tokens)
                 e = engine_ttft(engine, engine_url, messages, args.max_tokens)
-            pairs.append((p, e, engine_first))
+            pairs.append((sent.ttft_ms, e, engine_first))
+            runs.append(sent)
         time.sleep(2)
         memory = stack_memory(stack)
+        per_hop = hops(runs, stack.settings.kafka_bootstrap, stack.namespace)
     finally:
         stack.stop()
 
@@ -159,6 +266,12 @@ def main() -> None:
         "added_when_engine_first_ms": summary([p - e for p, e, f in pairs if f]),
         "added_when_pipeline_first_ms": summary([p - e for p, e, f in pairs if not f]),
         "ratio_pipeline_to_engine_p50": round(pct([p for p, _, _ in pairs], 50) / pct([e for _, e, _ in pairs], 50), 2),
+        # Per hop (module docstring); "engine" is the engine's TTFT as the inference consumer saw it, so
+        # engine_client_overhead_ms is its p50 less the engine alone's.
+        "hops_ms": {hop: summary(values) for hop, values in per_hop.items()},
+        "engine_client_overhead_p50_ms": round(pct(per_hop["engine"], 50) - pct([e for _, e, _ in pairs], 50), 2)
+        if per_hop["engine"]
+        else None,
         "stack_rss_mb": memory,
         "stack_start_s": stack.timings,
     }
