@@ -64,7 +64,9 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
         "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
         "enable.idempotence": True,  # no duplicates from producer retries
         "acks": "all",  # acknowledged once every in-sync copy has it (at least min.insync.replicas)
-        "linger.ms": 2,
+        # Every record on the path to a first token is sent alone and awaited: a linger adds its whole wait to
+        # each hop (bench/pipeline_ttft.py). Token deltas are batched by the coalescer, not here.
+        "linger.ms": 0,
         # The same partitioner as aiokafka/faust (murmur2), so a chat_id lands on one partition whoever writes.
         "partitioner": "murmur2_random",
         **extra,
