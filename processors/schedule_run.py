@@ -171,7 +171,7 @@ def register(
             await refuse(prompt, "context_length_exceeded", str(exc))
             return
         tier, user = prompt["tier"], prompt["user_id"]
-        before = await ledger.decided(user, prompt["run_id"])
+        account, before = await ledger.look(user, prompt["run_id"])
         if before is not None and before.scheduled:
             log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
             return
@@ -183,7 +183,13 @@ def register(
         run, placement = placed
         assert placement.pool is not None  # a placement without a pool is a Refusal
         decision = await ledger.admit(
-            user, prompt["run_id"], run["estimate_tokens"], tiers[tier], placement.pool, placement.partition
+            user,
+            prompt["run_id"],
+            run["estimate_tokens"],
+            tiers[tier],
+            placement.pool,
+            placement.partition,
+            account if before is None else None,
         )
         if not decision.admitted:
             await refuse(prompt, decision.code, decision.message, retry_after_s=decision.retry_after_s)

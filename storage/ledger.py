@@ -218,14 +218,31 @@ class Ledger:
         return bool(result[0])
 
     @counted
+    async def look(self, user_id: str, run_id: str) -> tuple[Account, Decision | None]:
+        """The user's account and the decision recorded for the run, if any, in one round trip."""
+        account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
+        return account, None if row is None else recorded(row)
+
+    @counted
     async def admit(
-        self, user_id: str, run_id: str, estimate: int, limits: Limits, pool: str, partition: int | None
+        self,
+        user_id: str,
+        run_id: str,
+        estimate: int,
+        limits: Limits,
+        pool: str,
+        partition: int | None,
+        known: Account | None = None,
     ) -> Decision:
         """Charge the run's estimate and count it in flight, or refuse; a run already admitted stays admitted.
         The placement (pool and partition) is kept with it, so a run scheduled again after a crash goes where
-        the first copy went and its consumer recognises it."""
+        the first copy went and its consumer recognises it. `known`: the account as `look` just read it, with no
+        decision for the run; the first compare-and-set uses it (one round trip less), a conflict reads again."""
         for attempt in range(50):
-            account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
+            if attempt == 0 and known is not None:
+                account, row = known, None
+            else:
+                account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
             if row is not None:
                 return recorded(row)  # decided before (redelivered): charged once
             now = int(time.time() * 1000)
@@ -239,12 +256,6 @@ class Ledger:
                 return decision
             await asyncio.sleep(0.002 * (attempt + 1))  # another replica wrote this user's bucket first
         raise TimeoutError(f"budget of {user_id} is contended; giving up for now")
-
-    @counted
-    async def decided(self, user_id: str, run_id: str) -> Decision | None:
-        """The decision recorded for a run, if any (only admissions are recorded)."""
-        row = await self._run_row(user_id, run_id)
-        return None if row is None else recorded(row)
 
     @counted
     async def mark_scheduled(self, user_id: str, run_id: str) -> None:
