@@ -41,6 +41,14 @@ async def withdraw(deps: Services, chat: Any, run_id: uuid.UUID, opened_at: date
         log.warning("run %s of chat %s: the log did not take it, nor the store its withdrawal", run_id, chat.chat_id)
 
 
+async def leave_old_place(deps: Services, chat: Any) -> None:
+    """Best effort: a stale activity row left behind is skipped by every list (storage/conversations.py)."""
+    try:
+        await deps.conversations.leave_old_place(chat)
+    except Exception:
+        log.warning("chat %s: its old place in the list was not removed (lists skip it)", chat.chat_id)
+
+
 @dataclass(frozen=True)
 class Question:
     message_id: str
@@ -72,11 +80,14 @@ async def answer(
     # in the log (the other way round, a question refused 503 was stored and answered anyway), and a cancel or
     # a resume finds the run from its first event. A log that does not take the prompt withdraws the run.
     opened_at = await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
+    tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it
     try:
         live = await streams.start_run(deps, event)
     except Exception:
         await asyncio.shield(withdraw(deps, chat, uuid.UUID(run_id), opened_at))
         raise
+    finally:
+        await tidy
     replies = aiter(streams.live(deps, run_id, partition, live))
     first, replies = await streams.admitted(deps, event, replies, stream_refusals=True)
     log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)

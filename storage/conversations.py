@@ -227,7 +227,8 @@ class Conversations(Store):
     # -- runs --------------------------------------------------------------------------------------
     async def open_run(self, chat: Any, run_id: uuid.UUID, reply_partition: int) -> datetime:
         """Record a new run of the chat (where its stream lives), make it the chat's latest and the chat active;
-        returns when (the chat's new last activity)."""
+        returns when (the chat's new last activity). The chat's old place in the list is left to
+        `leave_old_place`, which the caller runs off the path to the first token."""
         at = now()
         # In this order, a failure between two writes leaves the chat listed once, at its old or its new place:
         # an activity row counts only while the chat row's last_active_at matches it.
@@ -236,8 +237,11 @@ class Conversations(Store):
             (self._insert_activity, (chat.user_id, at, chat.chat_id, chat.title, chat.created_at)),
         )
         await self._run(self._set_active, (at, str(run_id), chat.chat_id))
-        await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
         return at
+
+    async def leave_old_place(self, chat: Any) -> None:
+        """After `open_run`: the chat's old activity row, stale from then on (a list skips it until it goes)."""
+        await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
 
     async def withdraw_run(self, chat: Any, run_id: uuid.UUID, opened_at: datetime) -> None:
         """A run opened whose prompt never reached the log: ended (`not_accepted`), and the chat's latest run the
