@@ -1,0 +1,161 @@
+"""A burst against the default local stack: how fast every rejection comes, and whether a pro user sending at
+the same time is admitted and served (issue 25).
+
+200 requests from 10 free users, 63 in flight at a time (the edge takes 64 connections from one address; the
+64th is the pro user's) (POST /v1/chats/{chat}/messages, 200-token answers,
+each in a chat of its own made before the burst), and one pro user sending "Say hi." a second into it. Reports the
+429s' decision latency (request to status line) p50/p99 and their codes, every other status, and the pro
+user's status, decision latency and time to first token. Repeats the burst `--rounds` times on one stack
+(each round with fresh free users, so budgets start full) and reports each round and all rounds together.
+
+Prints JSON and writes bench/results/burst.json. Usage: python bench/burst.py [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from measure import summary  # noqa: E402
+
+from api.auth import credential  # noqa: E402
+from infra.stack import Stack  # noqa: E402
+from replay.sse import aiter_sse  # noqa: E402
+
+REQUESTS, USERS, IN_FLIGHT, MAX_TOKENS, PRO_AFTER_S = 200, 10, 63, 200, 1.0
+QUESTION = "Write a long story about a lighthouse keeper and the sea, with many details."
+
+
+async def new_chat(client: httpx.AsyncClient, token: str) -> str:
+    headers = {"Authorization": f"Bearer {token}"}
+    return str((await client.post("/v1/chats", headers=headers, json={"title": "burst"})).json()["id"])
+
+
+async def send(client: httpx.AsyncClient, token: str, chat: str, content: str, max_tokens: int) -> dict[str, Any]:
+    """One message: status, decision time (request to status line), TTFT, error code."""
+    headers = {"Authorization": f"Bearer {token}"}
+    out: dict[str, Any] = {}
+    started = time.perf_counter()
+    body = {"content": content, "max_tokens": max_tokens}
+    try:
+        async with client.stream("POST", f"/v1/chats/{chat}/messages", headers=headers, json=body) as response:
+            out["decided_ms"] = (time.perf_counter() - started) * 1000
+            out["status"] = response.status_code
+            if response.status_code != 200:
+                out["code"] = json.loads(await response.aread())["error"]["code"]
+                return out
+            async for sse in aiter_sse(response.aiter_lines()):
+                if sse.get("event") == "token" and "ttft_ms" not in out:
+                    out["ttft_ms"] = (time.perf_counter() - started) * 1000
+                if sse.get("event") == "error":
+                    out["code"] = (sse.get("data") or {}).get("code")
+    except httpx.HTTPError as exc:
+        out.update(status=0, code=type(exc).__name__)
+    return out
+
+
+async def burst(url: str, round_no: int) -> dict[str, Any]:
+    # One connection pool of 64: the edge takes at most 64 connections from one client address (api/server.py),
+    # so 63 free requests are in flight and the 64th connection is the pro user's.
+    limits = httpx.Limits(max_connections=IN_FLIGHT + 1, max_keepalive_connections=IN_FLIGHT + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        return await _burst(client, round_no)
+
+
+async def _burst(client: httpx.AsyncClient, round_no: int) -> dict[str, Any]:
+    free = [credential(f"burst{round_no}-free{i}", "free", 3600) for i in range(USERS)]
+    pro = credential(f"burst{round_no}-pro", "pro", 3600)
+    gate = asyncio.Semaphore(IN_FLIGHT)
+    made = asyncio.Semaphore(16)
+
+    async def made_chat(i: int, token: str) -> str:
+        async with made:
+            return await new_chat(client, token)
+
+    # The chats are made before the burst: the burst is messages only.
+    chats = await asyncio.gather(*(made_chat(i, free[i % USERS]) for i in range(REQUESTS)))
+    pro_chat = await new_chat(client, pro)
+
+    async def one(i: int) -> dict[str, Any]:
+        async with gate:
+            return await send(client, free[i % USERS], chats[i], f"{QUESTION} ({i})", MAX_TOKENS)
+
+    async def pro_user() -> dict[str, Any]:
+        await asyncio.sleep(PRO_AFTER_S)
+        return await send(client, pro, pro_chat, "Say hi.", 16)
+
+    *free_results, pro_result = await asyncio.gather(*(one(i) for i in range(REQUESTS)), pro_user())
+    return {"free": free_results, "pro": pro_result}
+
+
+def report(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    free = [r for rnd in rounds for r in rnd["free"]]
+    rejected = [r for r in free if r.get("status") == 429]
+    return {
+        "requests": len(free),
+        "statuses": dict(Counter(str(r.get("status")) for r in free)),
+        "codes": dict(Counter(r.get("code") for r in free if r.get("code"))),
+        "rejection_ms": summary([r["decided_ms"] for r in rejected]),
+        "admitted_decision_ms": summary([r["decided_ms"] for r in free if r.get("status") == 200]),
+        "pro": [rnd["pro"] for rnd in rounds],
+    }
+
+
+def edge_spans(stack: Stack) -> dict[str, Any]:
+    """The edge's own time for the chat-message requests it answered 429 and 200 (its server spans, from the
+    collector's file): the part of a rejection's latency spent in the handler, not in transit, in the server's
+    accept queue or in the client (one process driving 64 connections on the cores the stack runs on)."""
+    took: dict[str, list[float]] = {"429": [], "200": []}
+    for line in stack.spans_file.read_text().splitlines():
+        for resource in json.loads(line).get("resourceSpans", []):
+            for scope in resource.get("scopeSpans", []):
+                for span in scope.get("spans", []):
+                    if span["name"] != "POST /v1/chats/{chat_id}/messages":
+                        continue
+                    attrs = {a["key"]: next(iter(a["value"].values())) for a in span.get("attributes", [])}
+                    status = str(attrs.get("http.response.status_code") or attrs.get("http.status_code"))
+                    if status in took:
+                        took[status].append((int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e6)
+    return {"rejection_ms": summary(took["429"]), "warm_up_included": True}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--port-base", type=int, default=29000)
+    args = parser.parse_args()
+    stack = Stack(namespace=f"burst{uuid.uuid4().hex[:6]}", port_base=args.port_base)
+    stack.up()
+    try:
+        asyncio.run(burst(stack.api_url, -1))  # warm-up round, not reported (first connections, first runs)
+        rounds = [asyncio.run(burst(stack.api_url, n)) for n in range(args.rounds)]
+        time.sleep(3)  # the collector writes its batches
+        server = edge_spans(stack)
+    finally:
+        stack.stop()
+    result = {
+        "benchmark": "burst",
+        "shape": {"requests": REQUESTS, "users": USERS, "in_flight": IN_FLIGHT, "max_tokens": MAX_TOKENS},
+        "all_rounds": report(rounds),
+        "edge_handler": server,
+        "rounds": [report([r]) for r in rounds],
+    }
+    text = json.dumps(result, indent=2)
+    (ROOT / "bench" / "results" / "burst.json").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
