@@ -166,6 +166,11 @@ def over_capacity(wait_s: float, limits: Limits) -> Placement:
     return Placement(None, wait_s, retry_after_s=max(1, math.ceil(wait_s - limits.max_queue_wait_s)))
 
 
+def wanted_pool(model: str | None, pools: dict[str, Pool], default_pool: str) -> str:
+    """The pool a request asks for: the smallest serving its model, else the default pool (pure)."""
+    return next((n for n, p in sorted(pools.items(), key=lambda i: i[1].context) if p.model == model), default_pool)
+
+
 def at_the_door(
     model: str | None,
     least_tokens: int,
@@ -187,10 +192,7 @@ def at_the_door(
     the run to a larger pool than the one asked for.
     """
     limits = tiers[tier]
-    wanted = next(
-        (n for n, p in sorted(pools.items(), key=lambda i: i[1].context) if p.model == model),
-        default_pool,
-    )
+    wanted = wanted_pool(model, pools, default_pool)
     size = pools[wanted].context
     candidates = [
         name
@@ -211,6 +213,15 @@ def at_the_door(
     return over_capacity(min(waits), limits) if waits else None  # nothing holds it: the scheduler says why
 
 
+def count_undecided(loads: dict[str, list[EngineLoad]], undecided: Iterable[tuple[str, str]]) -> None:
+    """Count each run let through the door and not decided yet, (pool, tier), as waiting on its pool's least
+    busy engine, where the scheduler would most likely put it (in place, on `loads`)."""
+    for pool, tier in undecided:
+        if loads.get(pool):
+            least = min(loads[pool], key=lambda e: sum(e.queued.values()) + sum(e.running.values()) - e.slots)
+            least.queued[tier] = least.queued.get(tier, 0) + 1
+
+
 class PoolView(TopicTable):
     """The consumers' latest statuses, plus the runs placed since that no status shows yet: by this replica
     (at once) and by every other scheduler replica (read from the scheduled-runs topics, tens of milliseconds
@@ -222,6 +233,10 @@ class PoolView(TopicTable):
         for topic in RUN_SCHEDULED.values():
             check_consume(reader, topic, tailing=True)
         self._placed: dict[str, tuple[int, str, str, int | None]] = {}  # run id -> (at ms, pool, tier, partition)
+        # Runs this replica's door let through whose admission is not decided yet: run id -> (at ms, pool, tier).
+        # A burst arrives faster than any status or placement can show it; counted here, the door sheds what
+        # the scheduler would only refuse seconds later, behind every prompt let in before it.
+        self._undecided: dict[str, tuple[int, str, str]] = {}
         self._topics = {named(RUN_SCHEDULED[pool], namespace): pool for pool in RUN_SCHEDULED}
         self._runs = Consumer(
             consumer_config(bootstrap, f"{namespace or 'parley'}.placements", **{"enable.partition.eof": False})
@@ -264,6 +279,13 @@ class PoolView(TopicTable):
     def admitted(self, run_id: str, pool: str, tier: str, partition: int | None) -> None:
         self._placed[run_id] = (int(time.time() * 1000), pool, tier, partition)
 
+    def pending(self, run_id: str, pool: str, tier: str) -> None:
+        """The door let a run of `tier` through to `pool`: it counts as waiting there until `decided`."""
+        self._undecided[run_id] = (int(time.time() * 1000), pool, tier)
+
+    def decided(self, run_id: str) -> None:
+        self._undecided.pop(run_id, None)
+
     def loads(self) -> dict[str, list[EngineLoad]]:
         now = int(time.time() * 1000)
         loads = pool_loads(self.rows().values(), now)
@@ -272,4 +294,8 @@ class PoolView(TopicTable):
             for engine in loads.get(pool, []):
                 if partition in engine.partitions and at >= engine.at - TRANSIT_MS:  # not in its status yet
                     engine.queued[tier] = engine.queued.get(tier, 0) + 1
+        for run_id, (at, _pool, _tier) in list(self._undecided.items()):
+            if at < now - STALE_MS:
+                self._undecided.pop(run_id, None)  # its decision never came back here
+        count_undecided(loads, [(p, t) for r, (_, p, t) in list(self._undecided.items()) if r not in self._placed])
         return loads

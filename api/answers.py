@@ -62,8 +62,9 @@ async def answer(
     """Publish the question as a new run of the chat and stream its answer: (the SSE response, the run id).
     Raises the run's 429/400 before any byte of the stream when it is shed or refused."""
     message = [{"role": "user", "content": question.content}]
-    streams.shed_when_full(deps, user, model, message, max_tokens, may_grow=question.prev_run_id is not None)
     run_id, partition = str(new_id()), streams.reply_partition(deps)
+    may_grow = question.prev_run_id is not None
+    streams.shed_when_full(deps, user, run_id, model, message, max_tokens, may_grow=may_grow)
     event = convert.prompt_accepted(
         run_id=run_id,
         chat_id=str(chat.chat_id),
@@ -79,11 +80,16 @@ async def answer(
     # Recorded before the prompt goes to the log: a store that does not answer refuses the request with nothing
     # in the log (the other way round, a question refused 503 was stored and answered anyway), and a cancel or
     # a resume finds the run from its first event. A log that does not take the prompt withdraws the run.
-    opened_at = await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
+    try:
+        opened_at = await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
+    except Exception:
+        deps.pools.decided(run_id)  # never reached the log: the door stops counting it
+        raise
     tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it
     try:
         live = await streams.start_run(deps, event)
     except Exception:
+        deps.pools.decided(run_id)
         await asyncio.shield(withdraw(deps, chat, uuid.UUID(run_id), opened_at))
         raise
     finally:

@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 from opentelemetry import trace
 from prometheus_client import Counter
 
-from admission.placement import at_the_door, capacity_message
+from admission.placement import at_the_door, capacity_message, wanted_pool
 from api import convert
 from api.auth import Principal
 from api.deps import Services
@@ -133,6 +133,7 @@ def rejection_error(record: Event) -> ApiError:
 def shed_when_full(
     deps: Services,
     user: Principal,
+    run_id: str,
     model: str | None,
     messages: Sequence[Mapping[str, Any]],
     max_tokens: int,
@@ -157,6 +158,8 @@ def shed_when_full(
         deps.limits.tiers_for(user.user_id, user.tier),
     )
     if placement is None:
+        # Let through: it waits in the pool it asks for until the scheduler's decision reaches `admitted`.
+        deps.pools.pending(run_id, wanted_pool(model, settings.pools, settings.default_pool), user.tier)
         return
     SHED.labels(user.tier).inc()
     log.info("shed a request of %s (%s) at the door: about %.1fs of queue", user.user_id, user.tier, placement.wait_s)
@@ -190,6 +193,8 @@ async def admitted(
     except asyncio.CancelledError:
         first_reply.cancel()
         raise
+    finally:
+        deps.pools.decided(run_id)  # the door counts it no longer: a placement or a refusal says the rest
     # No record at all (the log did not answer) is no decision either: the stream says so as its error event.
     if not done or isinstance(first_reply.exception(), StreamTimeout):
         SLOW_DECISIONS.inc()

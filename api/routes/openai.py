@@ -111,8 +111,8 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
     messages = conversation(deps, body)
     max_tokens = checked_max_tokens(deps, body.max_completion_tokens or body.max_tokens)
     checked_model(deps, body.model)
-    streams.shed_when_full(deps, user, body.model, messages, max_tokens, may_grow=False)  # the prompt is all here
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
+    streams.shed_when_full(deps, user, run_id, body.model, messages, max_tokens, may_grow=False)  # all here
     partition = streams.reply_partition(deps)
     event = convert.prompt_accepted(
         run_id=run_id,
@@ -129,7 +129,11 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
         temperature=body.temperature,
         store=False,
     )
-    live = await streams.start_run(deps, event)
+    try:
+        live = await streams.start_run(deps, event)
+    except Exception:
+        deps.pools.decided(run_id)  # never reached the log: the door stops counting it
+        raise
     replies = aiter(streams.live(deps, run_id, partition, live))
     reply, replies = await streams.admitted(deps, event, replies, stream_refusals=False)
     handed_over = ended = False

@@ -1,7 +1,15 @@
 """Admission control's pure parts: token buckets, concurrency, bounded-queue estimates, degradation, priority."""
 
 from admission.limits import DEFAULT_TIERS, Limits, effective, tier_cap
-from admission.placement import EngineLoad, at_the_door, estimated_wait, home_partition, place, pool_loads
+from admission.placement import (
+    EngineLoad,
+    at_the_door,
+    count_undecided,
+    estimated_wait,
+    home_partition,
+    place,
+    pool_loads,
+)
 from admission.slots import RunQueue
 from runtime.settings import DEFAULT_POOLS
 from storage.ledger import Account, available, decide, live_runs
@@ -214,3 +222,29 @@ def test_a_run_admitted_before_a_crash_goes_where_it_went_whatever_the_load_now(
     legacy = Decision(admitted=True, decided_at=1)
     run, placement = place_run(scheduled_run(tier="pro"), legacy, TIERS, full, PARTS, ProcessorSettings())
     assert (placement.pool, placement.partition) == ("large", home_partition("c1", PARTS["large"]))
+
+
+def test_the_door_counts_what_it_let_through_until_decided_so_a_burst_is_shed_at_once_but_not_a_pro_user():
+    """63 free requests arrive within a millisecond, before any status or placement shows them: each one the
+    door lets through counts as waiting until the scheduler's decision comes back, so the door sheds the rest
+    of the burst itself instead of passing them all to be refused seconds later; a pro request still passes
+    (free runs do not wait ahead of it)."""
+
+    def loads():
+        return {"small": [engine({}, {}, slots=2, mean=4.0)], "large": [engine({}, {}, slots=1, mean=8.0)]}
+
+    def door(tier, undecided):
+        current = loads()
+        count_undecided(current, undecided)
+        return at_the_door(None, 100, False, DEFAULT_POOLS, "small", current, tier, TIERS)
+
+    undecided: list[tuple[str, str]] = []
+    passed = 0
+    for _ in range(63):
+        if door("free", undecided) is None:
+            undecided.append(("small", "free"))
+            passed += 1
+    assert 1 <= passed < 10  # let through while the small pool's queue holds them within free's bound
+    assert door("free", undecided) is not None  # the rest of the burst: 429 at the door
+    assert door("pro", undecided) is None  # a pro user is not behind them
+    assert door("free", []) is None  # once decided (placed or refused), they count no more here

@@ -11,8 +11,15 @@ from api.replies import ACCEPTED, Reply
 
 
 def deps(wait_s: float) -> SimpleNamespace:
+    """The edge's services as `admitted` uses them; `decided` records the runs the door stopped counting."""
     settings = SimpleNamespace(admission_timeout_s=wait_s)
-    return SimpleNamespace(settings=settings, replies=SimpleNamespace(close=lambda run_id: None))
+    decided: list[str] = []
+    return SimpleNamespace(
+        settings=settings,
+        replies=SimpleNamespace(close=lambda run_id: None),
+        pools=SimpleNamespace(decided=decided.append),
+        decided=decided,
+    )
 
 
 EVENT = {"run_id": "r1", "chat_id": "c1", "user_id": "u1", "model": None}
@@ -35,6 +42,8 @@ async def test_a_slow_decision_streams_accepted_then_the_decision():
         yield Reply("t:0:0", "queued", {"run_id": "r1"})
         yield Reply("t:0:1", "completed", {"run_id": "r1"})
 
-    first, rest = await streams.admitted(deps(0.05), EVENT, replies(), stream_refusals=True)
+    edge = deps(0.05)
+    first, rest = await streams.admitted(edge, EVENT, replies(), stream_refusals=True)
     assert first.kind == ACCEPTED
+    assert edge.decided == ["r1"]  # kept past the wait: the door counts it no longer (its placement will show)
     assert [r.kind async for r in rest] == ["queued", "completed"]

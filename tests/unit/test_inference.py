@@ -48,10 +48,10 @@ def test_the_door_counts_a_request_as_the_scheduler_does_and_never_more(monkeypa
     monkeypatch.setattr(streams, "at_the_door", lambda model, least_tokens, *rest: seen.append(least_tokens))
     deps = SimpleNamespace(
         settings=SimpleNamespace(pools=SETTINGS.pools, default_pool=SETTINGS.default_pool),
-        pools=SimpleNamespace(loads=dict),
+        pools=SimpleNamespace(loads=dict, pending=lambda run_id, pool, tier: None),
         limits=SimpleNamespace(tiers_for=lambda user, tier: None),
     )
-    streams.shed_when_full(deps, SimpleNamespace(user_id="u", tier="pro"), None, messages, 7, False)
+    streams.shed_when_full(deps, SimpleNamespace(user_id="u", tier="pro"), "r1", None, messages, 7, False)
     run = assemble_given(prompt(max_tokens=7, messages=messages), SETTINGS)
     assert seen == [run["estimate_tokens"]] and run["context"]["prompt_tokens"] >= 400
 
