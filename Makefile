@@ -72,12 +72,13 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check api processors inference registry topics runtime admission conversation storage infra safety replay
 	$(VENV)/bin/mypy
 
-bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover, run lookup and replay throughput (JSON in bench/results/)
+bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, a burst with a pro user in it, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover, run lookup and replay throughput (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
 	$(PY) bench/inference_pools.py
 	$(PY) bench/admission_load.py
+	$(PY) bench/burst.py
 	$(PY) bench/safety_latency.py
 	$(PY) bench/safety_false_retractions.py
 	$(PY) bench/memory_long_chat.py
