@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
+import os
 import random
 import statistics
 import sys
@@ -299,12 +301,32 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def pin(stack: Stack) -> dict[str, list[int]]:
+    """The engines on the last core, everything else (the stack's other processes and this generator) on the
+    others, so the admission policy is measured apart from CPU starvation. Every thread of each process is
+    pinned (a thread started later inherits its creator's cores). Returns the cores each side got."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs at least 2 cores")
+    engines, rest = {cores[-1]}, set(cores[:-1])
+    for row in stack.status():
+        pid = row.get("pid")
+        if not pid:
+            continue
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(task.name), engines if row["role"] == "engine" else rest)
+    os.sched_setaffinity(0, rest)
+    return {"engines": sorted(engines), "rest": sorted(rest)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--phase-s", type=float, default=20.0)
     parser.add_argument("--fair-s", type=float, default=30.0)
     parser.add_argument("--solo", type=int, default=40)
     parser.add_argument("--factors", type=float, nargs="+", default=[1, 2, 5, 10])
+    parser.add_argument("--pin", action="store_true", help="engines on one core, the rest on the others")
     args = parser.parse_args()
     random.seed(5)
     stack = Stack(
@@ -316,12 +338,13 @@ def main() -> None:
     )
     stack.up()
     try:
-        result = asyncio.run(run(stack, args))
+        pinned = pin(stack) if args.pin else None
+        result = {"pinned_cores": pinned} | asyncio.run(run(stack, args))
     finally:
         stack.stop()
     text = json.dumps(result, indent=2)
     print(text)
-    (ROOT / "bench" / "results" / "admission.json").write_text(text + "\n")
+    (ROOT / "bench" / "results" / ("admission_pinned.json" if args.pin else "admission.json")).write_text(text + "\n")
 
 
 if __name__ == "__main__":
