@@ -24,7 +24,7 @@ from cassandra.query import BatchStatement
 from prometheus_client import Counter
 
 from admission.limits import Limits
-from storage.session import NotTheWriter, create_tables, idempotent, wait
+from storage.session import check_writer, create_tables, idempotent, wait
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +180,7 @@ class Ledger:
         )
 
     def _writing(self) -> None:
-        if self.WRITERS["budgets"] != self.writer:
-            raise NotTheWriter(f"{self.writer} may not write budgets: its one writer is {self.WRITERS['budgets']}")
+        check_writer(self.WRITERS, "budgets", self.writer)
 
     @counted
     async def account(self, user_id: str) -> Account:

@@ -60,6 +60,12 @@ class NotTheWriter(RuntimeError):
     """A process wrote a table another process owns (docs/structure.md, "Tables")."""
 
 
+def check_writer(writers: Mapping[str, str], table: str, writer: str) -> None:
+    """Raise NotTheWriter unless `writer` is the one process `writers` names for `table`."""
+    if writers[table] != writer:
+        raise NotTheWriter(f"{writer} may not write {table}: its one writer is {writers[table]}")
+
+
 WRITE = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+\w+\.(\w+)", re.IGNORECASE)
 
 
@@ -90,8 +96,8 @@ class Store:
 
     def _check(self, statement: Any) -> None:
         table = self._writes.get(id(statement))
-        if table is not None and self.WRITERS[table] != self.writer:
-            raise NotTheWriter(f"{self.writer} may not write {table}: its one writer is {self.WRITERS[table]}")
+        if table is not None:
+            check_writer(self.WRITERS, table, self.writer)
 
     async def _run(self, statement: Any, params: tuple[Any, ...]) -> Any:
         self._check(statement)

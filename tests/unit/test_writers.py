@@ -20,11 +20,10 @@ from storage.conversations import Change, Conversations, Message, deleted, overl
 from storage.decisions import SafetyDecisions
 from storage.ledger import Ledger
 from storage.memory import Memory
-from storage.session import NotTheWriter
+from storage.session import WRITE, NotTheWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 STORES = (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger)
-WRITE = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+\w+\.(\w+)", re.IGNORECASE)
 
 
 class Sent(Exception):
