@@ -32,6 +32,7 @@ from measure import summary  # noqa: E402
 
 from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
+from infra.traces import spans  # noqa: E402
 from replay.sse import aiter_sse  # noqa: E402
 
 REQUESTS, USERS, IN_FLIGHT, MAX_TOKENS, PRO_AFTER_S = 200, 10, 63, 200, 1.0
@@ -114,21 +115,16 @@ def report(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def edge_spans(stack: Stack) -> dict[str, Any]:
-    """The edge's own time for the chat-message requests it answered 429 and 200 (its server spans, from the
-    collector's file): the part of a rejection's latency spent in the handler, not in transit, in the server's
-    accept queue or in the client (one process driving 64 connections on the cores the stack runs on)."""
-    took: dict[str, list[float]] = {"429": [], "200": []}
-    for line in stack.spans_file.read_text().splitlines():
-        for resource in json.loads(line).get("resourceSpans", []):
-            for scope in resource.get("scopeSpans", []):
-                for span in scope.get("spans", []):
-                    if span["name"] != "POST /v1/chats/{chat_id}/messages":
-                        continue
-                    attrs = {a["key"]: next(iter(a["value"].values())) for a in span.get("attributes", [])}
-                    status = str(attrs.get("http.response.status_code") or attrs.get("http.status_code"))
-                    if status in took:
-                        took[status].append((int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e6)
-    return {"rejection_ms": summary(took["429"]), "warm_up_included": True}
+    """The edge's own time for the chat-message requests it answered 429 (its server spans, from the collector's
+    file): the part of a rejection's latency spent in the handler, not in transit, in the server's accept queue
+    or in the client (one process driving 64 connections on the cores the stack runs on)."""
+    took = [
+        (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e6
+        for span in spans(stack.spans_file)
+        if span["name"] == "POST /v1/chats/{chat_id}/messages"
+        and str(span["attrs"].get("http.response.status_code") or span["attrs"].get("http.status_code")) == "429"
+    ]
+    return {"rejection_ms": summary(took), "warm_up_included": True}
 
 
 def main() -> None:
