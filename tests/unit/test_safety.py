@@ -9,7 +9,7 @@ import pytest
 
 from conversation.context import Turn
 from conversation.gather import WITHHELD, ContextGuard
-from safety.encoder import Encoder
+from safety.encoder import Encoder, graph_files
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import BUILTIN, Policy, Rule, decide
@@ -27,6 +27,21 @@ def test_onnx_graph_reproduces_sentence_transformers():
     got = Encoder().embed(ref["texts"])
     assert np.abs(got - np.array(ref["embeddings"])).max() < 1e-4
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_the_graph_is_built_once_and_its_weights_are_mapped_not_copied(tmp_path, monkeypatch):
+    """A second build in the same folder reuses the files; a session maps weights.bin (file-backed pages a
+    machine's processes share) instead of holding its own copy of the 90 MB."""
+    first = graph_files(tmp_path)
+    stamp = (first.parent / "weights.bin").stat().st_mtime_ns
+    assert graph_files(tmp_path) == first
+    assert (first.parent / "weights.bin").stat().st_mtime_ns == stamp
+    assert [p.name for p in (tmp_path / "encoder").iterdir() if p.is_dir()] == [first.parent.name]  # no scratch
+    monkeypatch.setenv("LOCAL_INFRA_STATE", str(tmp_path))
+    encoder = Encoder()
+    encoder.embed(["a sentence to read the weights it needs"])
+    maps = Path("/proc/self/maps").read_text()
+    assert str(first.parent / "weights.bin") in maps
 
 
 @pytest.mark.parametrize(
