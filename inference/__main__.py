@@ -47,6 +47,8 @@ def main() -> None:
         context=settings.slot_context,
         threads=settings.threads,
         batch=settings.batch,
+        kv_cache_type=settings.kv_cache_type,
+        prompt_cache_mib=settings.prompt_cache_mib,
         alias=settings.model,
         log_path=state_dir()
         / "logs"

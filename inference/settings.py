@@ -26,6 +26,8 @@ class InferenceSettings(StackSettings):
     # prefilled in chunks of this size, each step also advancing every sequence already generating, so it
     # never stalls the others for its whole prefill (chunked prefill, as SGLang does by default).
     batch: int = 256
+    kv_cache_type: str = "q8_0"  # llama.cpp -ctk/-ctv: f16, q8_0 (half the memory of f16), q4_0
+    prompt_cache_mib: int = 64  # llama.cpp --cache-ram: host memory for slots' states that may be reused
     # A background run (a summary) starts only once the engine has had no reply for this long. It stops when a
     # reply arrives, but llama-server acts on a cancel only between engine steps (each up to `batch` prompt
     # tokens), so a summary caught mid-prefill would hold the engine for a step; starting one while a user is

@@ -78,6 +78,8 @@ class LlamaServer:
         model: Path | None = None,
         batch: int = 2048,
         key_file: Path | None = None,
+        kv_cache_type: str = "q8_0",
+        prompt_cache_mib: int = 64,
     ) -> None:
         self.port = port
         # Without a key file (a benchmark's own server) the engine is open to any local caller.
@@ -104,6 +106,18 @@ class LlamaServer:
             "-ub",
             str(min(batch, 512)),
             "--cont-batching",
+            # The KV cache at 8 bits (flash attention is what lets V be quantised): half the memory of f16,
+            # decode about 25% faster and prefill about 14% slower on this CPU (see README, stack memory).
+            "-ctk",
+            kv_cache_type,
+            "-ctv",
+            kv_cache_type,
+            "-fa",
+            "on",
+            # Slots' states kept in host memory for prompts that come back; llama.cpp's default bound is
+            # 8 GiB, which an engine left running grows into.
+            "--cache-ram",
+            str(prompt_cache_mib),
             "--no-webui",
             "--metrics",
             "--alias",
