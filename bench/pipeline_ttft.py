@@ -190,20 +190,23 @@ def hops(runs: list[Sent], bootstrap: str, namespace: str) -> dict[str, list[flo
     return out
 
 
-def rss_mb(pid: int) -> float:
+def memory_mb(pid: int, field: str = "Rss") -> float:
+    """A process's resident memory (Rss), or its proportional share (Pss: each page shared with other processes,
+    such as a library or the encoder's mapped weights, counted once across them), in MB."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except FileNotFoundError:
         pass
     return 0.0
 
 
-def stack_memory(stack: Stack) -> dict[str, float]:
-    """Resident MB of every process of the stack as `parley status` lists them (brokers, Cassandra nodes, the
-    pipeline's processes, each engine under its own row), and their total."""
-    rows = {str(row["name"]): round(rss_mb(int(str(row["pid"]))), 1) for row in stack.status() if row["pid"]}
+def stack_memory(stack: Stack, field: str = "Rss") -> dict[str, float]:
+    """Memory in MB of every process of the stack as `parley status` lists them (brokers, Cassandra nodes, the
+    pipeline's processes, each engine under its own row), and their total. The Pss total is what the stack
+    holds of the machine's memory; the Rss total counts a page shared by several processes once for each."""
+    rows = {str(row["name"]): round(memory_mb(int(str(row["pid"])), field), 1) for row in stack.status() if row["pid"]}
     rows["total"] = round(sum(rows.values()), 1)
     return rows
 
@@ -251,6 +254,7 @@ def main() -> None:
             runs.append(sent)
         time.sleep(2)
         memory = stack_memory(stack)
+        shares = stack_memory(stack, "Pss")
         per_hop = hops(runs, stack.settings.kafka_bootstrap, stack.namespace)
     finally:
         stack.stop()
@@ -273,6 +277,7 @@ def main() -> None:
         if per_hop["engine"]
         else None,
         "stack_rss_mb": memory,
+        "stack_pss_mb": shares,
         "stack_start_s": stack.timings,
     }
     out = Path(__file__).parent / "results" / "pipeline_ttft.json"

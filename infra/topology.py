@@ -95,7 +95,6 @@ class Topology:
                     "KAFKA_VOTERS": voters,
                     "KAFKA_REPLICATION": str(self.copies),
                     "KAFKA_CLUSTER_ID": cluster_id,
-                    "KAFKA_HEAP": "384m",
                     "KAFKA_START_TIMEOUT": "240",  # a restart under load replays the whole metadata log
                 },
             )
@@ -117,7 +116,6 @@ class Topology:
                     "CASSANDRA_HOST": host,
                     "CASSANDRA_SEEDS": self.hosts[0],
                     "CASSANDRA_INITIAL_TOKEN": str(-(2**63) + (i - 1) * step),
-                    "CASSANDRA_HEAP": "512m",
                 },
             )
             for i, host in enumerate(self.hosts, 1)
