@@ -249,9 +249,14 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         overload: dict[str, Any] = {}
         every: list[dict] = []
         for factor in tqdm(args.factors, desc="overload", file=sys.stderr):
+            before, started = cpu_seconds(stack), time.perf_counter()
             results = await open_loop(clients, urls, capacity * factor, args.phase_s, users)
+            busy = cores_used(before, cpu_seconds(stack), time.perf_counter() - started)
             every += results
-            overload[f"{factor}x"] = summarise(results) | {"target_per_s": round(capacity * factor, 2)}
+            overload[f"{factor}x"] = summarise(results) | {
+                "target_per_s": round(capacity * factor, 2),
+                "cores_used_by": busy,  # where the CPU went during the phase (its requests' tails included)
+            }
             p99 = overload[f"{factor}x"]["pro_ttft_ms_p99"]
             if p99 is not None and baseline["pro_ttft_ms_p99"]:
                 overload[f"{factor}x"]["pro_p99_ttft_vs_unloaded_p99"] = round(p99 / baseline["pro_ttft_ms_p99"], 2)
@@ -299,6 +304,26 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
             "flooder_rejected": sum(r["status"] != 200 for r in flood_requests),
         },
     }
+
+
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU time (user + system) each kind of process has used so far, summed over its replicas: brokers,
+    Cassandra nodes, edges, each stage, inference consumers, engines, and this generator."""
+    tick = os.sysconf("SC_CLK_TCK")
+    rows = [(str(row["role"]), str(row["name"]), int(str(row["pid"]))) for row in stack.status() if row["pid"]]
+    used: dict[str, float] = {}
+    for role, name, pid in [*rows, ("generator", "generator", os.getpid())]:
+        kind = name if role == "stage" else role
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            used[kind] = used.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
+def cores_used(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Cores each kind of process kept busy over a phase (1.0: one core the whole time), busiest first."""
+    busy = {kind: (after[kind] - before.get(kind, 0.0)) / seconds for kind in after}
+    return {kind: round(v, 2) for kind, v in sorted(busy.items(), key=lambda kv: -kv[1])}
 
 
 def pin(stack: Stack) -> dict[str, list[int]]:
