@@ -16,6 +16,8 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -26,7 +28,7 @@ from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from runtime.kafka import partition_count
 from safety.encoder import Encoder
-from storage.conversations import Conversations, Message
+from storage.conversations import Change, Conversations, Message
 from storage.ids import new_id, utc
 from storage.memory import Memory, Summary
 from topics.codec import Event
@@ -104,18 +106,23 @@ def register(
             await memory.remember(chat_id, uuid.UUID(message_id), role, text, vector)
             EMBEDDED.labels(role).inc()
 
-    async def maybe_summarize(prompt: Event) -> None:
+    async def maybe_summarize(prompt: Event, known: tuple[Any, Mapping[str, Change]] | None = None) -> None:
+        """`known`: the chat and its changes as the caller just read them (not read again)."""
         chat_key = prompt["chat_id"]
         if time.monotonic() - pending.get(chat_key, -1e9) < settings.summary_timeout_s:
             return  # one summary run per chat at a time
         chat_id = uuid.UUID(chat_key)
-        chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
+        changes: Mapping[str, Change] | None = None
+        if known is None:
+            chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
+        else:
+            (chat, changes), latest = known, await memory.latest_summary(chat_id)
         if chat is None:
             return
         after = uuid.UUID(latest.through) if latest else None
         if chat.context_from is not None and (after is None or after.time < chat.context_from.time):
             after, latest = chat.context_from, None
-        messages = [m for m in await conversations.messages_after(chat_id, after, 400) if m.content]
+        messages = [m for m in await conversations.messages_after(chat_id, after, 400, changes) if m.content]
         counts = [counter.count(m.content) for m in messages]
         most = pool.prompt_budget - settings.summary_max_tokens - SUMMARY_OVERHEAD
         n = fold(messages, counts, settings.summarize_after_tokens, settings.summarize_keep_tokens, most)
@@ -217,7 +224,7 @@ def register(
         # As the user left them: a change that reached this stage first is not undone by a late completion.
         items = [(i, role, (changes[i].content or "") if i in changes else text) for i, role, text in items]
         await remember(chat_id, items)
-        await maybe_summarize(prompt)
+        await maybe_summarize(prompt, (chat, changes))
 
     async def on_changed(change: Event) -> None:
         chat_id = uuid.UUID(change["chat_id"])
