@@ -93,7 +93,7 @@ def serve(kind: str, port: int, namespace: str, partition: int, records: int, in
     else:
         from api import streams
         from api.replies import ReplyHub
-        from api.routes.chats import sse_stream
+        from api.answers import sse_stream
         from api.settings import ApiSettings
 
         settings = ApiSettings(namespace=namespace, kafka_bootstrap=BOOTSTRAP)
