@@ -92,8 +92,8 @@ def serve(kind: str, port: int, namespace: str, partition: int, records: int, in
 
     else:
         from api import streams
-        from api.replies import ReplyHub
         from api.answers import sse_stream
+        from api.replies import ReplyHub
         from api.settings import ApiSettings
 
         settings = ApiSettings(namespace=namespace, kafka_bootstrap=BOOTSTRAP)
