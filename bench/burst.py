@@ -127,7 +127,7 @@ def report(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def edge_spans(stack: Stack) -> dict[str, Any]:
     """The edge's own time for the chat-message requests it answered 429 (its server spans, from the collector's
     file): the part of a rejection's latency spent in the handler, not in transit, in the server's accept queue
-    or in the client (one process driving 64 connections on the cores the stack runs on)."""
+    or in the clients (the bench's 11 clients run on the cores the stack runs on)."""
     took = [
         (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e6
         for span in spans(stack.spans_file)

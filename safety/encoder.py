@@ -10,7 +10,8 @@ The graph is built once per state folder and kept as a file whose weights sit in
 (`graph_files`), named by a hash of this module and the weights package's version, so it cannot go stale.
 onnxruntime maps that file rather than copying it: the word-embedding table (half the 90 MB) is read only
 where a token's row is, and every process of a machine shares the pages it reads. Built in memory and handed
-over as bytes, each process held about 190 MB; mapped, about 50 (`tests/unit/test_safety.py`).
+over as bytes, each process held about 190 MB; mapped, about 60 (measured in a bare process; the test in
+`tests/unit/test_safety.py` checks that the weights are mapped).
 """
 
 from __future__ import annotations
