@@ -215,11 +215,7 @@ class Replay:
                         continue
                     replayed = now.setdefault(run_id, Recorded(cast(PromptAccepted, event.get("prompt") or {})))
                     replayed.add(topic.schema, event)
-                    # Through the pipeline a run is done once it ended and its verdict is in: the two come on
-                    # different topics, read interleaved, so the end can be read first (the report then showed
-                    # a refused run's verdict as gone: a false flip).
-                    waiting = replayed.moderated is None or (pipeline and replayed.ended is None)
-                    if waiting:
+                    if not settled(replayed, pipeline):
                         continue
                     run = pending.pop(run_id)
                     result = compared(run, replayed.moderated, replayed if pipeline else None)
@@ -235,6 +231,18 @@ class Replay:
     def drop(self) -> None:
         """The replay's topics and keyspace, once it is complete."""
         cand.drop(self.settings, self.plan.namespace, keyspace=self.candidate.through == "pipeline")
+
+
+def settled(replayed: Recorded, pipeline: bool) -> bool:
+    """Whether a replayed run has all it will be compared on (pure): its verdict and, through the pipeline, its
+    end and, when it completed, its schedule. Each comes on its own topic, read interleaved, so the end can be
+    read before either (the report then showed a refused run's verdict, or a completed run's pool, as gone: a
+    false flip)."""
+    if replayed.moderated is None:
+        return False
+    if not pipeline:
+        return True
+    return replayed.ended is not None and (replayed.completed is None or replayed.scheduled is not None)
 
 
 def new_plan(settings: StackSettings, candidate: Candidate, selection: Selection, runs: list[Recorded]) -> Plan:

@@ -11,6 +11,7 @@ import pytest
 from replay import evals
 from replay.candidate import CandidateError, load_policy
 from replay.compare import compared, summary
+from replay.redrive import settled
 from replay.selection import Recorded
 from runtime.window import Record
 from storage import history
@@ -186,6 +187,21 @@ def test_a_run_through_the_whole_pipeline_is_compared_field_by_field():
     report = summary([result])
     assert report["moderation_changed"] == 0 and report["flips"] == {}
     assert report["completion_tokens"] == {"then": 3, "now": 1} and report["pools"]["now"] == {"large": 1}
+
+
+def test_a_replayed_run_is_settled_once_everything_it_is_compared_on_was_read():
+    prompt = {"run_id": "r1", "chat_id": "c", "user_id": "u", "content": "hi"}
+    run = Recorded(prompt)
+    run.add("RunCompleted", {"finish_reason": "stop", "pool": "small"})  # its end read before the rest
+    assert not settled(run, pipeline=True) and not settled(run, pipeline=False)
+    run.add("PromptModerated", _verdict("allowed", None))
+    assert settled(run, pipeline=False) and not settled(run, pipeline=True)  # a completed run was scheduled
+    run.add("RunScheduled", {"pool": "small", "context": {"prompt_tokens": 9}})
+    assert settled(run, pipeline=True)
+    refused = Recorded(prompt, _verdict("allowed", None))
+    assert not settled(refused, pipeline=True)
+    refused.add("RunRejected", {"code": "over_capacity"})  # refused by the scheduler: no schedule to wait for
+    assert settled(refused, pipeline=True)
 
 
 def test_a_candidate_must_change_something_within_its_reach():
