@@ -106,8 +106,10 @@ def sse(reply: Reply) -> dict[str, Any]:
                 "moderation",
                 {"run_id": prompt["run_id"], "action": "refused", "category": r["category"], "message": r["message"]},
             )
-        else:
+        else:  # a refusal the scheduler made after the stream started: its Retry-After goes with it
             event, data = "error", {"run_id": prompt["run_id"], "code": r["code"], "message": r["message"]}
+            if r.get("retry_after_s") is not None:
+                data["retry_after_s"] = r["retry_after_s"]
     return {"event": event, "id": reply.cursor, "data": json.dumps(data)}
 
 

@@ -2,11 +2,12 @@
 kept, never refused for the scheduler's or the log's sake."""
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from api import streams
+from api import convert, streams
 from api.replies import ACCEPTED, Reply
 
 
@@ -47,3 +48,13 @@ async def test_a_slow_decision_streams_accepted_then_the_decision():
     assert first.kind == ACCEPTED
     assert edge.decided == ["r1"]  # kept past the wait: the door counts it no longer (its placement will show)
     assert [r.kind async for r in rest] == ["queued", "completed"]
+
+
+def test_a_refusal_after_the_stream_started_ends_it_as_an_error_with_its_retry_after():
+    prompt = {"run_id": "r1", "chat_id": "c1"}
+    later = {"prompt": prompt, "code": "over_capacity", "message": "busy", "category": None, "retry_after_s": 4}
+    event = convert.sse(Reply("r:0:7", "rejected", later))
+    assert event["event"] == "error" and event["id"] == "r:0:7"
+    assert json.loads(event["data"]) == {"run_id": "r1", "code": "over_capacity", "message": "busy", "retry_after_s": 4}
+    final = convert.sse(Reply("r:0:8", "rejected", dict(later, code="budget_too_small", retry_after_s=None)))
+    assert "retry_after_s" not in json.loads(final["data"])  # retrying cannot help: no time is given
