@@ -53,6 +53,7 @@ SCHEDULER_REFUSALS = {
     "budget_too_small",
     "context_length_exceeded",
 }
+RETRYABLE = {"concurrency_limit_exceeded", "token_budget_exceeded", "over_capacity"}  # 429s: they say when
 
 
 @dataclass
@@ -64,11 +65,12 @@ class Burst:
     creators: int = 16
     talkers: int = 3
     chats: list[str] = field(default_factory=list)  # answered 201
-    # (chat, question) -> its run; "refused:<code>"; or "unknown" (the connection was cut before an answer began)
+    # (chat, question) -> its run; "refused:<code>" (a 429/503/400), "refused late:<code>" (an error event that
+    # ended a started stream); or "unknown" (the connection was cut before an answer began)
     sent: dict[tuple[str, str], str] = field(default_factory=dict)
     completed: set[str] = field(default_factory=set)  # runs whose stream ended with run.completed
     broken: dict[str, str] = field(default_factory=dict)  # run -> the last event of a stream that did not end
-    refused: list[tuple[int, str]] = field(default_factory=list)  # (status, Retry-After) of every refusal
+    refused: list[tuple[int | str, str]] = field(default_factory=list)  # (status, Retry-After) of every refusal
     unclear: list[str] = field(default_factory=list)  # any other answer
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -131,10 +133,20 @@ class Burst:
                 continue
             run = events[0]["data"]["run_id"]
             self.sent[(chat, question)] = run
-            if events[-1]["event"] == "run.completed":
+            last = events[-1]  # cut off mid-event, only part of it came
+            data = last.get("data") if isinstance(last.get("data"), dict) else {}
+            if last.get("event") == "error" and data.get("code") in SCHEDULER_REFUSALS:
+                # The scheduler decided after the edge's wait (the store was away): the stream had started
+                # with run.accepted, and the refusal ends it, with its Retry-After where retrying can help.
+                code = data["code"]
+                self.sent[(chat, question)] = f"refused late:{code}"
+                self.refused.append(("stream", str(data.get("retry_after_s", ""))))
+                if code in RETRYABLE and not data.get("retry_after_s"):
+                    self.unclear.append(f"{run}: refused {code} mid-stream without retry_after_s: {data}")
+            elif last.get("event") == "run.completed":
                 self.completed.add(run)
             else:
-                self.broken[run] = events[-1]["event"]
+                self.broken[run] = str(last.get("event"))
 
     def __enter__(self) -> Burst:
         self.threads = [threading.Thread(target=self.create, args=(i,)) for i in range(self.creators)]
@@ -169,7 +181,7 @@ class Burst:
             with client.stream("GET", f"/v1/chats/{chat}/runs/{run}/events") as response:
                 assert response.status_code == 200
                 events = sse_events(response)
-            assert events[-1]["event"] == "run.completed", (run, [e["event"] for e in events][-3:])
+            assert events[-1]["event"] == "run.completed", (run, [e["event"] for e in events][-3:], events[-1]["data"])
             assert sum(e["event"] == "run.completed" for e in events) == 1
 
         def wrong() -> list[str]:
@@ -189,9 +201,18 @@ class Burst:
                     refusal = [(m["finish_reason"], m["content"]) for m in turns]
                     if code not in SCHEDULER_REFUSALS or len(asked) > 1 or [r[0] for r in refusal] != [code]:
                         found.append(f"refused ({code}), yet stored {len(asked)} times, answered {refusal}: {question}")
+                elif run.startswith("refused late:"):  # its prompt was in the log: stored, refused, once
+                    code = run.removeprefix("refused late:")
+                    refusal = [
+                        m["finish_reason"]
+                        for m in stored
+                        if asked and m["role"] == "assistant" and m["run_id"] == asked[0]["run_id"]
+                    ]
+                    if len(asked) != 1 or refusal != [code]:
+                        found.append(f"refused late ({code}): stored {len(asked)}x, answered {refusal}: {question}")
                 elif run == "unknown" and len(asked) > 1:
                     found.append(f"cut off, and stored {len(asked)} times: {question}")
-                elif not run.startswith("refused:") and run != "unknown" and (len(asked), answered) != (1, 1):
+                elif not run.startswith("refused") and run != "unknown" and (len(asked), answered) != (1, 1):
                     found.append(f"{run}: question stored {len(asked)} times, answer {answered}")
             return found
 
