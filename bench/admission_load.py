@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from measure import pct  # noqa: E402
 
 from api.auth import credential  # noqa: E402
-from infra.stack import Stack  # noqa: E402
+from infra.stack import POOL_SLOTS, Stack  # noqa: E402
 from replay.sse import aiter_sse  # noqa: E402
 
 PORT_BASE = 19200
@@ -177,6 +177,69 @@ async def open_loop(clients: Clients, urls, rate: float, seconds: float, users: 
     return results
 
 
+async def engine_ttft(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], text: str, to_end: bool = False
+) -> float | None:
+    """A chat request straight to an engine (llama-server): its TTFT in ms. Read to its end (`to_end`: a
+    request keeping a slot busy) or closed at its first token (its slot is freed as the engine notices)."""
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": MAX_TOKENS, "stream": True}
+    started, first = time.perf_counter(), None
+    async with client.stream("POST", f"{url}/v1/chat/completions", headers=headers, json=body) as response:
+        async for sse in aiter_sse(response.aiter_lines()):
+            chunk = sse.get("data")
+            if (
+                first is None
+                and isinstance(chunk, dict)
+                and ((chunk.get("choices") or [{}])[0].get("delta") or {}).get("content")
+            ):
+                first = (time.perf_counter() - started) * 1000
+                if not to_end:
+                    break
+    return first
+
+
+async def engine_floor(stack: Stack, n: int) -> dict[str, Any]:
+    """The engine's own share of a loaded pro TTFT, without the pipeline: short requests straight to the small
+    pool's first engine, one at a time, with every engine idle, then with each engine decoding one request fewer
+    than its slots (the state overload leaves the engines in: a pro run admitted first still shares its
+    engine's batch and core with the runs already decoding, as llama-server does not preempt). p99 busy over
+    p99 idle is the least the pipeline's pro p99 ratio can be at saturation, whatever its admission policy."""
+    pools = [pool for pool, count in stack.workers.items() for _ in range(count)]
+    engines = [
+        (stack.engine_url(pool, i), stack.engine_headers(pool, i))
+        for pool in stack.workers
+        for i in range(stack.workers[pool])
+    ]
+    url, headers = engines[0]
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=400)) as client:
+        idle = [await engine_ttft(client, url, headers, content(i)) for i in range(n)]
+
+        async def keep_busy(u: str, h: dict[str, str], k: int) -> None:
+            i = 0
+            while not stop.is_set():
+                await engine_ttft(client, u, h, content(1000 * k + i), to_end=True)
+                i += 1
+
+        busy_slots = {pool: POOL_SLOTS.get(pool, 4) - 1 for pool in stack.workers}
+        slots = [(u, h) for pool, (u, h) in zip(pools, engines, strict=True) for _ in range(busy_slots[pool])]
+        background = [asyncio.create_task(keep_busy(u, h, k)) for k, (u, h) in enumerate(slots)]
+        await asyncio.sleep(3)  # every slot decoding
+        busy = [await engine_ttft(client, url, headers, content(i)) for i in range(n)]
+        stop.set()
+        await asyncio.gather(*background)
+    idle_ms = [t for t in idle if t is not None]
+    busy_ms = [t for t in busy if t is not None]
+    floor = {
+        "engines": len(engines),
+        "busy_slots_per_engine": busy_slots,
+        "idle_ttft_ms": {"p50": pct(idle_ms, 50, 1), "p99": pct(idle_ms, 99, 1)},
+        "busy_ttft_ms": {"p50": pct(busy_ms, 50, 1), "p99": pct(busy_ms, 99, 1)},
+    }
+    floor["busy_p99_vs_idle_p99"] = round(floor["busy_ttft_ms"]["p99"] / floor["idle_ttft_ms"]["p99"], 2)
+    return floor
+
+
 def summarise(results: list[dict]) -> dict[str, Any]:
     seconds = max(r["offered_s"] for r in results)
     ok = [r for r in results if r["status"] == 200 and "tokens" in r]
@@ -244,6 +307,15 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         baseline = {"pro_ttft_ms_p50": pct(solo, 50, 1), "pro_ttft_ms_p99": pct(solo, 99, 1), "samples": len(solo)}
         print(f"unloaded pro TTFT {baseline}", file=sys.stderr)
 
+        print("engine floor ...", file=sys.stderr)
+        floor = await engine_floor(stack, args.solo)
+        # The pipeline's unloaded pro p99 plus what a busy engine adds: the least its loaded p99 can be.
+        extra = floor["busy_ttft_ms"]["p99"] - floor["idle_ttft_ms"]["p99"]
+        floor["least_pro_p99_vs_unloaded"] = round(
+            (baseline["pro_ttft_ms_p99"] + extra) / baseline["pro_ttft_ms_p99"], 2
+        )
+        print(f"engine floor {floor}", file=sys.stderr)
+
         users = [(f"free-{tag}-{i}", "free") for i in range(20)] + [(f"pro-{tag}-{i}", "pro") for i in range(20)]
         random.shuffle(users)
         overload: dict[str, Any] = {}
@@ -284,6 +356,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         "phase_s": args.phase_s,
         "capacity_runs_per_s": round(capacity, 2),
         "unloaded": baseline,
+        "engine_floor": floor,
         "overload": overload,
         "budget": {
             "free_budget_tokens": FREE_BUDGET,

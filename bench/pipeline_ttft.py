@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import time
 import uuid
 from dataclasses import dataclass
@@ -190,6 +191,119 @@ def hops(runs: list[Sent], bootstrap: str, namespace: str) -> dict[str, list[flo
     return out
 
 
+def floors(stack: Stack, n: int = 200) -> dict[str, Any]:
+    """What the path's parts cost alone on this machine, measured in the same run on the same (now idle) stack,
+    p50/p99 of n each: one Kafka hop (a record produced with the pipeline's producer settings, acks=all and
+    idempotent, until a consumer polling its partition has it; the stages' aiokafka clients cost more), a
+    Cassandra read and a compare-and-set like the ledger's (one row, LOCAL_SERIAL: Paxos), and the input check
+    on a short turn (the moderation stage's encoder, heads and policy, in this process). The path to a first
+    token crosses four Kafka hops (accepted, moderated, scheduled, the first delta) and makes one ledger read,
+    one compare-and-set and one input check; `path_p50_ms` adds those medians up."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from runtime.kafka import producer_config
+    from safety.moderator import Moderator
+    from safety.policy import BUILTIN
+    from storage.session import connect_session
+
+    bootstrap = stack.settings.kafka_bootstrap
+    topic = f"{stack.namespace}.bench-floor"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer(producer_config(bootstrap))
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{stack.namespace}.floor"})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    kafka = []
+    try:
+        for i in range(n + 10):
+            started = time.perf_counter()
+            producer.produce(topic, value=str(i).encode())
+            producer.poll(0)
+            while True:
+                msg = consumer.poll(0.5)
+                if msg is not None and not msg.error() and msg.value() == str(i).encode():
+                    break
+            kafka.append((time.perf_counter() - started) * 1000)
+            producer.poll(0)
+    finally:
+        producer.flush(10)
+        consumer.close()
+        admin.delete_topics([topic])
+    session = connect_session(stack.settings.cassandra)
+    ks = stack.settings.keyspace_name
+    read = session.prepare(f"SELECT version FROM {ks}.budgets WHERE user_id = ? LIMIT 1")
+    cas = session.prepare(f"UPDATE {ks}.budgets SET version = ? WHERE user_id = ? IF version = ?")
+    user = f"floor-{uuid.uuid4().hex[:8]}"
+    session.execute(f"UPDATE {ks}.budgets SET version = 0 WHERE user_id = %s", (user,))
+    reads, writes = [], []
+    for v in range(n + 10):
+        started = time.perf_counter()
+        session.execute(read, (user,)).one()
+        reads.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        assert session.execute(cas, (v + 1, user, v)).one()[0]
+        writes.append((time.perf_counter() - started) * 1000)
+    session.execute(f"DELETE FROM {ks}.budgets WHERE user_id = %s", (user,))
+    session.cluster.shutdown()
+    moderator = Moderator()
+    checks = []
+    for i in range(n + 10):
+        started = time.perf_counter()
+        moderator.check(BUILTIN, "input", [f"{PROMPTS[i % len(PROMPTS)]} ({i})"])
+        checks.append((time.perf_counter() - started) * 1000)
+    parts = {
+        "kafka_hop": kafka[10:],
+        "cassandra_read": reads[10:],
+        "cassandra_compare_and_set": writes[10:],
+        "input_check": checks[10:],
+    }
+    out: dict[str, Any] = {name: summary(v) for name, v in parts.items()}
+    medians = {name: statistics.median(v) for name, v in parts.items()}
+    out["path_p50_ms"] = round(
+        4 * medians["kafka_hop"]
+        + medians["cassandra_read"]
+        + medians["cassandra_compare_and_set"]
+        + medians["input_check"],
+        2,
+    )
+    return out
+
+
+SPAN_GAPS = {  # what: (from span, its end or start) -> (to span, its start or end), from each run's trace
+    "edge_before_publish": (("POST /v1/chats/{chat_id}/messages", 0), ("accept prompt", 0)),
+    "edge_publish": (("accept prompt", 0), ("accept prompt", 1)),
+    "to_moderation": (("accept prompt", 1), ("moderation chat.prompt-accepted.v1", 0)),
+    "moderation_handler": (("moderation chat.prompt-accepted.v1", 0), ("moderation chat.prompt-accepted.v1", 1)),
+    "to_scheduling": (("moderation chat.prompt-accepted.v1", 1), ("scheduling chat.prompt-moderated.v1", 0)),
+    "scheduling_handler": (("scheduling chat.prompt-moderated.v1", 0), ("scheduling chat.prompt-moderated.v1", 1)),
+}
+
+
+def span_gaps(spans_file: Path, run_ids: set[str]) -> dict[str, dict[str, float | None]]:
+    """Inside the edge, moderation and scheduling hops, from the spans each process exported (ms): the edge's
+    work before it publishes and the publish itself, each stage's handler, and the deliveries between them
+    (a record sent until the stage's handler starts: Kafka, aiokafka and faust)."""
+    times: dict[str, dict[str, tuple[float, float]]] = {}
+    runs: dict[str, str] = {}
+    for line in spans_file.read_text().splitlines():
+        for resource in json.loads(line)["resourceSpans"]:
+            for scope in resource["scopeSpans"]:
+                for span in scope["spans"]:
+                    start, end = int(span["startTimeUnixNano"]) / 1e6, int(span["endTimeUnixNano"]) / 1e6
+                    times.setdefault(span["traceId"], {})[span["name"]] = (start, end)
+                    for attribute in span.get("attributes", []):
+                        if attribute["key"] == "parley.run_id" and attribute["value"]["stringValue"] in run_ids:
+                            runs[span["traceId"]] = attribute["value"]["stringValue"]
+    gaps: dict[str, list[float]] = {name: [] for name in SPAN_GAPS}
+    for trace in runs:
+        spans = times[trace]
+        for name, ((a, i), (b, j)) in SPAN_GAPS.items():
+            if a in spans and b in spans:
+                gaps[name].append(spans[b][j] - spans[a][i])
+    return {name: summary(values) for name, values in gaps.items()}
+
+
 def memory_mb(pid: int, field: str = "Rss") -> float:
     """A process's resident memory (Rss), or its proportional share (Pss: each page shared with other processes,
     such as a library or the encoder's mapped weights, counted once across them), in MB."""
@@ -256,6 +370,9 @@ def main() -> None:
         memory = stack_memory(stack)
         shares = stack_memory(stack, "Pss")
         per_hop = hops(runs, stack.settings.kafka_bootstrap, stack.namespace)
+        time.sleep(2)  # the collector writes its batch
+        inside = span_gaps(stack.spans_file, {r.run_id for r in runs})
+        parts = floors(stack)
     finally:
         stack.stop()
 
@@ -273,9 +390,12 @@ def main() -> None:
         # Per hop (module docstring); "engine" is the engine's TTFT as the inference consumer saw it, so
         # engine_client_overhead_ms is its p50 less the engine alone's.
         "hops_ms": {hop: summary(values) for hop, values in per_hop.items()},
+        "inside_hops_ms": inside,
         "engine_client_overhead_p50_ms": round(pct(per_hop["engine"], 50) - pct([e for _, e, _ in pairs], 50), 2)
         if per_hop["engine"]
         else None,
+        # What the path's parts cost alone here (floors): the least the pipeline can add on this machine.
+        "floors_ms": parts,
         "stack_rss_mb": memory,
         "stack_pss_mb": shares,
         "stack_start_s": stack.timings,
