@@ -280,6 +280,7 @@ def main() -> None:
         result = asyncio.run(run(stack, args))
     finally:
         stack.stop()
+        stack.forget()  # its topics and keyspace
     result = {
         "benchmark": "inference_pools",
         "engine": "llama-server (llama.cpp), SmolLM2-135M-Instruct Q4_1, 1 thread; small pool 8 slots x 2,048 tokens",

@@ -166,6 +166,7 @@ def main() -> None:
         completed = of_chat(RUN_COMPLETED)
     finally:
         stack.stop()
+        stack.forget()  # its topics and keyspace
 
     by_run = {r["prompt"]["run_id"]: r for r in scheduled}
     done = {d["prompt"]["run_id"]: d for d in completed}

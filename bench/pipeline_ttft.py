@@ -375,6 +375,7 @@ def main() -> None:
         parts = floors(stack)
     finally:
         stack.stop()
+        stack.forget()  # its topics and keyspace
 
     added = [p - e for p, e, _ in pairs]
     result = {

@@ -176,6 +176,7 @@ def on_stack(pairs: int, max_tokens: int, port_base: int, think_ms: int) -> dict
         moderated = moderated_by_mode(stack, results)
     finally:
         stack.stop()
+        stack.forget()  # its topics and keyspace
     ttft = {m: [r[0] for r in v] for m, v in results.items()}
     gap = {m: [r[1] for r in v] for m, v in results.items()}
     checked = moderated["with"]

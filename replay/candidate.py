@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from admission.limits import DEFAULT_TIERS, Limits, change, row_key
-from runtime.kafka import Publisher, ensure_topics
+from runtime.kafka import Publisher, delete_topics, ensure_topics
 from runtime.settings import StackSettings
 from runtime.window import Read, Window
 from safety.policy import ANY_TIER, Policy, to_record
@@ -259,18 +259,8 @@ def processes(
 
 def drop(settings: StackSettings, namespace: str, keyspace: bool) -> None:
     """A candidate namespace's topics and (whole pipeline) keyspace."""
-    from confluent_kafka.admin import AdminClient
+    from storage.schema import drop_keyspace
 
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
-    mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{namespace}.")]
-    for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
-        future.result()
+    delete_topics(settings.kafka_bootstrap, namespace)
     if keyspace:
-        from storage.session import connect_session
-
-        replay = replay_settings(settings, namespace)
-        session = connect_session(replay.cassandra)
-        try:
-            session.execute(f"DROP KEYSPACE IF EXISTS {replay.keyspace_name}", timeout=60)
-        finally:
-            session.cluster.shutdown()
+        drop_keyspace(replay_settings(settings, namespace).cassandra)

@@ -111,6 +111,15 @@ def ensure_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[
     return created
 
 
+def delete_topics(bootstrap: str, namespace: str) -> list[str]:
+    """Delete every topic of a namespace (a finished replay's, a benchmark's); returns the names deleted."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{namespace}.")]
+    for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
+        future.result()
+    return mine
+
+
 def led(admin: AdminClient, names: list[str], timeout_s: float = 60.0) -> None:
     """Wait until every topic is in the cluster's metadata with a leader for each partition. A topic just
     created can be missing there for a moment (seconds on a broker holding hundreds of topics), and a consumer

@@ -67,6 +67,16 @@ def connect(settings: CassandraSettings) -> Session:
     return session
 
 
+def drop_keyspace(settings: CassandraSettings) -> None:
+    """Drop a namespace's keyspace (a finished replay's, a benchmark's): every Cassandra node keeps each table's
+    structures in its heap for as long as the table exists."""
+    session = connect_session(settings)
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
+    finally:
+        session.cluster.shutdown()
+
+
 def migrate_usage(settings: StackSettings) -> None:
     """A ClickHouse server's usage tables (the embedded engine's are made by the one process that opens it)."""
     if settings.usage_target.startswith("chdb://"):

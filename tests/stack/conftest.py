@@ -23,6 +23,7 @@ from api.auth import credential
 from infra.processes import LOCAL
 from infra.stack import Stack
 from registry import client as registry
+from runtime.kafka import delete_topics
 from topics.pipeline import Topic, named
 
 from ..sse import iter_sse
@@ -108,13 +109,8 @@ def live() -> Iterator[Live]:
 
 
 def forget_topics(namespace: str) -> None:
-    from confluent_kafka.admin import AdminClient
-
     try:
-        admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-        mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{namespace}.")]
-        for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
-            future.result()
+        delete_topics(BOOTSTRAP, namespace)
     except Exception as exc:  # the broker may be gone already: the topics stay, as before
         print(f"could not delete the topics of {namespace}: {exc}")
 
