@@ -286,6 +286,8 @@ class Stack:
         from runtime.kafka import delete_topics
         from storage.schema import drop_keyspace
 
+        if not self.namespace:
+            raise ValueError("the default namespace is a deployment's own: only a named namespace is forgotten")
         try:
             delete_topics(self.settings.kafka_bootstrap, self.namespace)
             drop_keyspace(self.settings.cassandra)

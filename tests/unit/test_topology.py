@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from infra.stack import Stack
 from infra.topology import CLUSTER, SINGLE_NODE
 
@@ -51,3 +53,8 @@ def test_status_lists_every_process_with_its_role_address_and_broker_id(capsys, 
     assert [r["address"] for r in roles["cassandra-node"]] == [f"127.0.0.1{i}:9042" for i in (1, 2, 3)]
     assert len(roles["edge"]) == 2 and len(roles["inference"]) == len(roles["engine"]) == 4
     assert len(roles["schema-registry"]) == 1 and len(roles["stage"]) == 5
+
+
+def test_a_stack_without_a_namespace_is_never_forgotten():
+    with pytest.raises(ValueError, match="default namespace"):
+        Stack().forget()  # would drop the deployment's own keyspace and topics
