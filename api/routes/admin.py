@@ -29,13 +29,13 @@ class LimitsPatch(BaseModel):
     """Fields to set; a field left out keeps the value below it (the tier's, or the built-in default)."""
 
     model_config = ConfigDict(extra="forbid")
-    budget_tokens: int | None = Field(None, ge=0)
-    refill_tokens_per_hour: int | None = Field(None, ge=0)
-    max_concurrent: int | None = Field(None, ge=0)
-    priority: int | None = Field(None, ge=0, le=100)
-    max_queue_wait_s: float | None = Field(None, ge=0)
-    slot_share: float | None = Field(None, gt=0, le=1)
-    degrade: bool | None = None
+    budget_tokens: int | None = Field(None, ge=0, strict=True)
+    refill_tokens_per_hour: int | None = Field(None, ge=0, strict=True)
+    max_concurrent: int | None = Field(None, ge=0, strict=True)
+    priority: int | None = Field(None, ge=0, le=100, strict=True)
+    max_queue_wait_s: float | None = Field(None, ge=0, strict=True)
+    slot_share: float | None = Field(None, gt=0, le=1, strict=True)
+    degrade: bool | None = Field(None, strict=True)
 
 
 async def publish(deps: Services, key: str, record: E | None, topic: Topic[E], view: TopicTable | None = None) -> None:

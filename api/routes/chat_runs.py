@@ -57,7 +57,7 @@ async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -
 
 
 class Regenerate(BaseModel):
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, strict=True)
     model: str | None = None
 
 

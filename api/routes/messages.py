@@ -34,7 +34,7 @@ class MessagePatch(BaseModel):
 
 class NewMessage(BaseModel):
     content: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, strict=True)  # "5" or true is a 400, not coerced
     model: str | None = None
 
 

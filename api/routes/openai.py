@@ -52,7 +52,7 @@ class InMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: bool = Field(False, strict=True)
 
 
 class Completion(BaseModel):
@@ -61,10 +61,12 @@ class Completion(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[InMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    stream: bool = False
+    # Strict: a string or a boolean where the schema says a number (or a number where it says a boolean) is a
+    # 400, not coerced (schemathesis found "5" accepted as max_tokens).
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
+    temperature: float | None = Field(None, ge=0, le=2, strict=True)
+    stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
     tools: list[Any] | None = Field(None, max_length=0, description="Tool calling is not supported: null or empty.")

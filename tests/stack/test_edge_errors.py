@@ -44,6 +44,7 @@ def test_bad_input_writes_nothing(live):
     assert_error(client.post(url, json={"content": "x" * 40_000}), 400, "content_too_long")
     assert_error(client.post(url, json={"content": "hi", "max_tokens": 0}), 400)
     assert_error(client.post(url, json={"content": "hi", "max_tokens": 10**9}), 400)
+    assert_error(client.post(url, json={"content": "hi", "max_tokens": "5"}), 400)  # not coerced (schemathesis)
     assert_error(client.post(url, json={"content": "hi", "model": "gpt-9"}), 400, "model_not_found")
     assert_error(client.post(url, json={"text": "hi"}), 400)
     assert_error(

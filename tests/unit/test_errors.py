@@ -6,8 +6,13 @@ from cassandra.cluster import NoHostAvailable
 from confluent_kafka import KafkaError, KafkaException
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from api import errors
+from api.routes.admin import LimitsPatch
+from api.routes.chat_runs import Regenerate
+from api.routes.messages import NewMessage
+from api.routes.openai import Completion
 
 RAISED = {
     "timeout": OperationTimedOut({"127.0.0.12:9042": "Connection defunct by heartbeat"}),
@@ -73,3 +78,24 @@ def test_a_body_over_the_limit_is_refused_before_it_is_parsed_or_authenticated()
     streamed = edge.post("/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"})
     assert streamed.status_code == 413
     assert streamed.json()["error"]["code"] == "body_too_large"
+
+
+def test_a_number_or_boolean_field_takes_no_string_and_no_other_type():
+    """The request bodies' numbers and booleans are what the OpenAPI document says: "5" or true as max_tokens
+    is refused (schemathesis found "5" accepted), a JSON integer where a float goes is still one."""
+    turn = [{"role": "user", "content": "hi"}]
+    for bad in ({"max_tokens": "5"}, {"max_tokens": True}, {"max_tokens": 5.5}):
+        with pytest.raises(ValidationError):
+            NewMessage(content="hi", **bad)
+        with pytest.raises(ValidationError):
+            Regenerate(**bad)
+        with pytest.raises(ValidationError):
+            Completion(messages=turn, **bad)
+    for bad in ({"stream": "true"}, {"stream": 1}, {"temperature": "1"}, {"max_completion_tokens": "9"}):
+        with pytest.raises(ValidationError):
+            Completion(messages=turn, **bad)
+    with pytest.raises(ValidationError):
+        LimitsPatch(max_concurrent="4")
+    assert NewMessage(content="hi", max_tokens=5).max_tokens == 5
+    assert Completion(messages=turn, temperature=1, stream=True).temperature == 1.0
+    assert LimitsPatch(slot_share=1, degrade=False).slot_share == 1.0
