@@ -214,13 +214,12 @@ async def engine_floor(stack: Stack, n: int) -> dict[str, Any]:
     than its slots (the state overload leaves the engines in: a pro run admitted first still shares its
     engine's batch and core with the runs already decoding, as llama-server does not preempt). p99 busy over
     p99 idle is the least the pipeline's pro p99 ratio can be at saturation, whatever its admission policy."""
-    pools = [pool for pool, count in stack.workers.items() for _ in range(count)]
     engines = [
-        (stack.engine_url(pool, i), stack.engine_headers(pool, i))
-        for pool in stack.workers
-        for i in range(stack.workers[pool])
+        (pool, stack.engine_url(pool, i), stack.engine_headers(pool, i))
+        for pool, count in stack.workers.items()
+        for i in range(count)
     ]
-    url, headers = engines[0]
+    _, url, headers = engines[0]
     stop = asyncio.Event()
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=400)) as client:
         idle = [await engine_ttft(client, url, headers, content(i)) for i in range(n)]
@@ -232,7 +231,7 @@ async def engine_floor(stack: Stack, n: int) -> dict[str, Any]:
                 i += 1
 
         busy_slots = {pool: POOL_SLOTS.get(pool, 4) - 1 for pool in stack.workers}
-        slots = [(u, h) for pool, (u, h) in zip(pools, engines, strict=True) for _ in range(busy_slots[pool])]
+        slots = [(u, h) for pool, u, h in engines for _ in range(busy_slots[pool])]
         background = [asyncio.create_task(keep_busy(u, h, k)) for k, (u, h) in enumerate(slots)]
         await asyncio.sleep(3)  # every slot decoding
         busy = [await engine_ttft(client, url, headers, content(i)) for i in range(n)]

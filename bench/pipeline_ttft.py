@@ -42,6 +42,7 @@ from measure import pct, summary
 from tqdm import tqdm
 
 from api.auth import credential
+from infra import traces
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
 from registry import client as registry
@@ -285,16 +286,12 @@ def span_gaps(spans_file: Path, run_ids: set[str]) -> dict[str, dict[str, float 
     work before it publishes and the publish itself, each stage's handler, and the deliveries between them
     (a record sent until the stage's handler starts: Kafka, aiokafka and faust)."""
     times: dict[str, dict[str, tuple[float, float]]] = {}
-    runs: dict[str, str] = {}
-    for line in spans_file.read_text().splitlines():
-        for resource in json.loads(line)["resourceSpans"]:
-            for scope in resource["scopeSpans"]:
-                for span in scope["spans"]:
-                    start, end = int(span["startTimeUnixNano"]) / 1e6, int(span["endTimeUnixNano"]) / 1e6
-                    times.setdefault(span["traceId"], {})[span["name"]] = (start, end)
-                    for attribute in span.get("attributes", []):
-                        if attribute["key"] == "parley.run_id" and attribute["value"]["stringValue"] in run_ids:
-                            runs[span["traceId"]] = attribute["value"]["stringValue"]
+    runs: set[str] = set()  # the traces that carry one of these runs
+    for span in traces.spans(spans_file):
+        start, end = int(span["startTimeUnixNano"]) / 1e6, int(span["endTimeUnixNano"]) / 1e6
+        times.setdefault(span["traceId"], {})[span["name"]] = (start, end)
+        if span["attrs"].get("parley.run_id") in run_ids:
+            runs.add(span["traceId"])
     gaps: dict[str, list[float]] = {name: [] for name in SPAN_GAPS}
     for trace in runs:
         spans = times[trace]
