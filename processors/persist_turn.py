@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime
 
 from processors.stage import Stage
-from storage.conversations import Conversations, Message
+from storage.conversations import ERASE_WAIT_S, Conversations, Message
 from storage.decisions import SafetyDecision, SafetyDecisions
 from topics.codec import Event
 from topics.pipeline import (
@@ -119,17 +119,24 @@ def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisi
             return None
         return chat_id
 
-    async def on_prompt(prompt: Event) -> None:
+    async def store(prompt: Event, message: Message) -> None:
+        """Write a turn of a chat that still exists, then look again: a chat deleted meanwhile may have had its
+        messages erased before this write (MEMORY_CHANGED is another topic, handled beside this one), so its
+        messages are erased once more and nothing of it outlives the delete."""
         if chat_id := await stored_chat(prompt):
-            await conversations.put_message(chat_id, user_turn(prompt))
+            await conversations.put_message(chat_id, message)
+            if await conversations.deleted(chat_id):
+                await conversations.erase_messages(chat_id)
+                log.info("chat %s was deleted while run %s was stored; erased again", chat_id, prompt["run_id"])
+
+    async def on_prompt(prompt: Event) -> None:
+        await store(prompt, user_turn(prompt))
 
     async def on_completed(done: Event) -> None:
-        if chat_id := await stored_chat(done["prompt"]):
-            await conversations.put_message(chat_id, assistant_turn(done))  # how the run ended, too
+        await store(done["prompt"], assistant_turn(done))  # how the run ended, too
 
     async def on_rejected(rejected: Event) -> None:
-        if chat_id := await stored_chat(rejected["prompt"]):
-            await conversations.put_message(chat_id, refusal_turn(rejected))
+        await store(rejected["prompt"], refusal_turn(rejected))
 
     async def on_moderated(moderated: Event) -> None:
         if decision := input_decision(moderated):
@@ -149,8 +156,11 @@ def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisi
     async def on_changed(change: Event) -> None:
         """A deleted chat's messages go (the edge has deleted the chat, its runs and its changes)."""
         if change["action"] == "chat_deleted":
-            await conversations.erase_messages(uuid.UUID(change["chat_id"]))
-            log.info("chat %s deleted: its messages erased", change["chat_id"])
+            chat_id = uuid.UUID(change["chat_id"])
+            # once the edge has deleted the row (it tells first): a turn written after that erases itself
+            gone = await conversations.deleted(chat_id, ERASE_WAIT_S)
+            await conversations.erase_messages(chat_id)
+            log.info("chat %s deleted: its messages erased%s", chat_id, "" if gone else " (its row is still there)")
 
     stage.consume(PROMPT_MODERATED, on_moderated)
     stage.consume(MEMORY_CHANGED, on_changed)

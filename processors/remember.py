@@ -28,7 +28,7 @@ from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from runtime.kafka import partition_count
 from safety.encoder import Encoder
-from storage.conversations import Change, Conversations, Message
+from storage.conversations import ERASE_WAIT_S, Change, Conversations, Message
 from storage.ids import new_id, utc
 from storage.memory import Memory, Summary
 from topics.codec import Event
@@ -105,6 +105,15 @@ def register(
         for (message_id, role, text), vector in zip(items, vectors, strict=True):
             await memory.remember(chat_id, uuid.UUID(message_id), role, text, vector)
             EMBEDDED.labels(role).inc()
+
+    async def forgot_deleted(chat_id: uuid.UUID) -> bool:
+        """After a write to the chat's memory: a chat deleted meanwhile may have been forgotten before the write
+        (MEMORY_CHANGED is handled beside RUN_COMPLETED), so it is forgotten once more."""
+        if not await conversations.deleted(chat_id):
+            return False
+        await memory.reset(chat_id)
+        log.info("chat %s was deleted while its memory was written; forgotten again", chat_id)
+        return True
 
     async def maybe_summarize(prompt: Event, known: tuple[Any, Mapping[str, Change]] | None = None) -> None:
         """`known`: the chat and its changes as the caller just read them (not read again)."""
@@ -201,6 +210,8 @@ def register(
             text = counter.truncate(text, settings.summary_tokens)
             summary = Summary(request["version"], request["through"], text, counter.count(text), prompt["run_id"])
             await memory.put_summary(chat_id, summary)
+            if await forgot_deleted(chat_id):
+                return
             SUMMARIES.labels("stored").inc()
             log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
         if not reason or yielded:
@@ -224,12 +235,18 @@ def register(
         # As the user left them: a change that reached this stage first is not undone by a late completion.
         items = [(i, role, (changes[i].content or "") if i in changes else text) for i, role, text in items]
         await remember(chat_id, items)
+        if await forgot_deleted(chat_id):
+            return
         await maybe_summarize(prompt, (chat, changes))
 
     async def on_changed(change: Event) -> None:
         chat_id = uuid.UUID(change["chat_id"])
         action = change["action"]
-        if action in ("reset", "chat_deleted"):
+        if action == "chat_deleted":
+            # once the edge has deleted the row (it tells first): a write after that forgets itself
+            await conversations.deleted(chat_id, ERASE_WAIT_S)
+            await memory.reset(chat_id)
+        elif action == "reset":
             await memory.reset(chat_id)
         elif change["message_id"]:
             message_id = uuid.UUID(change["message_id"])

@@ -10,6 +10,7 @@ rewrites a message never undoes it."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -21,6 +22,9 @@ from cassandra.query import PreparedStatement
 
 from storage.ids import MIN_ID, new_id, now, utc
 from storage.session import Store, create_tables
+
+# How long a stage erasing a deleted chat waits for the edge to delete the chat's row (milliseconds, normally).
+ERASE_WAIT_S = 10.0
 
 SCHEMA = (
     # Ownership and metadata of one chat.
@@ -184,6 +188,18 @@ class Conversations(Store):
 
     async def get_chat(self, chat_id: uuid.UUID) -> Any:
         return (await self._run(self._get_chat, (chat_id,))).one()
+
+    async def deleted(self, chat_id: uuid.UUID, wait_s: float = 0.0) -> bool:
+        """Whether the chat's row is gone, waited for up to `wait_s`. A stage erasing a deleted chat waits for
+        it: the edge tells the stages before it deletes the row (delete_chat), and a turn written between the
+        two would outlive an erasure that ran first. False after the wait: a delete cut short (the user
+        deletes again, and the stages are told again)."""
+        deadline = time.monotonic() + wait_s
+        while await self.get_chat(chat_id) is not None:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def rename_chat(self, chat: Any, title: str) -> None:
         active = _active_at(chat)

@@ -5,7 +5,7 @@ import uuid
 
 from cassandra.cluster import Cluster
 
-from .conftest import chat_turn, wait_for
+from .conftest import chat_turn, read_until, sse_events, wait_for
 
 
 def test_list_is_ordered_by_recent_activity_with_a_cursor(live):
@@ -80,6 +80,49 @@ def test_delete_removes_the_chat_its_messages_and_its_runs(live):
     try:
         assert wait_for(lambda: left("messages") == 0 and left("memory") == 0)
         assert left("message_changes") == 0 and left("runs") == 0
+    finally:
+        session.cluster.shutdown()
+
+
+def test_a_chat_deleted_while_its_answer_is_written_leaves_nothing_behind(live):
+    """Deleted mid-answer, or the moment its answer ends (while the stages store and embed it): the stages are
+    told of the delete on another topic than the run's, so they may erase before they write; nothing may stay."""
+    client = live.client(live.token())
+    chats = []
+    for i in range(6):
+        chat = client.post("/v1/chats").json()["id"]
+        chats.append(chat)
+        body = {"content": f"Count to ten, number {i}.", "max_tokens": 24}
+        with client.stream("POST", f"/v1/chats/{chat}/messages", json=body) as response:
+            assert response.status_code == 200
+            if i % 2 == 0:  # mid-answer
+
+                def delete(_events, chat=chat):
+                    assert client.delete(f"/v1/chats/{chat}").status_code == 204
+                    return False  # read on to the end: the run goes on in the pipeline
+
+                events = read_until(response, 1 + i, delete)
+            else:
+                events = sse_events(response)
+        assert events[-1]["event"] == "run.completed", events[-1]
+        if i % 2:  # the moment it ended
+            assert client.delete(f"/v1/chats/{chat}").status_code == 204
+
+    session = Cluster(["127.0.0.1"], protocol_version=5).connect()
+    ks = f"parley_{live.namespace}".replace("-", "_")
+
+    def left() -> dict:
+        counts = {}
+        for table in ("messages", "memory", "summaries", "runs", "message_changes"):
+            for chat in chats:
+                query = f"SELECT count(*) FROM {ks}.{table} WHERE chat_id = %s"
+                if n := session.execute(query, (uuid.UUID(chat),)).one()[0]:
+                    counts[f"{table} of {chat}"] = n
+        return counts
+
+    try:
+        time.sleep(3)  # the stages store and embed the last answers
+        assert wait_for(lambda: not left(), 60), left()
     finally:
         session.cluster.shutdown()
 
