@@ -22,6 +22,7 @@ from api.deps import Services
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply
 from storage.ids import new_id
+from storage.withdrawals import TAKEN, WITHDRAW_TIMEOUT_S, WITHDRAWN
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +33,21 @@ STREAMS = Gauge("parley_edge_open_streams", "SSE streams open on this replica")
 RUNS = Counter("parley_edge_runs_total", "Runs opened on this replica", ["outcome"])
 
 
-async def withdraw(deps: Services, chat: Any, run_id: uuid.UUID, opened_at: datetime) -> None:
-    """The run the log did not take: ended, and no longer the chat's latest (best effort: the store may be
-    down too, and then the run stays listed as unfinished, with nothing behind it)."""
+async def withdraw(deps: Services, chat: Any, run_id: uuid.UUID, opened_at: datetime) -> bool:
+    """The run whose prompt the log did not acknowledge: withdrawn (ended, and no longer the chat's latest), and
+    True; or False when the scheduler had taken it first (the log had it after all: storage/withdrawals.py).
+    Best effort: with the store down too, the run stays listed as unfinished, with nothing behind it."""
     try:
+        fate = await asyncio.wait_for(
+            deps.conversations.settle_fate(chat.chat_id, run_id, WITHDRAWN), WITHDRAW_TIMEOUT_S
+        )
+        if fate == TAKEN:
+            log.warning("run %s of chat %s: the log did not acknowledge it, yet it was taken", run_id, chat.chat_id)
+            return False
         await deps.conversations.withdraw_run(chat, run_id, opened_at)
     except Exception:
         log.warning("run %s of chat %s: the log did not take it, nor the store its withdrawal", run_id, chat.chat_id)
+    return True
 
 
 async def leave_old_place(deps: Services, chat: Any) -> None:
@@ -65,6 +74,16 @@ async def answer(
     run_id, partition = str(new_id()), streams.reply_partition(deps)
     may_grow = question.prev_run_id is not None
     streams.shed_when_full(deps, user, run_id, model, message, max_tokens, may_grow=may_grow)
+    # Recorded before the prompt goes to the log: a store that does not answer refuses the request with nothing
+    # in the log (the other way round, a question refused 503 was stored and answered anyway), and a cancel or
+    # a resume finds the run from its first event. A log that does not take the prompt withdraws the run.
+    try:
+        opened_at = await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
+    except Exception:
+        deps.pools.decided(run_id)  # never reached the log: the door stops counting it
+        raise
+    # Made after the store's write: its time is when it was published, which a stage reading it much later
+    # compares with the producer's delivery timeout (storage/withdrawals.py).
     event = convert.prompt_accepted(
         run_id=run_id,
         chat_id=str(chat.chat_id),
@@ -77,24 +96,17 @@ async def answer(
         reply_partition=partition,
         prev_run_id=question.prev_run_id,
     )
-    # Recorded before the prompt goes to the log: a store that does not answer refuses the request with nothing
-    # in the log (the other way round, a question refused 503 was stored and answered anyway), and a cancel or
-    # a resume finds the run from its first event. A log that does not take the prompt withdraws the run.
-    try:
-        opened_at = await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
-    except Exception:
-        deps.pools.decided(run_id)  # never reached the log: the door stops counting it
-        raise
     tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it
     try:
         live = await streams.start_run(deps, event)
+        replies = aiter(streams.live(deps, run_id, partition, live))
     except Exception:
         deps.pools.decided(run_id)
-        await asyncio.shield(withdraw(deps, chat, uuid.UUID(run_id), opened_at))
-        raise
+        if await asyncio.shield(withdraw(deps, chat, uuid.UUID(run_id), opened_at)):
+            raise
+        replies = aiter(streams.from_log(deps, partition, run_id, None))  # taken: its replies are in the log
     finally:
         await tidy
-    replies = aiter(streams.live(deps, run_id, partition, live))
     first, replies = await streams.admitted(deps, event, replies, stream_refusals=True)
     log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)
     stream = sse_stream(deps, run_id, streams.prepend(first, replies), live=True)

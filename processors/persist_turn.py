@@ -11,12 +11,14 @@ in the log. A deleted chat gets no new rows from runs that were still in flight 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import UTC, datetime
 
 from processors.stage import Stage
 from storage.conversations import ERASE_WAIT_S, Conversations, Message
 from storage.decisions import SafetyDecision, SafetyDecisions
+from storage.withdrawals import WITHDRAWN, ids, suspect
 from topics.codec import Event
 from topics.pipeline import (
     FEEDBACK,
@@ -131,12 +133,22 @@ def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisi
 
     async def on_prompt(prompt: Event) -> None:
         await store(prompt, user_turn(prompt))
+        # A question the edge refused after the log did not acknowledge it is not kept (storage/withdrawals.py):
+        # looked at after the write, so a withdrawal settled before it or after it (the scheduler's RunRejected
+        # `withdrawn`, on_rejected) removes it either way.
+        if suspect(prompt, int(time.time() * 1000)) and await conversations.fate(*ids(prompt)) == WITHDRAWN:
+            await conversations.unput_message(uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"]))
 
     async def on_completed(done: Event) -> None:
         await store(done["prompt"], assistant_turn(done))  # how the run ended, too
 
     async def on_rejected(rejected: Event) -> None:
-        await store(rejected["prompt"], refusal_turn(rejected))
+        prompt = rejected["prompt"]
+        if rejected["code"] == WITHDRAWN:  # the edge answered 503: neither the question nor an answer is kept
+            await conversations.unput_message(uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"]))
+            log.info("run %s was withdrawn by the edge: its question removed", prompt["run_id"])
+            return
+        await store(prompt, refusal_turn(rejected))
 
     async def on_moderated(moderated: Event) -> None:
         if decision := input_decision(moderated):

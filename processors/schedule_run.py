@@ -36,6 +36,7 @@ from runtime.reply_log import published
 from storage.conversations import Conversations
 from storage.ledger import Decision, Ledger
 from storage.memory import Memory
+from storage.withdrawals import TAKEN, WITHDRAWN, ids, suspect
 from topics.codec import Event, token_delta
 from topics.events import PromptAccepted, PromptModerated, RunRejected, RunScheduled, TokenDelta
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
@@ -156,6 +157,10 @@ def register(
 
     async def handle(moderated: PromptModerated) -> None:
         prompt = moderated["prompt"]
+        if suspect(prompt, int(time.time() * 1000)) and await conversations.settle_fate(*ids(prompt), TAKEN) != TAKEN:
+            # the edge gave up on it first and answered 503 (storage/withdrawals.py): nothing of it is served
+            await refuse(prompt, WITHDRAWN, "The request was refused when it was sent; it is not served.")
+            return
         if moderated["decision"] == "blocked":
             category = moderated["category"]
             await refuse(

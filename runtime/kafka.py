@@ -63,6 +63,9 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
         # request the log cannot take (too few copies in sync) gets an error instead of a hang.
         "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
         "enable.idempotence": True,  # no duplicates from producer retries
+        # Back to a restarted broker within a second (librdkafka's default backs off up to 10 s): a record the
+        # log already delivers is acknowledged as fast, which storage/withdrawals.py counts on.
+        "reconnect.backoff.max.ms": 1000,
         "acks": "all",  # acknowledged once every in-sync copy has it (at least min.insync.replicas)
         # Every record on the path to a first token is sent alone and awaited: a linger adds its whole wait to
         # each hop (bench/pipeline_ttft.py). Token deltas are batched by the coalescer, not here.

@@ -37,6 +37,11 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.runs (
          chat_id timeuuid, run_id timeuuid, reply_partition int, finish_reason text,
          PRIMARY KEY ((chat_id), run_id))""",
+    # A run the edge may have given up on: `withdrawn` (the edge) or `taken` (the scheduler), whichever wrote
+    # first, by compare-and-set (storage/withdrawals.py).
+    """CREATE TABLE IF NOT EXISTS {ks}.run_fates (
+         chat_id timeuuid, run_id timeuuid, fate text,
+         PRIMARY KEY ((chat_id), run_id)) WITH default_time_to_live = 604800""",
     # A user's chats, most recently active first. A chat's row moves when it is active again (delete + insert
     # in one batch); a row whose active_at no longer matches chats.last_active_at is stale and skipped.
     """CREATE TABLE IF NOT EXISTS {ks}.chats_by_activity (
@@ -114,6 +119,7 @@ class Conversations(Store):
         "chats": "api",
         "chats_by_activity": "api",
         "runs": "api",
+        "run_fates": ("api", "scheduling"),  # two writers, by compare-and-set only: the fence between them
         "message_changes": "api",
         "messages": "persistence",
     }
@@ -142,11 +148,15 @@ class Conversations(Store):
         self._set_title = p(f"UPDATE {ks}.chats SET title = ? WHERE chat_id = ?")
         self._delete_chat = p(f"DELETE FROM {ks}.chats WHERE chat_id = ?")
         self._delete_messages = p(f"DELETE FROM {ks}.messages WHERE chat_id = ?")
+        self._delete_message = p(f"DELETE FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._delete_changes = p(f"DELETE FROM {ks}.message_changes WHERE chat_id = ?")
         self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE chat_id = ?")
         self._insert_run = p(f"INSERT INTO {ks}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)")
         self._get_run = p(f"SELECT reply_partition, finish_reason FROM {ks}.runs WHERE chat_id = ? AND run_id = ?")
         self._withdraw_run = p(f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?")
+        self._settle_fate = p(f"INSERT INTO {ks}.run_fates (chat_id, run_id, fate) VALUES (?, ?, ?) IF NOT EXISTS")
+        self._get_fate = p(f"SELECT fate FROM {ks}.run_fates WHERE chat_id = ? AND run_id = ?")
+        self._delete_fates = p(f"DELETE FROM {ks}.run_fates WHERE chat_id = ?")
         self._run_end = p(f"SELECT finish_reason FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._list_chats = p(
             f"SELECT active_at, chat_id, title, created_at FROM {ks}.chats_by_activity WHERE user_id = ? LIMIT ?"
@@ -190,10 +200,9 @@ class Conversations(Store):
         return (await self._run(self._get_chat, (chat_id,))).one()
 
     async def deleted(self, chat_id: uuid.UUID, wait_s: float = 0.0) -> bool:
-        """Whether the chat's row is gone, waited for up to `wait_s`. A stage erasing a deleted chat waits for
-        it: the edge tells the stages before it deletes the row (delete_chat), and a turn written between the
-        two would outlive an erasure that ran first. False after the wait: a delete cut short (the user
-        deletes again, and the stages are told again)."""
+        """Whether the chat's row is gone, waited for up to `wait_s` (a stage erasing a deleted chat: the edge
+        tells the stages before it deletes the row, and a turn written between would outlive an erasure run
+        first). False after the wait: a delete cut short (deleting again tells the stages again)."""
         deadline = time.monotonic() + wait_s
         while await self.get_chat(chat_id) is not None:
             if time.monotonic() >= deadline:
@@ -216,6 +225,7 @@ class Conversations(Store):
         await self._all(
             (self._delete_changes, (chat.chat_id,)),
             (self._delete_runs, (chat.chat_id,)),
+            (self._delete_fates, (chat.chat_id,)),
         )
         await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
         await self._run(self._delete_chat, (chat.chat_id,))
@@ -264,6 +274,14 @@ class Conversations(Store):
         one before it again (the chat keeps its new place in the list)."""
         await self._run(self._withdraw_run, ("not_accepted", chat.chat_id, run_id))
         await self._run(self._set_active, (opened_at, chat.last_run_id, chat.chat_id))
+
+    async def settle_fate(self, chat_id: uuid.UUID, run_id: uuid.UUID, fate: str) -> str:
+        """Decide a run's fate unless it was decided already; returns the fate that holds (a retry: the same)."""
+        row = (await self._run(self._settle_fate, (chat_id, run_id, fate))).one()
+        return fate if row[0] else str(row.fate)
+
+    async def fate(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> str | None:
+        return getattr((await self._run(self._get_fate, (chat_id, run_id))).one(), "fate", None)
 
     async def get_run(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> tuple[int, str | None] | None:
         """(reply partition, finish reason or None while it runs), or None when the chat has no such run. A run
@@ -319,6 +337,10 @@ class Conversations(Store):
     async def erase_messages(self, chat_id: uuid.UUID) -> None:
         """Every message of a deleted chat (the persistence stage, told by the edge)."""
         await self._run(self._delete_messages, (chat_id,))
+
+    async def unput_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
+        """Remove a stored turn (persistence: the question of a run the edge withdrew, storage/withdrawals.py)."""
+        await self._run(self._delete_message, (chat_id, message_id))
 
     async def reset_context(self, chat_id: uuid.UUID) -> uuid.UUID:
         """Later prompts start from here: the chat's earlier messages stay listed but leave its memory."""

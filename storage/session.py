@@ -60,10 +60,15 @@ class NotTheWriter(RuntimeError):
     """A process wrote a table another process owns (docs/structure.md, "Tables")."""
 
 
-def check_writer(writers: Mapping[str, str], table: str, writer: str) -> None:
-    """Raise NotTheWriter unless `writer` is the one process `writers` names for `table`."""
-    if writers[table] != writer:
-        raise NotTheWriter(f"{writer} may not write {table}: its one writer is {writers[table]}")
+def check_writer(writers: Mapping[str, str | tuple[str, ...]], table: str, writer: str) -> None:
+    """Raise NotTheWriter unless `writer` is the one process `writers` names for `table` (or one of the two a
+    compare-and-set table names: both sides of a fence write it, and only by compare-and-set)."""
+    allowed = writers[table]
+    if isinstance(allowed, tuple):
+        if writer not in allowed:
+            raise NotTheWriter(f"{writer} may not write {table}: its writers are {' and '.join(allowed)}")
+    elif writer != allowed:
+        raise NotTheWriter(f"{writer} may not write {table}: its one writer is {allowed}")
 
 
 WRITE = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+\w+\.(\w+)", re.IGNORECASE)
@@ -76,7 +81,7 @@ class Store:
     using it (`writer`), and running a write statement on a table that process does not own raises
     NotTheWriter, before anything is sent. The table a statement writes is read from its text."""
 
-    WRITERS: ClassVar[Mapping[str, str]] = {}  # table -> the one process that writes it
+    WRITERS: ClassVar[Mapping[str, str | tuple[str, ...]]] = {}  # table -> the one process that writes it
 
     def __init__(self, session: Session, keyspace: str, writer: str) -> None:
         self.session = session

@@ -44,15 +44,15 @@ class RecordingSession:
         raise Sent(getattr(statement, "query", "a batch"))
 
 
-def documented_writers() -> dict[str, str]:
+def documented_writers() -> dict[str, str | tuple[str, ...]]:
     text = (ROOT / "docs" / "structure.md").read_text()
     section = text[text.index("## Tables: which module owns each") : text.index("## Concepts: one home each")]
-    rows = re.findall(r"^\| `(\w+)` \| `storage/\w+\.py` \| (\w+) \|$", section, re.MULTILINE)
-    return dict(rows)
+    rows = re.findall(r"^\| `(\w+)` \| `storage/\w+\.py` \| (\w+(?: and \w+)?) \|$", section, re.MULTILINE)
+    return {table: tuple(w.split(" and ")) if " and " in w else w for table, w in rows}
 
 
 def test_the_map_names_each_tables_one_writer_as_the_stores_do():
-    declared: dict[str, str] = {}
+    declared: dict[str, str | tuple[str, ...]] = {}
     for store in STORES:
         assert not declared.keys() & store.WRITERS.keys(), f"{store.__name__} declares a table another store owns"
         declared.update(store.WRITERS)
@@ -76,6 +76,8 @@ def test_a_store_built_for_another_process_refuses_to_write_and_sends_nothing():
         asyncio.run(Memory(edge, "ks", "api").forget(uuid.uuid1(), uuid.uuid1()))
     with pytest.raises(NotTheWriter, match="persistence may not write chats"):
         asyncio.run(Conversations(edge, "ks", "persistence").delete_message(uuid.uuid1(), uuid.uuid1()))
+    with pytest.raises(NotTheWriter, match="persistence may not write run_fates: its writers are api and scheduling"):
+        asyncio.run(Conversations(edge, "ks", "persistence").settle_fate(uuid.uuid1(), uuid.uuid1(), "taken"))
     with pytest.raises(NotTheWriter, match="api may not write budgets"):
         asyncio.run(Ledger(edge, "ks", "api").mark_scheduled("alice", str(uuid.uuid4())))
     assert edge.sent == []
@@ -83,6 +85,9 @@ def test_a_store_built_for_another_process_refuses_to_write_and_sends_nothing():
     owner = RecordingSession()
     with pytest.raises(Sent, match="INSERT INTO ks.messages"):
         asyncio.run(Conversations(owner, "ks", "persistence").put_message(uuid.uuid1(), message))
+    for writer in ("api", "scheduling"):  # the two sides of the fence, each by compare-and-set
+        with pytest.raises(Sent, match="INSERT INTO ks.run_fates .* IF NOT EXISTS"):
+            asyncio.run(Conversations(RecordingSession(), "ks", writer).settle_fate(uuid.uuid1(), uuid.uuid1(), "x"))
     with pytest.raises(Sent, match="UPDATE ks.chats SET memory_changed_at"):
         asyncio.run(Conversations(owner, "ks", "api").edit_message(uuid.uuid1(), uuid.uuid1(), "new"))
 
