@@ -20,6 +20,8 @@ engine took to its first token (ttft_ms, request to first token as that consumer
     publish     the first token -> the first TokenDelta record sent (the coalescer)
     reply       the first TokenDelta sent -> the client reads the token (Kafka, the edge, SSE)
 
+Also each process's CPU: at rest (ms per second) and per pair beyond that.
+
 Runs its own stack under a fresh namespace and port base; prints JSON and writes bench/results/.
 Usage: python bench/pipeline_ttft.py [--requests 100] [--max-tokens 16]
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -313,6 +316,35 @@ def memory_mb(pid: int, field: str = "Rss") -> float:
     return 0.0
 
 
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, in ms (0 for one that is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def stack_cpu(stack: Stack) -> dict[str, float]:
+    """CPU ms used so far by every process of the stack (as `parley status` lists them)."""
+    return {str(row["name"]): cpu_ms(int(str(row["pid"]))) for row in stack.status() if row["pid"]}
+
+
+def cpu_use(
+    before: dict[str, float], after: dict[str, float], seconds: float, idle_ms_per_s: dict[str, float] | None, n: int
+) -> dict[str, float]:
+    """Per process: CPU ms per second (idle: no `idle_ms_per_s` given), or per pair less what it uses idle."""
+    out = {}
+    for name, end in after.items():
+        used = end - before.get(name, end)
+        if idle_ms_per_s is None:
+            out[name] = round(used / seconds, 1)
+        else:
+            out[name] = round((used - idle_ms_per_s.get(name, 0.0) * seconds) / n, 1)
+    out["total"] = round(sum(out.values()), 1)
+    return out
+
+
 def stack_memory(stack: Stack, field: str = "Rss") -> dict[str, float]:
     """Memory in MB of every process of the stack as `parley status` lists them (brokers, Cassandra nodes, the
     pipeline's processes, each engine under its own row), and their total. The Pss total is what the stack
@@ -348,6 +380,11 @@ def main() -> None:
                 [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}],
                 args.max_tokens,
             )
+        time.sleep(3)  # the warm-up's stored and embedded answers
+        idle_from, idle_at = stack_cpu(stack), time.monotonic()
+        time.sleep(10)
+        idle = cpu_use(idle_from, stack_cpu(stack), time.monotonic() - idle_at, None, 0)
+        busy_from, busy_at = stack_cpu(stack), time.monotonic()
         pairs, runs = [], []
         for i in tqdm(range(args.requests), desc="pairs", unit="pair", mininterval=5):
             content = f"{PROMPTS[i % len(PROMPTS)]} ({i})"
@@ -364,6 +401,9 @@ def main() -> None:
             pairs.append((sent.ttft_ms, e, engine_first))
             runs.append(sent)
         time.sleep(2)
+        idle.pop("total")
+        busy = cpu_use(busy_from, stack_cpu(stack), time.monotonic() - busy_at, idle, len(pairs))
+        idle["total"] = round(sum(idle.values()), 1)
         memory = stack_memory(stack)
         shares = stack_memory(stack, "Pss")
         per_hop = hops(runs, stack.settings.kafka_bootstrap, stack.namespace)
@@ -394,6 +434,11 @@ def main() -> None:
         else None,
         # What the path's parts cost alone here (floors): the least the pipeline can add on this machine.
         "floors_ms": parts,
+        # CPU per process: ms per second with nothing to do, and ms per pair beyond that (the engine's row holds
+        # both requests of a pair; the stages' rows include the work after the first token: storing, metering,
+        # embedding, output moderation). On a 2-core box every stage competes with the path for these.
+        "idle_cpu_ms_per_s": idle,
+        "cpu_ms_per_pair": busy,
         "stack_rss_mb": memory,
         "stack_pss_mb": shares,
         "stack_start_s": stack.timings,
