@@ -145,9 +145,13 @@ async def sse_stream(
     """The chat route's SSE events for a run's replies (live from the hub, or read back from the log)."""
     accepted = time.perf_counter()
     first_token = live
+    begun = False  # the run's engine has started it: a `queued` record after that is news of nothing
     STREAMS.inc()
     try:
         async for reply in replies:
+            if reply.kind == "queued" and begun:
+                continue  # the scheduler sends `queued` beside the run itself: rarely, it lands after the start
+            begun = begun or reply.kind in ("started", "delta")
             if reply.kind == "delta" and first_token:
                 EDGE_TTFT.observe(time.perf_counter() - accepted)
                 first_token = False

@@ -39,7 +39,7 @@ from storage.memory import Memory
 from storage.withdrawals import TAKEN, WITHDRAWN, ids, suspect
 from topics.codec import Event, token_delta
 from topics.events import PromptAccepted, PromptModerated, RunRejected, RunScheduled, TokenDelta
-from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
+from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
 
@@ -167,16 +167,21 @@ def register(
                 prompt, "content_filter", "This request was declined by the content policy.", category=category
             )
             return
-        try:
-            if prompt.get("messages"):
-                run = assemble_given(prompt, settings)
-            else:
-                run = await assemble_chat_run(prompt, conversations, memory, context, settings)
-        except TooLong as exc:
-            await refuse(prompt, "context_length_exceeded", str(exc))
-            return
         tier, user = prompt["tier"], prompt["user_id"]
-        account, before = await ledger.look(user, prompt["run_id"])
+
+        async def assembled() -> RunScheduled | TooLong:
+            try:
+                if prompt.get("messages"):
+                    return assemble_given(prompt, settings)
+                return await assemble_chat_run(prompt, conversations, memory, context, settings)
+            except TooLong as exc:
+                return exc
+
+        # The ledger is read while the context is assembled (the chat's reads): neither needs the other.
+        run, (account, before) = await asyncio.gather(assembled(), ledger.look(user, prompt["run_id"]))
+        if isinstance(run, TooLong):
+            await refuse(prompt, "context_length_exceeded", str(run))
+            return
         if before is not None and before.scheduled:
             log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
             return
@@ -203,9 +208,14 @@ def register(
         run = {**run, "scheduled_at": (before and before.decided_at) or int(time.time() * 1000)}
         pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
         ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
+        sends: list[tuple[Topic[Any], Event, str | None, int | None]] = [
+            (RUN_SCHEDULED[run["pool"]], run, prompt["chat_id"], placement.partition)
+        ]
         if before is None or not await told_queued(prompt, run["scheduled_at"]):
-            await stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
-        await stage.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"], partition=placement.partition)
+            sends.insert(0, (TOKEN_DELTA, queued(run, placement.wait_s), None, prompt["reply_partition"]))
+        # Both at once: one wait for the broker's acks instead of two in a row. `queued` is sent first and nearly
+        # always lands first; one that lands after the run's first record is not shown (api/answers.py).
+        await asyncio.gather(*(stage.publish(t, r, key=k, partition=p) for t, r, k, p in sends))
         stage.crash_point("scheduling-after-publish")  # tests: the window a redelivered prompt must not reopen
         await ledger.mark_scheduled(user, prompt["run_id"])
 

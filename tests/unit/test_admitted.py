@@ -58,3 +58,24 @@ def test_a_refusal_after_the_stream_started_ends_it_as_an_error_with_its_retry_a
     assert json.loads(event["data"]) == {"run_id": "r1", "code": "over_capacity", "message": "busy", "retry_after_s": 4}
     final = convert.sse(Reply("r:0:8", "rejected", dict(later, code="budget_too_small", retry_after_s=None)))
     assert "retry_after_s" not in json.loads(final["data"])  # retrying cannot help: no time is given
+
+
+async def test_a_queued_record_that_lands_after_the_run_started_is_not_shown():
+    """The scheduler sends `queued` beside the run itself (processors/schedule_run.py): one that lands after the
+    engine's first record says nothing new and is dropped; one before the start, after a slow decision, is shown."""
+    from api.answers import sse_stream
+
+    run = {"run_id": "r1", "chat_id": "c1", "model": "m"}
+    queued = {**run, "pool": "small", "estimated_wait_ms": 0, "degraded_from": None}
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0}
+
+    async def replies():
+        yield Reply("", ACCEPTED, run)
+        yield Reply("t:0:1", "queued", queued)
+        yield Reply("t:0:2", "started", run)
+        yield Reply("t:0:3", "delta", {**run, "text": "Hi"})
+        yield Reply("t:0:4", "queued", queued)  # late: after the start
+        yield Reply("t:0:5", "completed", {**run, "usage": usage, "finish_reason": "stop"})
+
+    events = [e["event"] async for e in sse_stream(deps(5.0), "r1", replies(), live=False)]
+    assert events == ["run.accepted", "run.queued", "run.started", "token", "run.completed"]
