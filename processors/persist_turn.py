@@ -131,13 +131,16 @@ def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisi
                 await conversations.erase_messages(chat_id)
                 log.info("chat %s was deleted while run %s was stored; erased again", chat_id, prompt["run_id"])
 
+    async def forget_question(prompt: Event) -> None:
+        await conversations.unput_message(uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"]))
+
     async def on_prompt(prompt: Event) -> None:
         await store(prompt, user_turn(prompt))
         # A question the edge refused after the log did not acknowledge it is not kept (storage/withdrawals.py):
         # looked at after the write, so a withdrawal settled before it or after it (the scheduler's RunRejected
         # `withdrawn`, on_rejected) removes it either way.
         if suspect(prompt, int(time.time() * 1000)) and await conversations.fate(*ids(prompt)) == WITHDRAWN:
-            await conversations.unput_message(uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"]))
+            await forget_question(prompt)
 
     async def on_completed(done: Event) -> None:
         await store(done["prompt"], assistant_turn(done))  # how the run ended, too
@@ -145,7 +148,7 @@ def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisi
     async def on_rejected(rejected: Event) -> None:
         prompt = rejected["prompt"]
         if rejected["code"] == WITHDRAWN:  # the edge answered 503: neither the question nor an answer is kept
-            await conversations.unput_message(uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"]))
+            await forget_question(prompt)
             log.info("run %s was withdrawn by the edge: its question removed", prompt["run_id"])
             return
         await store(prompt, refusal_turn(rejected))
