@@ -39,7 +39,7 @@ from storage.memory import Memory
 from storage.withdrawals import TAKEN, WITHDRAWN, ids, suspect
 from topics.codec import Event, token_delta
 from topics.events import PromptAccepted, PromptModerated, RunRejected, RunScheduled, TokenDelta
-from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, Topic, named
+from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
 
@@ -208,14 +208,15 @@ def register(
         run = {**run, "scheduled_at": (before and before.decided_at) or int(time.time() * 1000)}
         pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
         ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
-        sends: list[tuple[Topic[Any], Event, str | None, int | None]] = [
-            (RUN_SCHEDULED[run["pool"]], run, prompt["chat_id"], placement.partition)
-        ]
-        if before is None or not await told_queued(prompt, run["scheduled_at"]):
-            sends.insert(0, (TOKEN_DELTA, queued(run, placement.wait_s), None, prompt["reply_partition"]))
-        # Both at once: one wait for the broker's acks instead of two in a row. `queued` is sent first and nearly
-        # always lands first; one that lands after the run's first record is not shown (api/answers.py).
-        await asyncio.gather(*(stage.publish(t, r, key=k, partition=p) for t, r, k, p in sends))
+        tell = before is None or not await told_queued(prompt, run["scheduled_at"])
+        scheduled = stage.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"], partition=placement.partition)
+        if tell:
+            # Both at once: one wait for the broker's acks instead of two in a row. `queued` is sent first and
+            # nearly always lands first; one that lands after the run's first record is not shown (api/answers.py).
+            told = stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
+            await asyncio.gather(told, scheduled)
+        else:
+            await scheduled
         stage.crash_point("scheduling-after-publish")  # tests: the window a redelivered prompt must not reopen
         await ledger.mark_scheduled(user, prompt["run_id"])
 
