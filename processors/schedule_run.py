@@ -167,21 +167,18 @@ def register(
                 prompt, "content_filter", "This request was declined by the content policy.", category=category
             )
             return
-        tier, user = prompt["tier"], prompt["user_id"]
-
-        async def assembled() -> RunScheduled | TooLong:
-            try:
-                if prompt.get("messages"):
-                    return assemble_given(prompt, settings)
-                return await assemble_chat_run(prompt, conversations, memory, context, settings)
-            except TooLong as exc:
-                return exc
-
-        # The ledger is read while the context is assembled (the chat's reads): neither needs the other.
-        run, (account, before) = await asyncio.gather(assembled(), ledger.look(user, prompt["run_id"]))
-        if isinstance(run, TooLong):
-            await refuse(prompt, "context_length_exceeded", str(run))
+        try:
+            if prompt.get("messages"):
+                run = assemble_given(prompt, settings)
+            else:
+                run = await assemble_chat_run(prompt, conversations, memory, context, settings)
+        except TooLong as exc:
+            await refuse(prompt, "context_length_exceeded", str(exc))
             return
+        tier, user = prompt["tier"], prompt["user_id"]
+        # Read after the assembly, which waits for the chat's previous turn: its run is settled by then, most
+        # likely, and the account the first compare-and-set decides on is as fresh as it can be.
+        account, before = await ledger.look(user, prompt["run_id"])
         if before is not None and before.scheduled:
             log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
             return
