@@ -18,6 +18,7 @@ import numpy as np
 from prometheus_client import Counter, Histogram
 
 from safety import heads as heads_mod
+from safety import obfuscation
 from safety.encoder import Encoder
 from safety.policy import Decision, Policy, Stage, decide
 
@@ -56,9 +57,15 @@ class Moderator:
         self.encoder = Encoder(threads=threads)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="safety")
 
-    def scores(self, texts: Sequence[str], categories: Sequence[str], windows: int) -> dict[str, float]:
-        """Each category's highest score over the texts' windows (pure given the model; runs here)."""
+    def scores(
+        self, texts: Sequence[str], categories: Sequence[str], windows: int, plain: bool = False
+    ) -> dict[str, float]:
+        """Each category's highest score over the texts' windows (pure given the model; runs here). With
+        `plain`, each text's plain readings (leetspeak undone, look-alike letters folded, encoded payloads
+        decoded: safety/obfuscation.py) are scored too, so an obfuscated request scores as if written plainly."""
         present = [t for t in texts if t and t.strip()]
+        if plain:
+            present += [r for t in present for r in obfuscation.readings(t) if r.strip()]
         if not present or not categories:  # nothing to read, or a policy with no rules here: no model call
             return {c: 0.0 for c in categories}
         embeddings = np.concatenate([self.encoder.windows(t, windows) for t in present])
@@ -74,7 +81,9 @@ class Moderator:
         started = time.perf_counter()
         categories = policy.categories(stage)
         try:
-            scores = self.scores(texts, categories, windows)
+            # Obfuscation is an attacker's move: prompts and context are read plainly too; the answers the model
+            # writes are not (their numbers and codes would cost an encoder pass for nothing).
+            scores = self.scores(texts, categories, windows, plain=stage != "output")
             decision = decide(policy, stage, scores)
             error = None
         except Exception as exc:
