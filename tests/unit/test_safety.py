@@ -73,7 +73,7 @@ def test_everyday_prompts_pass(moderator, text):
 
 
 # Follow-up turns a conversation goes on with, written apart from the training data's follow-ups
-# (safety.data.FOLLOW_UP_PARTS): none of these is in it, and the first is the turn issue 21 found refused.
+# (safety.authored.FOLLOW_UP_PARTS): none of these is in it, and the first is the turn issue 21 found refused.
 FOLLOW_UPS = [
     "Thanks! Now say goodbye in one sentence.",
     "Cheers. Next, list the pros and cons.",
