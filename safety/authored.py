@@ -142,15 +142,17 @@ FRAMINGS = (
 )
 
 
-def framed(examples: list[Example], per_label: int, seed: int) -> list[Example]:
-    """Up to `per_label` positives and as many negatives of `examples` wrapped in a framing; each keeps its
-    source, so a held-out source's framed texts are held out with it."""
+def framed(examples: list[Example], share: float, seed: int) -> list[Example]:
+    """The same share of each label's examples wrapped in a framing (framing fewer ordinary requests than
+    harmful ones taught the head that a framing means harm: with 600 of each, framed ordinary requests held
+    out were refused 2.7-6.7% of the time at the block bar). Each keeps its source, so a held-out source's
+    framed texts are held out with it."""
     import random
 
     rng = random.Random(seed)  # noqa: S311 (reproducible data, not secrets)
     out = []
     for label in (0, 1):
         pool = [e for e in examples if e.label == label and len(e.text) < 400]
-        for e in rng.sample(pool, min(per_label, len(pool))):
+        for e in rng.sample(pool, round(share * len(pool))):
             out.append(Example(rng.choice(FRAMINGS).format(text=e.text), label, e.source))
     return out

