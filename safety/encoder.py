@@ -215,12 +215,27 @@ class Encoder:
             encodings = self._tokenizer.encode_batch(texts)
         return self._run([e.ids for e in encodings])
 
+    @staticmethod
+    def _chunks(encoding: Any, limit: int) -> list[list[int]]:
+        chunks = [encoding.ids] + [o.ids for o in encoding.overflowing]
+        return chunks[: limit - 1] + chunks[-1:] if len(chunks) > limit else chunks
+
     def windows(self, text: str, limit: int = 32) -> np.ndarray:
         """Embeddings of a text's overlapping 256-token windows (at most `limit`: the first ones and the last)."""
         with self._lock:
             first = self._tokenizer.encode(text)
-        chunks = [first.ids] + [o.ids for o in first.overflowing]
-        if len(chunks) > limit:
-            chunks = chunks[: limit - 1] + chunks[-1:]
         # Windows are similar lengths; a batch pads to the longest, which costs little here.
-        return self._run(chunks)
+        return self._run(self._chunks(first, limit))
+
+    def windows_of(self, texts: list[str], limit: int = 32, batch: int = 32) -> list[np.ndarray]:
+        """`windows` of many texts, run in batches of similar length (for offline scoring of many texts)."""
+        with self._lock:
+            encodings = self._tokenizer.encode_batch(texts)
+        chunks = [(i, ids) for i, e in enumerate(encodings) for ids in self._chunks(e, limit)]
+        chunks.sort(key=lambda c: len(c[1]))
+        rows: list[list[np.ndarray]] = [[] for _ in texts]
+        for start in range(0, len(chunks), batch):
+            part = chunks[start : start + batch]
+            for (i, _), vec in zip(part, self._run([ids for _, ids in part]), strict=True):
+                rows[i].append(vec)
+        return [np.stack(r) if r else np.zeros((0, DIM), dtype=np.float32) for r in rows]
