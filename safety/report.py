@@ -10,7 +10,8 @@ refusals.
 Beside the sources as they are, each fold scores variants of its held-out texts that no training text is made
 from (`VARIANTS`): leetspeak, look-alike letters and base64 versions of the held-out positives, and role-play
 and authority framings of held-out positives and negatives (a framing must not make an ordinary request
-refused). Sources that no head is ever trained on (`NEVER_TRAINED`) are scored by the shipped heads.
+refused). A fold made only of sources its task is never trained on (`NEVER_TRAINED` in safety/train.py)
+is scored by the head that ships.
 Usage: python -m safety.report [--per-source 600]
 """
 
@@ -34,7 +35,7 @@ from safety.encoder import Encoder
 from safety.examples import Example
 from safety.moderator import INPUT_WINDOWS
 from safety.policy import BUILTIN
-from safety.train import FOLDS, embed_all, fit, rnd, trainable
+from safety.train import FOLDS, embed_all, fit, prf, rnd, trainable
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "safety_heldout.json"
 STAGE = {"prompt_injection": "input", "harmful_request": "input", "toxic": "input", "harmful_output": "output"}
@@ -106,15 +107,8 @@ class Scorer:
 def figures(y: np.ndarray, p: np.ndarray, task: str) -> dict[str, Any]:
     row: dict[str, Any] = {"n": len(y), "positives": int(y.sum())}
     for action, bar in sorted(bars(task).items()):
-        pred = p >= bar
-        tp, fp = int((pred & (y == 1)).sum()), int((pred & (y == 0)).sum())
-        negatives = int((y == 0).sum())
-        row[action] = {
-            "bar": bar,
-            "precision": rnd(tp / (tp + fp)) if tp + fp else None,
-            "recall": rnd(tp / int(y.sum())) if y.sum() else None,
-            "false_positive_rate": rnd(fp / negatives) if negatives else None,
-        }
+        at = prf(y, p, bar)
+        row[action] = {"bar": bar} | {k: at[k] for k in ("precision", "recall", "false_positive_rate")}
     return row
 
 
@@ -172,11 +166,12 @@ def report(per_source: int, variant_n: int, plain: bool = True) -> dict[str, Any
         y = np.array([e.label for e in examples])
         sources = np.array([e.source for e in examples])
         if STAGE[task] == "input":
-            shipped[task] = fit(x[trainable(task, sources)], y[trainable(task, sources)])
+            train = trainable(task, sources)
+            shipped[task] = fit(x[train], y[train])
         folds = []
         for held in FOLDS[task]:
-            test = np.isin(sources, held)
-            w, b = fit(x[trainable(task, sources, held)], y[trainable(task, sources, held)])
+            test, train = np.isin(sources, held), trainable(task, sources, held)
+            w, b = fit(x[train], y[train])
             chosen = sample([e for e, t in zip(examples, test, strict=True) if t], per_source, rng)
             by_source: dict[str, Any] = {}
             for source in held:

@@ -169,7 +169,7 @@ def main() -> None:
         held = evaluate(task, x, y, sources)
         train = trainable(task, sources)
         w, b = fit(x[train], y[train])
-        counts = Counter((e.source, e.label) for e in examples if e.source not in NEVER_TRAINED.get(task, ()))
+        counts = Counter((e.source, e.label) for e, kept in zip(examples, train, strict=True) if kept)
         head = {
             "task": task,
             "bias": round(b, 6),
