@@ -10,7 +10,7 @@ import pytest
 
 from registry.store import Incompatible, InProcess, Store, canonical
 from topics import codec
-from topics.errors import PoisonEvent
+from topics.errors import PoisonEvent, RetriableError
 
 from .test_schemas import RELEASED, raw, sample
 
@@ -86,3 +86,21 @@ def test_unknown_ids_and_foreign_bytes_are_poison_with_the_reason():
         codec.decode("PromptAccepted", struct.pack(">bI", 0, 2_147_483_000) + body)
     with pytest.raises(PoisonEvent, match="wire format"):
         codec.decode("PromptAccepted", b"\x01\x00\x00\x00\x01" + body)
+
+
+class Away(InProcess):
+    """A registry that answers registrations, then goes away: every fetch fails as an unreachable one does."""
+
+    def fetch(self, schema_id: int) -> str | None:
+        raise ConnectionError("registry away")
+
+
+def test_a_process_reads_every_type_it_registered_without_asking_the_registry():
+    """A replica restarted since it last read a type (CI: the registry test's chat met such a replica) reads
+    today's records with the registry down: registering a schema also keeps it as the writer of its id."""
+    schemas = codec.Schemas(Away(), retry_s=0.0)
+    ids = schemas.register_all()
+    for name, schema_id in ids.items():
+        assert schemas.writer(schema_id)["name"].endswith(name)
+    with pytest.raises(RetriableError, match="schema registry unreachable"):
+        schemas.writer(max(ids.values()) + 1)  # an id it never registered still needs the registry
