@@ -50,6 +50,20 @@ class Verdict:
         return self.decision.blocked
 
 
+def read(texts: Sequence[str], plain: bool) -> list[str]:
+    """What a check scores of some texts: each one that is not blank and, with `plain`, its plain readings."""
+    present = [t for t in texts if t and t.strip()]
+    if plain:
+        present += [r for t in present for r in obfuscation.readings(t) if r.strip()]
+    return present
+
+
+def with_rules(scores: dict[str, float], texts: Sequence[str], categories: Sequence[str]) -> dict[str, float]:
+    """The heads' scores, with every category a rule finds in one of the texts set to 1.0."""
+    hits = {hit for text in texts for hit in heads_mod.rule_hits(text, tuple(categories))}
+    return {**scores, **dict.fromkeys(hits, 1.0)}
+
+
 class Moderator:
     def __init__(self, threads: int = 1) -> None:
         tasks = tuple(dict.fromkeys(heads_mod.INPUT_TASKS + heads_mod.OUTPUT_TASKS))
@@ -63,17 +77,12 @@ class Moderator:
         """Each category's highest score over the texts' windows (pure given the model; runs here). With
         `plain`, each text's plain readings (leetspeak undone, look-alike letters folded, encoded payloads
         decoded: safety/obfuscation.py) are scored too, so an obfuscated request scores as if written plainly."""
-        present = [t for t in texts if t and t.strip()]
-        if plain:
-            present += [r for t in present for r in obfuscation.readings(t) if r.strip()]
+        present = read(texts, plain)
         if not present or not categories:  # nothing to read, or a policy with no rules here: no model call
             return {c: 0.0 for c in categories}
         embeddings = np.concatenate([self.encoder.windows(t, windows) for t in present])
-        result = {c: self.heads[c].score(embeddings) for c in categories if c in self.heads}
-        for text in present:
-            for hit in heads_mod.rule_hits(text, tuple(categories)):
-                result[hit] = 1.0
-        return result
+        scores = {c: self.heads[c].score(embeddings) for c in categories if c in self.heads}
+        return with_rules(scores, present, categories)
 
     def check(self, policy: Policy, stage: Stage, texts: Sequence[str], windows: int = INPUT_WINDOWS) -> Verdict:
         """Score the texts for the stage's categories and apply the policy. A classifier failure is decided

@@ -8,7 +8,7 @@ recall at the block bar is what the chat API refuses, the false-positive rate at
 refusals.
 
 Beside the sources as they are, each fold scores variants of its held-out texts that no training text is made
-from (`VARIANTS`): leetspeak, look-alike letters and base64 versions of the held-out positives, and role-play
+from (`variants()`): leetspeak, look-alike letters and base64 versions of the held-out positives, and role-play
 and authority framings of held-out positives and negatives (a framing must not make an ordinary request
 refused). A fold made only of sources its task is never trained on (`NEVER_TRAINED` in safety/train.py)
 is scored by the head that ships.
@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from safety import data, heads, obfuscation
+from safety import data, heads, moderator
 from safety.encoder import Encoder
 from safety.examples import Example
-from safety.moderator import INPUT_WINDOWS
 from safety.policy import BUILTIN
 from safety.train import FOLDS, embed_all, fit, prf, rnd, trainable
 
@@ -87,20 +86,15 @@ class Scorer:
     def scores(self, texts: list[str], task: str, w: np.ndarray, b: float, desc: str) -> np.ndarray:
         head = heads.Head(task, w, b)
         plain = self.plain and STAGE[task] != "output"
-        read = [[r for r in [t] + (obfuscation.readings(t) if plain else []) if r.strip()] for t in texts]
-        missing = list(dict.fromkeys(r for rs in read for r in rs if r not in self._windows))
+        texts_read = [moderator.read([t], plain) for t in texts]  # what Moderator.scores reads of each
+        missing = list(dict.fromkeys(r for rs in texts_read for r in rs if r not in self._windows))
         for start in tqdm(range(0, len(missing), 256), desc=desc, unit="256 texts", leave=False):
             part = missing[start : start + 256]
-            self._windows.update(zip(part, self.encoder.windows_of(part, INPUT_WINDOWS), strict=True))
+            self._windows.update(zip(part, self.encoder.windows_of(part, moderator.INPUT_WINDOWS), strict=True))
         out = []
-        for present in read:
-            if not present:
-                out.append(0.0)
-                continue
-            score = max(head.score(self._windows[r]) for r in present)
-            if any(heads.rule_hits(r, (task,)) for r in present):
-                score = 1.0
-            out.append(score)
+        for present in texts_read:
+            score = max((head.score(self._windows[r]) for r in present), default=0.0)
+            out.append(moderator.with_rules({task: score}, present, (task,))[task])
         return np.array(out)
 
 
