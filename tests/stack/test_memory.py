@@ -15,15 +15,34 @@ from ..sse import iter_sse
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
 
 FACT = "My cat is called Pepperoni and she is eleven years old."
+# Each question carries its own context, so that the user's turns alone pass the summary trigger (768 tokens
+# of the serving tokenizer): the tiny model's answers may be a few words each (CI: after an engine restart it
+# answered the first turn "Etyrefereng 1919." and then copied itself), and the summary must not hang on them.
 FILLER = [
-    "Explain how the printing press changed the way books were made in Europe, and why it mattered so much.",
-    "What should I pack for a week of hiking in the mountains in autumn, with cold nights and some rain?",
-    "Describe how a bicycle gear system works, and when a rider should shift to a lower or a higher gear.",
-    "Give me three tips for writing a clear email to a colleague who is very busy and reads on a phone.",
-    "How do volcanoes form, and what is the difference between a shield volcano and a stratovolcano?",
-    "What are good habits for keeping a small vegetable garden healthy through a hot and dry summer?",
-    "Tell me how a sourdough starter works and how often it needs feeding when kept in the fridge.",
-    "Explain the rules of chess castling, including the cases where a player is not allowed to castle.",
+    "I am reading about early printing for a school project on the history of books in Europe. Explain how the "
+    "printing press changed the way books were made, who paid for the first printed books, and why it mattered "
+    "so much for ordinary readers in the towns and villages of the time.",
+    "My sister and I are planning our first long trip on foot together. What should I pack for a week of hiking "
+    "in the mountains in autumn, with cold nights, some rain, short days and a small tent that we carry in turns? "
+    "We have never camped above the tree line before.",
+    "I just bought a second-hand bicycle with many gears and I am not sure how to use them. Describe how a "
+    "bicycle gear system works, and when a rider should shift to a lower or a higher gear on hills and flats. "
+    "I ride to work every day.",
+    "At work I often need answers from a manager who is in meetings all day. Give me three tips for writing a "
+    "clear email to a colleague who is very busy and reads everything on a phone between two appointments. "
+    "I usually write far too much.",
+    "We are visiting Iceland and Italy next year and my children keep asking about mountains that breathe fire. "
+    "How do volcanoes form, and what is the difference between a shield volcano and a stratovolcano? They are "
+    "nine and eleven years old.",
+    "This spring I started a few raised beds with tomatoes, beans and courgettes behind the house. What are good "
+    "habits for keeping a small vegetable garden healthy through a hot and dry summer with little rain? The "
+    "soil is heavy clay and dries out fast.",
+    "A friend gave me a jar of sourdough starter and I would like to bake bread every weekend without waste. "
+    "Tell me how a sourdough starter works and how often it needs feeding when kept in the fridge. I bake "
+    "with white and rye flour.",
+    "My nephew beat me at chess by moving his king two squares, and I thought it was illegal at the time. "
+    "Explain the rules of chess castling, including the cases where a player is not allowed to castle. We "
+    "play every Sunday afternoon.",
 ]
 
 
