@@ -125,12 +125,11 @@ class Schemas:
 
     def id_for(self, name: str) -> int:
         if name not in self._ids:
-            text = expanded(name)
-            register = lambda: self.registry.register(subject(name), text)  # noqa: E731
+            register = lambda: self.registry.register(subject(name), expanded(name))  # noqa: E731
             schema_id = self._ids[name] = self._retrying(f"register {name}", register)
-            # The id names this very schema: records written with it are read without asking the registry, so a
-            # process that has not read a type since it started still reads it while the registry is away.
-            self._writers.setdefault(schema_id, fastavro.parse_schema(plain(json.loads(text))))
+            # The id names the schema `encode` writes with: records written with it are read without asking the
+            # registry, so a process that has not read a type since it started still reads it while it is away.
+            self._writers.setdefault(schema_id, schemas()[name])
         return self._ids[name]
 
     def writer(self, schema_id: int) -> Schema:

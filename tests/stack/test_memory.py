@@ -16,8 +16,9 @@ from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
 
 FACT = "My cat is called Pepperoni and she is eleven years old."
 # Each question carries its own context, so that the user's turns alone pass the summary trigger (768 tokens
-# of the serving tokenizer): the tiny model's answers may be a few words each (CI: after an engine restart it
-# answered the first turn "Etyrefereng 1919." and then copied itself), and the summary must not hang on them.
+# of the serving tokenizer): the tiny model's answers may be a few words each (CI: after an engine was paused
+# and resumed it answered the first turn "Etyrefereng 1919." and then copied itself), and the summary must not
+# hang on them.
 FILLER = [
     "I am reading about early printing for a school project on the history of books in Europe. Explain how the "
     "printing press changed the way books were made, who paid for the first printed books, and why it mattered "
