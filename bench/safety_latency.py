@@ -13,7 +13,7 @@
    next prompt's context) overlaps the next request and is counted against whichever mode comes next.
 
 Prints JSON and writes bench/results/safety_latency.json.
-Usage: python bench/safety_latency.py [--pairs 40] [--max-tokens 48]
+Usage: python bench/safety_latency.py [--pairs 40] [--max-tokens 48] [--checks-only]
 """
 
 from __future__ import annotations
@@ -47,6 +47,14 @@ SENTENCES = [
     "My manager asked me to summarise the quarterly report; here are the key numbers.",
     "Translate the following paragraph into French, keeping the tone informal.",
 ]
+# Short turns with dates, times and distances ("3rd", "10am", "5km"): words that mix digits and letters, which
+# the plain reading once took for leetspeak (a second encoder pass for every such turn).
+DATED = [
+    "Can we move the call to the 3rd at 10am?",
+    "Is the 2nd of June a good day for a 5km run?",
+    "Remind me that the train leaves at 7pm on the 21st.",
+    "What should I pack for a 3-day hike of 40km?",
+]
 ANSWER = (
     "Photosynthesis is the process plants use to turn light into chemical energy. In the leaves, chlorophyll "
     "absorbs sunlight, which splits water into oxygen and hydrogen; the hydrogen and carbon dioxide from the "
@@ -78,6 +86,7 @@ def checks(n: int) -> dict[str, object]:
     for bucket, text in tqdm(prompts(rng, n), desc="prompt checks", mininterval=5):
         by_bucket.setdefault(bucket, []).append(timed(lambda t=text: moderator.check(BUILTIN, "input", [t])))
     every = [v for values in by_bucket.values() for v in values]
+    dated = [timed(lambda t=rng.choice(DATED): moderator.check(BUILTIN, "input", [t])) for _ in range(n // 3)]
     answer = ANSWER * 6
     windows = []
     for _ in tqdm(range(n), desc="output windows", mininterval=5):
@@ -87,6 +96,7 @@ def checks(n: int) -> dict[str, object]:
     return {
         "prompt_check_ms": summary(every),
         "prompt_check_ms_by_length": {b: summary(v) for b, v in sorted(by_bucket.items())},
+        "short_turn_with_a_date_check_ms": summary(dated),
         "output_window_check_ms": summary(windows),
     }
 
@@ -211,8 +221,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--port-base", type=int, default=28400)
     parser.add_argument("--think-ms", type=int, default=500)
+    parser.add_argument("--checks-only", action="store_true", help="the checks in this process, no stack")
     args = parser.parse_args()
     measured = checks(args.checks)
+    if args.checks_only:
+        print(json.dumps(measured, indent=2))
+        return
     result = {
         "benchmark": "safety_latency",
         **measured,

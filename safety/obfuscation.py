@@ -27,6 +27,12 @@ LEET = str.maketrans({"4": "a", "@": "a", "8": "b", "3": "e", "6": "g", "9": "g"
                       "0": "o", "5": "s", "$": "s", "7": "t", "+": "t", "2": "z"})  # fmt: skip
 _LEET_WORD = re.compile(r"(?<![\w@$!|+])[\w@$!|+]{2,20}(?![\w@$!|+])")  # longer runs: codes, not words
 _HAS_LEET = re.compile(r"[A-Za-z][0-9@$!|+]|[0-9@$!|+][A-Za-z]")
+# A number with its ordinal or a unit ("3rd", "21st", "10am", "5km") is a word as written, not leetspeak ("erd"):
+# read as leetspeak, every text with a date or a distance in it cost a second encoder pass for nothing. An
+# ordinal counts only with its own suffix, so "4nd" (leetspeak "and") is still undone.
+_ORDINAL = re.compile(r"(?:\d*[02-9])?(?:1st|2nd|3rd)|\d*(?:1\d|[04-9])th")
+# Units of two letters or more only: a number and one letter is leetspeak as often ("53x", "45k", "4m").
+_UNIT = re.compile(r"\d+(?:am|pm|kg|km|cm|mm|mg|ml|gb|mb|kb|tb|k?hz|[mg]hz|px|fps|mph|kph|kwh?)", re.I)
 _WORD = re.compile(r"\w+")
 _BASE64 = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _HEX = re.compile(r"\b(?:[0-9a-fA-F]{2}[\s:]?){8,}")
@@ -59,7 +65,9 @@ def plain(text: str) -> str:
 def _unleet(match: re.Match[str]) -> str:
     word = match.group(0)
     core = word.rstrip("!")  # a closing "!" is punctuation, not an i
-    return core.translate(LEET) + word[len(core) :] if _HAS_LEET.search(core) else word
+    if _ORDINAL.fullmatch(core) or _UNIT.fullmatch(core) or not _HAS_LEET.search(core):
+        return word
+    return core.translate(LEET) + word[len(core) :]
 
 
 def _decoded(text: str) -> list[str]:
