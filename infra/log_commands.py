@@ -138,6 +138,7 @@ def candidate_of(args: argparse.Namespace) -> Candidate:
 
 def cmd_replay(args: argparse.Namespace) -> None:
     import json
+    import signal
 
     from replay import candidate as cand
     from replay import redrive, report, selection
@@ -146,6 +147,16 @@ def cmd_replay(args: argparse.Namespace) -> None:
     settings, _ = connected(args)
     now = int(time.time() * 1000)
     plan = None
+    # A KeyboardInterrupt raised inside a weakref callback is printed and dropped, and the replay ran on to
+    # exit 0 (seen in CI): the flag keeps a Ctrl-C, and the replay asks for it between its steps.
+    interrupted = False
+
+    def interrupt(*_: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
     try:
         if args.resume:
             plan = redrive.Plan.load(args.resume)
@@ -169,7 +180,8 @@ def cmd_replay(args: argparse.Namespace) -> None:
                 raise redrive.ReplayError("no recorded run matches the selection (check the range and filters)")
             plan = redrive.new_plan(settings, candidate, chosen, runs)
             print(f"replay {plan.id}: {len(runs)} runs (resume with --resume {plan.id})", file=sys.stderr)
-        found = redrive.Replay(plan, settings, launch, progress=not args.quiet).run(runs, keep=args.keep)
+        replay = redrive.Replay(plan, settings, launch, progress=not args.quiet, stopped=lambda: interrupted)
+        found = replay.run(runs, keep=args.keep)
     except (redrive.ReplayError, cand.CandidateError, ValueError, LookupError) as exc:
         raise SystemExit(f"parley replay: {exc}") from None
     except KeyboardInterrupt:

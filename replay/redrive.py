@@ -19,6 +19,7 @@ import json
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -109,10 +110,24 @@ def _free(port: int) -> bool:
 
 
 class Replay:
-    def __init__(self, plan: Plan, settings: StackSettings, launch: cand.Launch, progress: bool = True) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        settings: StackSettings,
+        launch: cand.Launch,
+        progress: bool = True,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.plan, self.settings, self.progress = plan, settings, progress
         self.launch = launch  # starts the candidate's processes (infra.stack.Stack, from the CLI)
         self.candidate = Candidate(**plan.candidate)
+        # Asked between steps and while results come in: an interrupt Python dropped (one raised inside a
+        # weakref callback is only printed) still stops the replay, which then stays resumable.
+        self.stopped = stopped
+
+    def _go_on(self) -> None:
+        if self.stopped():
+            raise KeyboardInterrupt
 
     def run(self, runs: list[Recorded], keep: bool = False) -> dict[str, Any]:
         """Send every run not yet replayed through the candidate's processes; returns the report."""
@@ -129,7 +144,9 @@ class Replay:
             stack = self.launch(cand.processes(settings, plan.namespace, candidate, free_port_base()))
             try:
                 stack.start()
+                self._go_on()
                 stack.wait_ready()
+                self._go_on()
                 started = time.monotonic()
                 self._send(pending)
                 self._collect({r.prompt["run_id"]: r for r in pending})
@@ -202,6 +219,7 @@ class Replay:
                 tqdm(total=len(pending), unit="run", desc="replaying", disable=not self.progress) as bar,
             ):
                 while pending and time.monotonic() - last < quiet_s:
+                    self._go_on()
                     msg = consumer.poll(0.5)
                     if msg is None or msg.error():
                         continue
