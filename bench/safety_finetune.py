@@ -40,11 +40,10 @@ from tqdm import tqdm
 from safety import data
 from safety.data import Example
 from safety.encoder import DIM, EPS, HEAD_DIM, HEADS, LAYERS, Encoder, model_dir
-from safety.report import bars
-from safety.train import NEVER_TRAINED, embed_all, fit, sigmoid
+from safety.report import PROBES, bars
+from safety.train import NEVER_TRAINED, embed_all, fit, prf, sigmoid
 
 RESULTS = Path(__file__).resolve().parent / "results" / "safety_finetune.json"
-PROBES = Path(__file__).resolve().parent.parent / "safety" / "data" / "translated_probes.jsonl"
 FOLLOW_UPS = ("parley-follow-ups", "parley-follow-up-injections")
 # One fold per task at a time: a source that several tasks share is held out of all of them.
 FOLDS = {
@@ -224,12 +223,8 @@ def recall_at_fpr(y: np.ndarray, p: np.ndarray, fpr: float = 0.03) -> float | No
 
 
 def figures(y: np.ndarray, p: np.ndarray, bar: float) -> dict[str, float | None]:
-    pos, neg = p[y == 1], p[y == 0]
-    return {
-        "recall": round(float((pos >= bar).mean()), 3) if len(pos) else None,
-        "fpr": round(float((neg >= bar).mean()), 3) if len(neg) else None,
-        "recall_at_3pct_fpr": recall_at_fpr(y, p),
-    }
+    at = prf(y, p, bar)
+    return {"recall": at["recall"], "fpr": at["false_positive_rate"], "recall_at_3pct_fpr": recall_at_fpr(y, p)}
 
 
 def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespace, base: Encoder) -> dict[str, Any]:
@@ -261,6 +256,8 @@ def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespac
     }
     probes = [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
     probe_y = np.array([q["label"] for q in probes])
+    probe_texts = [q["text"] for q in probes]
+    probe_base, probe_tuned = embed_all(base, probe_texts).astype(np.float64), tune.embed(probe_texts)
     for t in TASKS:
         bar = bars(t)["block"]
         texts = [e.text for e in tests[t]]
@@ -277,8 +274,8 @@ def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespac
         groups = {"fold": np.isin(sources, held[t])} | {s: sources == s for s in sorted(set(sources))}
         task_out = {g: {k: figures(y[m], p[m], bar) for k, p in scores.items()} for g, m in groups.items()}
         probe_scores = {
-            "shipped_recipe": sigmoid(embed_all(base, [q["text"] for q in probes]).astype(np.float64) @ w + b),
-            "fine_tuned": tune.score(t, tune.embed([q["text"] for q in probes])),
+            "shipped_recipe": sigmoid(probe_base @ w + b),
+            "fine_tuned": tune.score(t, probe_tuned),
         }
         task_out["translated_probes"] = {
             k: {
