@@ -6,7 +6,9 @@ recipe fitted on every trainable row; the fine-tune starts from MiniLM and those
 the encoder's layers (the word-embedding table stays frozen) together with the three input heads, on up to
 --per-source texts of each source and label, truncated to --max-tokens. Both are scored on the held-out
 texts as written (no windows, no plain readings): recall and false-positive rate at the built-in policy's
-block bar, and recall at a 3% false-positive rate over the held-out negatives. The Spanish, French and
+block bar and at two calibrated bars, each at --calibrated-fpr of the ordinary rows of a set no fit sees
+("seen": --calibration rows per source and label of the training sources; "unseen": the UNSEEN_CALIBRATION
+sources), and recall at a 3% false-positive rate over the held-out negatives (an oracle bar). The Spanish, French and
 German requests of safety/data/translated_probes.jsonl are scored too. A third column refits a logistic
 regression on the fine-tuned embeddings of the fine-tune's own training texts.
 
@@ -15,7 +17,7 @@ encoder below is the graph of safety/encoder.py written as a differentiable func
 two texts before training (max difference printed as `parity`). About 1 s per step of 32 texts on this
 2-core machine. Prints JSON and writes bench/results/safety_finetune.json.
 Usage: python bench/safety_finetune.py [--fold A|B ...] [--steps 800] [--per-source 400] [--lr 3e-5] [--lora RANK]
-    [--out FILE]
+    [--calibration 150] [--calibrated-fpr 0.02] [--out FILE]
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ FOLDS = {
     },
 }
 TASKS = ("prompt_injection", "harmful_request", "toxic")
+# Ordinary texts from sources no fold tests on and no fit sees: the bars calibrated "on unseen sources" are set
+# on them, so the false positives a bar gives on sources a model never saw are measured on others still.
+UNSEEN_CALIBRATION = ("commonsenseqa", "parley-chat-turns")
 Params = dict[str, Any]
 
 
@@ -220,27 +225,29 @@ def calibrated_bar(y: np.ndarray, p: np.ndarray, fpr: float) -> float:
     return float(np.nextafter(negatives[int(np.floor(fpr * len(negatives)))], np.inf))
 
 
-def figures(y: np.ndarray, p: np.ndarray, bar: float, calibrated: float) -> dict[str, float | None]:
-    at, cal = prf(y, p, bar), prf(y, p, calibrated)
-    return {
-        "recall": at["recall"],
-        "fpr": at["false_positive_rate"],
-        "calibrated_recall": cal["recall"],
-        "calibrated_fpr": cal["false_positive_rate"],
-        "recall_at_3pct_fpr": recall_at_fpr(y, p),
-    }
+def figures(y: np.ndarray, p: np.ndarray, bar: float, calibrated: dict[str, float]) -> dict[str, Any]:
+    at = prf(y, p, bar)
+    out: dict[str, Any] = {"recall": at["recall"], "fpr": at["false_positive_rate"]}
+    for name, cal_bar in calibrated.items():
+        cal = prf(y, p, cal_bar)
+        out[f"calibrated_{name}"] = {"recall": cal["recall"], "fpr": cal["false_positive_rate"]}
+    return out | {"recall_at_3pct_fpr": recall_at_fpr(y, p)}
 
 
 def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespace, base: Encoder) -> dict[str, Any]:
     rng = random.Random(0)
     held = FOLDS[fold]
-    train, tests, calibration, baseline = {}, {}, {}, {}
+    train, tests, baseline = {}, {}, {}
+    calibration: dict[str, dict[str, list[Example]]] = {}
     for t in TASKS:
         kept_out = {*held[t], *NEVER_TRAINED.get(t, ())}
-        trainable = [e for e in tasks[t] if e.source not in kept_out]
-        # A slice of every trainable source sets the calibrated bars; no fit (baseline or fine-tune) sees it.
-        calibration[t] = sample(trainable, args.calibration, rng)
-        chosen = {id(e) for e in calibration[t]}
+        trainable = [e for e in tasks[t] if e.source not in (*kept_out, *UNSEEN_CALIBRATION)]
+        # Two sets of rows no fit (baseline or fine-tune) sees set calibrated bars: a slice of every trainable
+        # source ("seen": sources the model trained on) and the UNSEEN_CALIBRATION sources ("unseen").
+        seen = sample(trainable, args.calibration, rng)
+        unseen = sample([e for e in tasks[t] if e.source in UNSEEN_CALIBRATION], 600, rng)
+        calibration[t] = {"seen": seen, "unseen": unseen}
+        chosen = {id(e) for e in seen}
         trainable = [e for e in trainable if id(e) not in chosen]
         baseline[t] = fit(
             embed_all(base, [e.text for e in trainable]).astype(np.float64), np.array([e.label for e in trainable])
@@ -256,7 +263,7 @@ def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespac
         "held_out": held,
         "never_trained": {t: NEVER_TRAINED.get(t, ()) for t in TASKS},
         "training_texts": {t: len(rows) for t, rows in train.items()},
-        "calibration_texts": {t: len(rows) for t, rows in calibration.items()},
+        "calibration_texts": {t: {k: len(rows) for k, rows in sets.items()} for t, sets in calibration.items()},
         "encoder_numbers_trained": tune.trained_numbers(),
         "parity": parity,
         "train_s": round(time.monotonic() - started),
@@ -272,27 +279,31 @@ def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespac
         texts = [e.text for e in tests[t]]
         y = np.array([e.label for e in tests[t]])
         sources = np.array([e.source for e in tests[t]])
-        emb = tune.embed(texts)
         w, b = baseline[t]
         refit = fit(tune.embed([e.text for e in train[t]]).astype(np.float64), np.array([e.label for e in train[t]]))
-        cal_texts, cal_y = [e.text for e in calibration[t]], np.array([e.label for e in calibration[t]])
-        cal_emb = tune.embed(cal_texts)
-        scores, cal_scores = {}, {}
-        for k, (test_x, cal_x, (hw, hb)) in {
-            "shipped_recipe": (embed_all(base, texts), embed_all(base, cal_texts), (w, b)),
-            "fine_tuned": (emb, cal_emb, tune.head(t)),
-            "fine_tuned_refit": (emb, cal_emb, refit),
+        sets = {"test": texts} | {name: [e.text for e in rows] for name, rows in calibration[t].items()}
+        base_emb = {name: embed_all(base, x) for name, x in sets.items()}
+        tuned_emb = {name: tune.embed(x) for name, x in sets.items()}
+        scores: dict[str, np.ndarray] = {}
+        calibrated: dict[str, dict[str, float]] = {}
+        for k, (emb, (hw, hb)) in {
+            "shipped_recipe": (base_emb, (w, b)),
+            "fine_tuned": (tuned_emb, tune.head(t)),
+            "fine_tuned_refit": (tuned_emb, refit),
         }.items():
-            scores[k] = sigmoid(test_x.astype(np.float64) @ hw + hb)
-            cal_scores[k] = sigmoid(cal_x.astype(np.float64) @ hw + hb)
-        calibrated = {k: calibrated_bar(cal_y, p, args.calibrated_fpr) for k, p in cal_scores.items()}
+            p = {name: sigmoid(x.astype(np.float64) @ hw + hb) for name, x in emb.items()}
+            scores[k] = p["test"]
+            calibrated[k] = {
+                name: calibrated_bar(np.array([e.label for e in rows]), p[name], args.calibrated_fpr)
+                for name, rows in calibration[t].items()
+            }
         groups = {"fold": np.isin(sources, held[t]), "all_held_out": np.ones(len(y), bool)} | {
             s: sources == s for s in sorted(set(sources))
         }
         task_out = {
             g: {k: figures(y[m], p[m], bar, calibrated[k]) for k, p in scores.items()} for g, m in groups.items()
         }
-        task_out["calibrated_bars"] = {k: round(v, 4) for k, v in calibrated.items()}
+        task_out["calibrated_bars"] = {k: {n: round(v, 4) for n, v in c.items()} for k, c in calibrated.items()}
         probe_scores = {
             "shipped_recipe": sigmoid(probe_base @ w + b),
             "fine_tuned": tune.score(t, probe_tuned),
@@ -301,8 +312,13 @@ def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespac
         task_out["translated_probes"] = {
             k: {
                 "recall": round(float((p[probe_y == 1] >= bar).mean()), 3),
-                "calibrated_recall": round(float((p[probe_y == 1] >= calibrated[k]).mean()), 3),
-                "calibrated_ordinary_refused": round(float((p[probe_y == 0] >= calibrated[k]).mean()), 3),
+                **{
+                    f"calibrated_{name}": {
+                        "recall": round(float((p[probe_y == 1] >= cal_bar).mean()), 3),
+                        "ordinary_refused": round(float((p[probe_y == 0] >= cal_bar).mean()), 3),
+                    }
+                    for name, cal_bar in calibrated[k].items()
+                },
                 "median": round(float(np.median(p[probe_y == 1])), 3),
             }
             for k, p in probe_scores.items()
@@ -319,7 +335,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--lora", type=int, default=0, help="adapters of this rank instead of the whole layers")
-    parser.add_argument("--calibration", type=int, default=150, help="rows per trainable source and label set aside")
+    parser.add_argument(
+        "--calibration", type=int, default=150, help="rows per trainable source and label set aside to calibrate on"
+    )
     parser.add_argument("--calibrated-fpr", type=float, default=0.02, help="false positives the calibrated bar allows")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
