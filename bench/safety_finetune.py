@@ -8,8 +8,8 @@ the encoder's layers (the word-embedding table stays frozen) together with the t
 texts as written (no windows, no plain readings): recall and false-positive rate at the built-in policy's
 block bar and at two calibrated bars, each at --calibrated-fpr of the ordinary rows of a set no fit sees
 ("seen": --calibration rows per source and label of the training sources; "unseen": the UNSEEN_CALIBRATION
-sources), and recall at a 3% false-positive rate over the held-out negatives (an oracle bar). The Spanish, French and
-German requests of safety/data/translated_probes.jsonl are scored too. A third column refits a logistic
+sources), and recall at a 3% false-positive rate over the held-out negatives (an oracle bar). The Spanish,
+French and German requests of safety/data/translated_probes.jsonl are scored too. A third column refits a logistic
 regression on the fine-tuned embeddings of the fine-tune's own training texts.
 
 Training uses JAX (CPU wheels from PyPI; `pip install -e '.[train,finetune]'`), never the run-time stack: the
@@ -129,7 +129,7 @@ class FineTune:
         self.lora_scale = 2.0  # alpha / rank, alpha = 2 * rank
         # --anchor W: ordinary texts keep their MiniLM embedding (W times the squared distance to it is added to
         # the loss), so only what the heads must flag moves.
-        self.anchor, self.base = anchor, dict(weights)
+        self.anchor, self.base = anchor, (dict(weights) if anchor else {})
         head_params = {
             t: {"w": jnp.asarray(w, jnp.float32), "b": jnp.asarray(b, jnp.float32)} for t, (w, b) in heads.items()
         }
@@ -220,10 +220,6 @@ class FineTune:
         head = self.params["heads"][task]
         return np.asarray(head["w"], np.float64), float(head["b"])
 
-    def score(self, task: str, emb: np.ndarray) -> np.ndarray:
-        w, b = self.head(task)
-        return np.asarray(sigmoid(emb.astype(np.float64) @ w + b))
-
 
 def recall_at_fpr(y: np.ndarray, p: np.ndarray, fpr: float = 0.03) -> float | None:
     negatives = np.sort(p[y == 0])
@@ -287,7 +283,7 @@ def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespac
     probes = [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
     probe_y = np.array([q["label"] for q in probes])
     probe_texts = [q["text"] for q in probes]
-    probe_base, probe_tuned = embed_all(base, probe_texts).astype(np.float64), tune.embed(probe_texts)
+    probe_emb = {"base": embed_all(base, probe_texts), "tuned": tune.embed(probe_texts)}  # once per fold
     for t in TASKS:
         bar = bars(t)["block"]
         texts = [e.text for e in tests[t]]
@@ -296,17 +292,20 @@ def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespac
         w, b = baseline[t]
         refit = fit(tune.embed([e.text for e in train[t]]).astype(np.float64), np.array([e.label for e in train[t]]))
         sets = {"test": texts} | {name: [e.text for e in rows] for name, rows in calibration[t].items()}
-        base_emb = {name: embed_all(base, x) for name, x in sets.items()}
-        tuned_emb = {name: tune.embed(x) for name, x in sets.items()}
+        emb = {
+            "base": {name: embed_all(base, x) for name, x in sets.items()} | {"probes": probe_emb["base"]},
+            "tuned": {name: tune.embed(x) for name, x in sets.items()} | {"probes": probe_emb["tuned"]},
+        }
         scores: dict[str, np.ndarray] = {}
+        probe_scores: dict[str, np.ndarray] = {}
         calibrated: dict[str, dict[str, float]] = {}
-        for k, (emb, (hw, hb)) in {
-            "shipped_recipe": (base_emb, (w, b)),
-            "fine_tuned": (tuned_emb, tune.head(t)),
-            "fine_tuned_refit": (tuned_emb, refit),
+        for k, (encoder, (hw, hb)) in {
+            "shipped_recipe": ("base", (w, b)),
+            "fine_tuned": ("tuned", tune.head(t)),
+            "fine_tuned_refit": ("tuned", refit),
         }.items():
-            p = {name: sigmoid(x.astype(np.float64) @ hw + hb) for name, x in emb.items()}
-            scores[k] = p["test"]
+            p = {name: sigmoid(x.astype(np.float64) @ hw + hb) for name, x in emb[encoder].items()}
+            scores[k], probe_scores[k] = p["test"], p["probes"]
             calibrated[k] = {
                 name: calibrated_bar(np.array([e.label for e in rows]), p[name], args.calibrated_fpr)
                 for name, rows in calibration[t].items()
@@ -318,11 +317,6 @@ def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespac
             g: {k: figures(y[m], p[m], bar, calibrated[k]) for k, p in scores.items()} for g, m in groups.items()
         }
         task_out["calibrated_bars"] = {k: {n: round(v, 4) for n, v in c.items()} for k, c in calibrated.items()}
-        probe_scores = {
-            "shipped_recipe": sigmoid(probe_base @ w + b),
-            "fine_tuned": tune.score(t, probe_tuned),
-            "fine_tuned_refit": sigmoid(probe_tuned.astype(np.float64) @ refit[0] + refit[1]),
-        }
         task_out["translated_probes"] = {
             k: {
                 "recall": round(float((p[probe_y == 1] >= bar).mean()), 3),
