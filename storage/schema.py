@@ -30,6 +30,9 @@ def migrate(settings: CassandraSettings) -> None:
     session = connect_session(settings)
     try:
         ensure_keyspace(session, settings)
+        # The driver waits 10 s for the nodes to agree after each DDL statement and then goes on regardless: on a
+        # busy 3-node cluster the first CREATE TABLE then reached a node that had not seen the keyspace yet.
+        agree(session)
         for store in STORES:
             store.create_schema(session, settings.keyspace)
         agree(session)
