@@ -41,7 +41,7 @@ from tqdm import tqdm
 from safety import data
 from safety.data import Example
 from safety.encoder import DIM, EPS, HEAD_DIM, HEADS, LAYERS, Encoder, model_dir
-from safety.report import PROBES, bars, sample
+from safety.report import PROBES, bars, calibrated_bar, sample
 from safety.train import NEVER_TRAINED, embed_all, fit, prf, sigmoid
 
 RESULTS = Path(__file__).resolve().parent / "results" / "safety_finetune.json"
@@ -255,12 +255,6 @@ def recall_at_fpr(y: np.ndarray, p: np.ndarray, fpr: float = 0.03) -> float | No
         return None
     bar = negatives[int(np.ceil((1 - fpr) * len(negatives))) - 1]
     return round(float((p[y == 1] > bar).mean()), 3)
-
-
-def calibrated_bar(y: np.ndarray, p: np.ndarray, fpr: float) -> float:
-    """The lowest bar that refuses at most `fpr` of the calibration negatives (rows neither trained nor tested on)."""
-    negatives = np.sort(p[y == 0])[::-1]
-    return float(np.nextafter(negatives[int(np.floor(fpr * len(negatives)))], np.inf))
 
 
 def figures(y: np.ndarray, p: np.ndarray, bar: float, calibrated: dict[str, float]) -> dict[str, Any]:

@@ -106,6 +106,12 @@ def figures(y: np.ndarray, p: np.ndarray, task: str) -> dict[str, Any]:
     return row
 
 
+def calibrated_bar(y: np.ndarray, p: np.ndarray, fpr: float) -> float:
+    """The lowest bar that refuses at most `fpr` of the calibration negatives (rows neither trained nor tested on)."""
+    negatives = np.sort(p[y == 0])[::-1]
+    return float(np.nextafter(negatives[int(np.floor(fpr * len(negatives)))], np.inf))
+
+
 def sample(examples: list[Example], per_source: int, rng: random.Random) -> list[Example]:
     """At most `per_source` examples of each (source, label), chosen reproducibly."""
     groups: dict[tuple[str, int], list[Example]] = {}
