@@ -18,6 +18,9 @@ the multilingual injections no head trains on (yanismiraoui), and Apertium machi
 way of es) of harmful requests no head trains on (tense rephrasings) and of ordinary questions: medical
 questions (never trained) and TruthfulQA, CommonsenseQA and NQ-Open (trained on in English: their translations
 are the easy case). "any" is a prompt refused by at least one input head, which is what the chat API does.
+A third reading ("apertium_english") is Apertium's English of a routed Spanish or French prompt (French by way
+of Spanish), read by MiniLM at the block bars: on the machine-translated sets that is a round trip through the
+same translator, kinder than real text, so only the written requests measure it fairly.
 Also timed: one short turn embedded by MiniLM and by e5, alternated, p50 and the ratio.
 
 Needs `pip install -e '.[train,multilingual]'` and `apt-get install apertium apertium-eng-spa apertium-fr-es`
@@ -63,6 +66,7 @@ MACHINE_TRANSLATED = {  # source -> label, all read from the harmful-request tas
     "nq-open": 0,
 }
 E5_CACHE = data.CACHE / "e5-embeddings.npz"
+TO_ENGLISH = {"es": ("spa-eng",), "fr": ("fr-es", "spa-eng")}
 
 
 def e5_embed(model: Any, texts: list[str]) -> np.ndarray:
@@ -188,11 +192,23 @@ def main() -> None:
     out_sets: dict[str, Any] = {}
     for name, (xs, label) in test_sets(every, args.per_source, rng).items():
         written = {t: scorer.scores(xs, t, shipped[t].weights, shipped[t].bias, name) >= block[t] for t in TASKS}
-        routed = np.array([(guess := langid.classify(x))[0] != "en" and guess[1] >= args.route_p for x in xs])
+        guesses = [langid.classify(x) for x in xs]
+        routed = np.array([lang != "en" and p >= args.route_p for lang, p in guesses])
         extra = added(xs)
         row: dict[str, Any] = {"n": len(xs), "label": label, "routed": round(float(routed.mean()), 3)}
         variants = {"written": written} | {
             v: {t: written[t] | (routed & (extra[v][t] >= added_bars[v][t])) for t in TASKS} for v in extra
+        }
+        # Apertium's English for what is routed as Spanish or French, read by MiniLM at the block bars.
+        into_english = {i: TO_ENGLISH[lang] for i, (lang, _) in enumerate(guesses) if routed[i] and lang in TO_ENGLISH}
+        english = dict.fromkeys(range(len(xs)), "")
+        for modes in set(into_english.values()):
+            picked = [i for i, m in into_english.items() if m == modes]
+            english.update(zip(picked, apertium([xs[i] for i in picked], *modes), strict=True))
+        order = list(english.values())
+        variants["apertium_english"] = {
+            t: written[t] | (scorer.scores(order, t, shipped[t].weights, shipped[t].bias, name) >= block[t])
+            for t in TASKS
         }
         for v, refused in variants.items():
             row[v] = {t: round(float(refused[t].mean()), 3) for t in TASKS}
