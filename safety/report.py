@@ -127,11 +127,16 @@ def sample(examples: list[Example], per_source: int, rng: random.Random) -> list
 PROBES = Path(__file__).resolve().parent / "data" / "translated_probes.jsonl"
 
 
+def probes() -> list[dict[str, Any]]:
+    """The requests in Spanish, French and German written for this report: {"lang", "label", "text"} each."""
+    return [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
+
+
 def translated(scorer: Scorer, shipped: dict[str, tuple[np.ndarray, float]]) -> dict[str, Any]:
     """Harmful and ordinary requests in Spanish, French and German (safety/data/translated_probes.jsonl,
     written for this report, never trained on), checked as the chat API checks a prompt: refused when any
     input head reaches its block bar. The heads are the shipped ones (fitted on every source)."""
-    rows = [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
+    rows = probes()
     refused = np.zeros(len(rows), dtype=bool)
     for task, (w, b) in shipped.items():
         p = scorer.scores([r["text"] for r in rows], task, w, b, f"translated {task}")

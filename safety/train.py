@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,11 @@ def trainable(task: str, sources: np.ndarray, held: tuple[str, ...] = ()) -> np.
     return ~np.isin(sources, (*held, *NEVER_TRAINED.get(task, ())))
 
 
-def embed_all(encoder: Encoder, texts: list[str]) -> np.ndarray:
-    """Embeddings, cached by text hash across runs (the encoder is deterministic)."""
-    cache_path = data.CACHE / "embeddings.npz"
+def cached_embeddings(
+    texts: list[str], embed: Callable[[list[str]], np.ndarray], cache_path: Path, desc: str = "embedding"
+) -> np.ndarray:
+    """`embed`'s vectors for the texts, cached in `cache_path` by text hash across runs (`embed` must be
+    deterministic)."""
     cache: dict[str, np.ndarray] = dict(np.load(cache_path)) if cache_path.exists() else {}
     keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
     # Batches of similar length: a batch pads to its longest text.
@@ -97,13 +100,18 @@ def embed_all(encoder: Encoder, texts: list[str]) -> np.ndarray:
         {k: t for k, t in zip(keys, texts, strict=True) if k not in cache}.items(), key=lambda kt: len(kt[1])
     )
     batch = 32
-    for i in tqdm(range(0, len(missing), batch), desc="embedding", unit="batch", disable=not missing):
+    for i in tqdm(range(0, len(missing), batch), desc=desc, unit="batch", disable=not missing):
         chunk = missing[i : i + batch]
-        for (key, _), vec in zip(chunk, encoder.embed([t for _, t in chunk]), strict=True):
+        for (key, _), vec in zip(chunk, embed([t for _, t in chunk]), strict=True):
             cache[key] = vec
     if missing:
         np.savez(cache_path, **cache)  # type: ignore[arg-type]
     return np.stack([cache[k] for k in keys])
+
+
+def embed_all(encoder: Encoder, texts: list[str]) -> np.ndarray:
+    """The shared encoder's embeddings, cached across runs."""
+    return cached_embeddings(texts, encoder.embed, data.CACHE / "embeddings.npz")
 
 
 def fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
