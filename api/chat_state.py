@@ -11,7 +11,7 @@ from typing import Any, Literal
 from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
-from storage.ids import parse_id
+from storage.ids import epoch_ms, parse_id
 from topics.events import MemoryChanged
 from topics.pipeline import MEMORY_CHANGED
 
@@ -59,10 +59,12 @@ async def memory_changed(
     chat_id: uuid.UUID,
     user: Principal,
     action: Literal["edited", "deleted", "reset", "chat_deleted"],
+    at_ms: int | None = None,
     **fields: Any,
 ) -> None:
     """Tell the memory stage (it re-embeds an edited message, forgets and summarises again) and persistence (it
-    erases a deleted chat's messages)."""
+    erases a deleted chat's messages). `at_ms`: when the change was stored (the memory stage writes at that
+    time, storage/memory.py), now if not given."""
     event: MemoryChanged = {
         "event_id": str(uuid.uuid4()),
         "chat_id": str(chat_id),
@@ -71,7 +73,7 @@ async def memory_changed(
         "message_id": fields.get("message_id"),
         "role": fields.get("role"),
         "content": fields.get("content"),
-        "at": int(time.time() * 1000),
+        "at": int(time.time() * 1000) if at_ms is None else at_ms,
     }
     await deps.producer.publish(MEMORY_CHANGED, event, key=str(chat_id))
 
@@ -79,5 +81,5 @@ async def memory_changed(
 async def forget_message(deps: Services, chat_id: uuid.UUID, user: Principal, message: Any) -> None:
     """Delete a stored message, and tell the memory stage (it forgets its embedding and every summary covering
     it; until then the scheduler passes over them, conversation/gather.py)."""
-    await deps.conversations.delete_message(chat_id, uuid.UUID(message.id))
-    await memory_changed(deps, chat_id, user, "deleted", message_id=message.id, role=message.role)
+    at = await deps.conversations.delete_message(chat_id, uuid.UUID(message.id))
+    await memory_changed(deps, chat_id, user, "deleted", epoch_ms(at), message_id=message.id, role=message.role)

@@ -29,7 +29,7 @@ from processors.stage import Stage
 from runtime.kafka import partition_count
 from safety.encoder import Encoder
 from storage.conversations import ERASE_WAIT_S, Change, Conversations, Message
-from storage.ids import new_id, utc
+from storage.ids import epoch_ms, id_time_us, new_id
 from storage.memory import Memory, Summary
 from topics.codec import Event
 from topics.events import ChatMessage, PromptAccepted, RunScheduled
@@ -51,6 +51,10 @@ INSTRUCTION = (
 )
 MESSAGE_TOKENS = 300  # the most of one message a summary run reads
 SUMMARY_OVERHEAD = 400  # a summary run's prompt besides the messages: the earlier summary, instruction, template
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
 
 
 def fold(messages: list[Message], counts: list[int], after_tokens: int, keep_tokens: int, most_tokens: int) -> int:
@@ -96,14 +100,14 @@ def register(
         vectors = await asyncio.get_running_loop().run_in_executor(None, encoder.embed, texts)
         return [v.tolist() for v in vectors]
 
-    async def remember(chat_id: uuid.UUID, items: list[tuple[str, str, str]]) -> None:
-        """(message id, role, text) -> the chat's vector index."""
+    async def remember(chat_id: uuid.UUID, items: list[tuple[str, str, str, int]]) -> None:
+        """(message id, role, text, the text's time in epoch µs) -> the chat's vector index."""
         items = [i for i in items if i[2].strip()]
         if not items:
             return
-        vectors = await embed([text for _, _, text in items])
-        for (message_id, role, text), vector in zip(items, vectors, strict=True):
-            await memory.remember(chat_id, uuid.UUID(message_id), role, text, vector)
+        vectors = await embed([text for _, _, text, _ in items])
+        for (message_id, role, text, at_us), vector in zip(items, vectors, strict=True):
+            await memory.remember(chat_id, uuid.UUID(message_id), role, text, vector, at_us)
             EMBEDDED.labels(role).inc()
 
     async def forgot_deleted(chat_id: uuid.UUID) -> bool:
@@ -111,7 +115,7 @@ def register(
         (MEMORY_CHANGED is handled beside RUN_COMPLETED), so it is forgotten once more."""
         if not await conversations.deleted(chat_id):
             return False
-        await memory.reset(chat_id)
+        await memory.reset(chat_id, now_us())
         log.info("chat %s was deleted while its memory was written; forgotten again", chat_id)
         return True
 
@@ -201,7 +205,7 @@ def register(
             reason = f"the run ended {done['finish_reason']} with {len(text)} characters"
         elif (latest.version if latest else 0) != request["version"] - 1:
             reason = f"the newest summary is now v{latest.version if latest else 0}"
-        elif chat.memory_changed_at and utc(chat.memory_changed_at).timestamp() * 1000 >= prompt["created_at"]:
+        elif chat.memory_changed_at and epoch_ms(chat.memory_changed_at) >= prompt["created_at"]:
             reason = "a message was edited, deleted or the context reset since it began"
         if reason:
             SUMMARIES.labels("yielded" if yielded else "discarded").inc()
@@ -229,11 +233,16 @@ def register(
         chat, changes = await asyncio.gather(conversations.get_chat(chat_id), conversations.changes(chat_id))
         if chat is None:
             return  # deleted meanwhile: nothing of it is remembered
-        items = [(prompt["message_id"], "user", prompt["content"])]
+        written = [(prompt["message_id"], "user", prompt["content"])]
         if done["finish_reason"] != "error":
-            items.append((prompt["run_id"], "assistant", done["content"]))
-        # As the user left them: a change that reached this stage first is not undone by a late completion.
-        items = [(i, role, (changes[i].content or "") if i in changes else text) for i, role, text in items]
+            written.append((prompt["run_id"], "assistant", done["content"]))
+        # As the user left them: a change read here is applied; one made after the read wins by its later time.
+        items = [
+            (i, role, changes[i].content or "", epoch_ms(changes[i].at) * 1000)
+            if i in changes
+            else (i, role, text, id_time_us(uuid.UUID(i)))
+            for i, role, text in written
+        ]
         await remember(chat_id, items)
         if await forgot_deleted(chat_id):
             return
@@ -242,18 +251,20 @@ def register(
     async def on_changed(change: Event) -> None:
         chat_id = uuid.UUID(change["chat_id"])
         action = change["action"]
+        at_us = change["at"] * 1000  # when the edge stored the change
         if action == "chat_deleted":
             # once the edge has deleted the row (it tells first): a write after that forgets itself
             await conversations.deleted(chat_id, ERASE_WAIT_S)
-            await memory.reset(chat_id)
+            await memory.reset(chat_id, now_us())
         elif action == "reset":
-            await memory.reset(chat_id)
+            await memory.reset(chat_id, at_us)
         elif change["message_id"]:
             message_id = uuid.UUID(change["message_id"])
-            await memory.forget(chat_id, message_id)
+            if action == "edited" and (change["content"] or "").strip():  # the new text replaces the old row (same key)
+                await remember(chat_id, [(change["message_id"], change["role"] or "user", change["content"], at_us)])
+            else:
+                await memory.forget(chat_id, message_id, at_us)
             await memory.drop_summaries_covering(chat_id, message_id)
-            if action == "edited" and change["content"]:
-                await remember(chat_id, [(change["message_id"], change["role"] or "user", change["content"])])
         pending.pop(change["chat_id"], None)  # a summary begun before it is discarded when it lands
         log.info("chat %s: memory %s (%s)", change["chat_id"], action, change["message_id"] or "whole chat")
 

@@ -323,16 +323,16 @@ class Conversations(Store):
         found = overlay([_message(r) for r in rows], {str(r.message_id): _change(r) for r in changes})
         return found[0] if found else None
 
-    async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str) -> None:
-        # The change is marked first: a summary begun before it is discarded even if the edit itself fails.
+    async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str | None) -> datetime:
+        """A user's edit (None: a delete); returns its time. The change is marked first: a summary begun before
+        it is discarded even if the edit itself fails."""
         at = now()
         await self._run(self._set_memory_changed, (at, chat_id))
         await self._run(self._put_change, (chat_id, message_id, content, at))
+        return at
 
-    async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
-        at = now()
-        await self._run(self._set_memory_changed, (at, chat_id))
-        await self._run(self._put_change, (chat_id, message_id, None, at))
+    async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> datetime:
+        return await self.edit_message(chat_id, message_id, None)
 
     async def erase_messages(self, chat_id: uuid.UUID) -> None:
         """Every message of a deleted chat (the persistence stage, told by the edge)."""

@@ -25,6 +25,11 @@ def id_time_ms(value: uuid.UUID) -> int:
     return (value.time - UUID_EPOCH) // 10_000
 
 
+def id_time_us(value: uuid.UUID) -> int:
+    """When a time-ordered id was minted, in epoch microseconds (the unit of Cassandra's write timestamps)."""
+    return (value.time - UUID_EPOCH) // 10
+
+
 def parse_id(value: str) -> uuid.UUID | None:
     try:
         parsed = uuid.UUID(value)
@@ -43,6 +48,10 @@ def decode_cursor(cursor: str) -> dict[str, Any] | None:
     except (ValueError, TypeError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def epoch_ms(value: datetime) -> int:
+    return round(utc(value).timestamp() * 1000)
 
 
 def utc(value: datetime) -> datetime:

@@ -53,20 +53,30 @@ class Summary:
 class Memory(Store):
     """Written by the memory stage alone: it embeds what the log records and applies a user's edits, deletes
     and resets as their events reach it; until then a reader lays the chat's changes over what it finds
-    (conversation/gather.py)."""
+    (conversation/gather.py).
+
+    An embedding row is written and deleted at the time of the text it holds (`at_us`, Cassandra's write
+    timestamp), not at the time the write happens: a message's first text at its id's time, an edit, delete
+    or reset at the time the user made it. The stage handles completions and changes concurrently and may
+    read a chat's changes just before the user makes one; whichever of two writes lands last, the user's
+    newer text or delete wins (a delete wins a tie), so a late completion never brings back what the user
+    edited, deleted or reset."""
 
     WRITERS = {"memory": "memory", "summaries": "memory"}
 
     def __init__(self, session: Session, keyspace: str, writer: str) -> None:
         super().__init__(session, keyspace, writer)
         ks, p = keyspace, self._prepare
-        self._put = p(f"INSERT INTO {ks}.memory (chat_id, message_id, role, content, embedding) VALUES (?, ?, ?, ?, ?)")
-        self._forget = p(f"DELETE FROM {ks}.memory WHERE chat_id = ? AND message_id = ?")
+        self._put = p(
+            f"INSERT INTO {ks}.memory (chat_id, message_id, role, content, embedding) VALUES (?, ?, ?, ?, ?) "
+            "USING TIMESTAMP ?"
+        )
+        self._forget = p(f"DELETE FROM {ks}.memory USING TIMESTAMP ? WHERE chat_id = ? AND message_id = ?")
         self._recall = p(
             f"SELECT message_id, role, content, embedding FROM {ks}.memory "
             "WHERE chat_id = ? AND message_id > ? AND message_id < ? ORDER BY embedding ANN OF ? LIMIT ?"
         )
-        self._forget_all = p(f"DELETE FROM {ks}.memory WHERE chat_id = ?")
+        self._forget_all = p(f"DELETE FROM {ks}.memory USING TIMESTAMP ? WHERE chat_id = ?")
         self._summaries = p(
             f"SELECT version, through, content, tokens, run_id, created_at FROM {ks}.summaries "
             "WHERE chat_id = ? LIMIT ?"
@@ -80,13 +90,14 @@ class Memory(Store):
 
     # -- embeddings --------------------------------------------------------------------------------
     async def remember(
-        self, chat_id: uuid.UUID, message_id: uuid.UUID, role: str, content: str, embedding: list[float]
+        self, chat_id: uuid.UUID, message_id: uuid.UUID, role: str, content: str, embedding: list[float], at_us: int
     ) -> None:
-        """Idempotent: keyed by the message's id."""
-        await self._run(self._put, (chat_id, message_id, role, content, embedding))
+        """Idempotent: keyed by the message's id, written at the time of its text."""
+        await self._run(self._put, (chat_id, message_id, role, content, embedding, at_us))
 
-    async def forget(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
-        await self._run(self._forget, (chat_id, message_id))
+    async def forget(self, chat_id: uuid.UUID, message_id: uuid.UUID, at_us: int) -> None:
+        """The message's embedding, and any text of it older than `at_us` written later."""
+        await self._run(self._forget, (at_us, chat_id, message_id))
 
     async def recall(
         self, chat_id: uuid.UUID, embedding: list[float], k: int, after: uuid.UUID, before: uuid.UUID
@@ -133,7 +144,8 @@ class Memory(Store):
                 dropped += 1
         return dropped
 
-    async def reset(self, chat_id: uuid.UUID) -> None:
-        """Forget the chat's embeddings and summaries (a context reset)."""
-        await self._run(self._forget_all, (chat_id,))
+    async def reset(self, chat_id: uuid.UUID, at_us: int) -> None:
+        """Forget the chat's embeddings of texts older than `at_us` (also those written later) and its summaries
+        (a context reset, or a deleted chat)."""
+        await self._run(self._forget_all, (at_us, chat_id))
         await self._run(self._drop_summaries, (chat_id,))

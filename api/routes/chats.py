@@ -15,7 +15,7 @@ from api.auth import CurrentUser
 from api.chat_state import memory_changed, owned_chat
 from api.deps import Deps
 from api.errors import ApiError
-from storage.ids import decode_cursor, encode_cursor, parse_id, utc
+from storage.ids import decode_cursor, encode_cursor, id_time_ms, parse_id, utc
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -129,6 +129,6 @@ async def reset_context(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str
     summary and no retrieved memory."""
     parsed, _ = await owned_chat(deps, user, chat_id)
     marker = await deps.conversations.reset_context(parsed)
-    await memory_changed(deps, parsed, user, "reset")
+    await memory_changed(deps, parsed, user, "reset", id_time_ms(marker))
     log.info("chat %s: context reset by %s", chat_id, user.user_id)
     return {"id": chat_id, "object": "chat.context", "context_from": str(marker)}

@@ -20,7 +20,7 @@ from api.chat_state import forget_message, memory_changed, owned_chat, owned_mes
 from api.deps import Deps
 from api.errors import ApiError
 from api.routes.chats import Limit
-from storage.ids import decode_cursor, encode_cursor, new_id, parse_id
+from storage.ids import decode_cursor, encode_cursor, epoch_ms, new_id, parse_id
 from topics.events import Feedback
 from topics.pipeline import FEEDBACK
 
@@ -85,8 +85,9 @@ async def edit_message(
     checked_content(deps, body.content)
     parsed, _ = await owned_chat(deps, user, chat_id)
     message = await owned_message(deps, parsed, message_id)
-    await deps.conversations.edit_message(parsed, uuid.UUID(message.id), body.content)
-    await memory_changed(deps, parsed, user, "edited", message_id=message.id, role=message.role, content=body.content)
+    at = epoch_ms(await deps.conversations.edit_message(parsed, uuid.UUID(message.id), body.content))
+    fields = {"message_id": message.id, "role": message.role, "content": body.content}
+    await memory_changed(deps, parsed, user, "edited", at, **fields)
     log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)
     return convert.message_json(replace(message, content=body.content))
 

@@ -2,12 +2,16 @@
 engine's own prompt_tokens), background summaries on the small pool, retrieval from Cassandra's vector index,
 and edits, deletes and resets that memory follows."""
 
+import asyncio
 import uuid
 
+from cassandra.cluster import Cluster
 from confluent_kafka import Producer
 
 from admission.limits import BACKGROUND_PRIORITY
 from runtime.settings import DEFAULT_POOLS
+from storage.ids import MIN_ID, id_time_us, new_id
+from storage.memory import Memory
 from topics import codec
 from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
@@ -163,8 +167,6 @@ def test_edits_deletes_and_resets_update_memory(live):
     assert listed()[colour_id] == "I like the colour teal." and code_id not in listed()
 
     # the memory stage re-embedded the edited text (the vector row holds the new content)
-    from cassandra.cluster import Cluster
-
     session = Cluster(["127.0.0.1"], protocol_version=5).connect()
     ks = f"parley_{live.namespace}".replace("-", "_")
 
@@ -191,6 +193,40 @@ def test_edits_deletes_and_resets_update_memory(live):
     assert run["context"]["verbatim_ids"] == [] and run["context"]["summary_version"] is None
     assert len(client.get(f"/v1/chats/{chat_id}/messages").json()["data"]) == 7  # earlier ones still listed
     session.cluster.shutdown()
+
+
+def test_a_late_write_of_a_messages_first_text_never_undoes_a_users_edit_delete_or_reset(live):
+    """The memory stage embeds a completion and applies an edit concurrently, and may read the chat's changes
+    just before the user makes one (CI saw the edited text overwritten by the first one that way): each row is
+    written at the time of its text, so whichever write lands last, the user's newer edit, delete or reset
+    holds, and a message after a reset is kept."""
+    session = Cluster(["127.0.0.1"], protocol_version=5).connect()
+    memory = Memory(session, f"parley_{live.namespace}".replace("-", "_"), "memory")
+    chat, edited, deleted, before_reset = new_id(), new_id(), new_id(), new_id()
+    vector = [0.1] * 384
+
+    def now_us():
+        return id_time_us(new_id())
+
+    async def race():
+        await memory.remember(chat, edited, "user", "I like the colour teal.", vector, now_us())  # the edit first
+        await memory.forget(chat, deleted, now_us())  # the delete first
+        for message_id, text in ((edited, "I like the colour green."), (deleted, "My locker code is 4417.")):
+            await memory.remember(chat, message_id, "user", text, vector, id_time_us(message_id))  # then the late write
+        found = {r.id: r.content for r in await memory.recall(chat, vector, 10, MIN_ID, new_id())}
+        await memory.reset(chat, now_us())
+        after_reset = new_id()
+        await memory.remember(chat, before_reset, "user", "An old turn.", vector, id_time_us(before_reset))
+        await memory.remember(chat, after_reset, "user", "A new turn.", vector, id_time_us(after_reset))
+        kept = {r.id: r.content for r in await memory.recall(chat, vector, 10, MIN_ID, new_id())}
+        return found, kept, str(after_reset)
+
+    try:
+        found, kept, after_reset = asyncio.run(race())
+    finally:
+        session.cluster.shutdown()
+    assert found == {str(edited): "I like the colour teal."}
+    assert kept == {after_reset: "A new turn."}
 
 
 def test_a_background_run_gives_the_engine_to_a_reply_and_waits_for_the_next_idle_moment(live):
