@@ -53,6 +53,14 @@ MESSAGE_TOKENS = 300  # the most of one message a summary run reads
 SUMMARY_OVERHEAD = 400  # a summary run's prompt besides the messages: the earlier summary, instruction, template
 
 
+CHANGED = "a message was edited, deleted or the context reset since it began"
+
+
+def changed_since(chat: Any, prompt: Event) -> bool:
+    """Whether the user changed the chat's memory after the summary run `prompt` began."""
+    return bool(chat and chat.memory_changed_at and epoch_ms(chat.memory_changed_at) >= prompt["created_at"])
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -205,19 +213,25 @@ def register(
             reason = f"the run ended {done['finish_reason']} with {len(text)} characters"
         elif (latest.version if latest else 0) != request["version"] - 1:
             reason = f"the newest summary is now v{latest.version if latest else 0}"
-        elif chat.memory_changed_at and epoch_ms(chat.memory_changed_at) >= prompt["created_at"]:
-            reason = "a message was edited, deleted or the context reset since it began"
-        if reason:
-            SUMMARIES.labels("yielded" if yielded else "discarded").inc()
-            log.info("chat %s: summary v%d discarded: %s", chat_key, request["version"], reason)
-        else:
+        elif changed_since(chat, prompt):
+            reason = CHANGED
+        if not reason:
             text = counter.truncate(text, settings.summary_tokens)
             summary = Summary(request["version"], request["through"], text, counter.count(text), prompt["run_id"])
             await memory.put_summary(chat_id, summary)
             if await forgot_deleted(chat_id):
                 return
-            SUMMARIES.labels("stored").inc()
-            log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
+            # A change made after the check above may have been handled before this write (it found no summary
+            # to drop): read again, and take the summary back.
+            if changed_since(await conversations.get_chat(chat_id), prompt):
+                await memory.drop_summary(chat_id, summary.version)
+                reason = CHANGED
+            else:
+                SUMMARIES.labels("stored").inc()
+                log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
+        if reason:
+            SUMMARIES.labels("yielded" if yielded else "discarded").inc()
+            log.info("chat %s: summary v%d discarded: %s", chat_key, request["version"], reason)
         if not reason or yielded:
             await maybe_summarize(prompt)  # more may have piled up meanwhile, or it gave way: ask again now
         # otherwise (failed, filtered, stale) the chat's next turn asks again: no loop of failing runs

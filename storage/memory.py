@@ -134,13 +134,16 @@ class Memory(Store):
             ),
         )
 
+    async def drop_summary(self, chat_id: uuid.UUID, version: int) -> None:
+        await self._run(self._drop_summary, (chat_id, version))
+
     async def drop_summaries_covering(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> int:
         """Remove every summary that covers the message (an edit or a delete makes them wrong); the memory stage
         summarises again from the newest one left. Returns how many went."""
         dropped = 0
         for summary in await self.summaries(chat_id, 1000):
             if uuid.UUID(summary.through).time >= message_id.time:
-                await self._run(self._drop_summary, (chat_id, summary.version))
+                await self.drop_summary(chat_id, summary.version)
                 dropped += 1
         return dropped
 

@@ -3,17 +3,22 @@ engine's own prompt_tokens), background summaries on the small pool, retrieval f
 and edits, deletes and resets that memory follows."""
 
 import asyncio
+import time
 import uuid
 
 from cassandra.cluster import Cluster
 from confluent_kafka import Producer
 
 from admission.limits import BACKGROUND_PRIORITY
+from processors import remember
+from processors.settings import ProcessorSettings
 from runtime.settings import DEFAULT_POOLS
-from storage.ids import MIN_ID, id_time_us, new_id
+from safety.encoder import Encoder
+from storage.conversations import Conversations
+from storage.ids import MIN_ID, epoch_ms, id_time_us, new_id
 from storage.memory import Memory
 from topics import codec
-from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
+from topics.pipeline import MEMORY_CHANGED, PROMPT_ACCEPTED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
 from ..sse import iter_sse
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
@@ -227,6 +232,56 @@ def test_a_late_write_of_a_messages_first_text_never_undoes_a_users_edit_delete_
         session.cluster.shutdown()
     assert found == {str(edited): "I like the colour teal."}
     assert kept == {after_reset: "A new turn."}
+
+
+class Handlers:
+    """Stands in for the stage's Kafka side only: the memory stage's handlers, called directly on real stores."""
+
+    def __init__(self):
+        self.handle, self.published = {}, []
+
+    def consume(self, topic, handle):
+        self.handle[topic] = handle
+
+    async def publish(self, topic, record, **_):
+        self.published.append(record)
+
+
+def test_a_summary_stored_as_the_user_edits_a_message_it_covers_is_taken_back(live):
+    """The stage checks for changes before it stores a summary; an edit made after that check whose event it
+    handled before the write (which found no summary to drop) would leave a summary of the old text for good."""
+    session = Cluster(["127.0.0.1"], protocol_version=5).connect()
+    ks = f"parley_{live.namespace}".replace("-", "_")
+    edge, memory, stage = Conversations(session, ks, "api"), Memory(session, ks, "memory"), Handlers()
+    remember.register(stage, Conversations(session, ks, "memory"), memory, Encoder(), ProcessorSettings())
+    colour = new_id()
+
+    async def race():
+        chat_id, _ = await edge.create_chat("alice", "summary race")
+        put_summary = memory.put_summary
+
+        async def edited_meanwhile(chat, summary):  # the user edits after the check, its event handled first
+            at = await edge.edit_message(chat_id, colour, "I like the colour teal.")
+            change = {"event_id": "e", "chat_id": str(chat_id), "user_id": "alice", "action": "edited",
+                      "message_id": str(colour), "role": "user", "content": "I like the colour teal.",
+                      "at": epoch_ms(at)}  # fmt: skip
+            await stage.handle[MEMORY_CHANGED](change)
+            await put_summary(chat, summary)
+
+        memory.put_summary = edited_meanwhile
+        run_id = str(new_id())
+        summary = {"version": 1, "through": str(new_id()), "messages": 2}
+        prompt = {"run_id": run_id, "chat_id": str(chat_id), "user_id": "alice", "tier": "free", "message_id": run_id,
+                  "content": "", "store": False, "messages": None, "summary": summary,
+                  "created_at": int(time.time() * 1000) - 1000}  # fmt: skip
+        done = {"prompt": prompt, "content": "The user likes the colour green.", "finish_reason": "stop"}
+        await stage.handle[RUN_COMPLETED](done)
+        return await memory.latest_summary(chat_id)
+
+    try:
+        assert asyncio.run(race()) is None
+    finally:
+        session.cluster.shutdown()
 
 
 def test_a_background_run_gives_the_engine_to_a_reply_and_waits_for_the_next_idle_moment(live):
