@@ -92,6 +92,9 @@ class OpenAIStreamEngine:
             # SGLang reads continuous_usage_stats, llama-server timings_per_token; each ignores the other.
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "timings_per_token": True,
+            # llama-server reports a long prompt's prefill as it goes (a chunk with no text per engine step), so
+            # the run can show progress before its first token (InferenceSettings.keepalive_s); SGLang ignores it.
+            "return_progress": True,
         }
 
     async def stream(self, request: Request) -> AsyncIterator[Chunk]:

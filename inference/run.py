@@ -238,6 +238,7 @@ class RunServer:
         else:
             timing.moderation = "unscreened"
         last_emit: float | None = None
+        last_record = time.perf_counter()
         last_piece: float | None = None
         outcome: Outcome | None = None
         failure: tuple[str, str] | None = None
@@ -245,20 +246,22 @@ class RunServer:
             async for piece, progress in generate(self.engine, request, flight.stop):
                 outcome = progress
                 arrived = time.perf_counter()
-                if last_piece is not None:
-                    timing.gaps_ms.append((arrived - last_piece) * 1000)
-                last_piece = arrived
+                if piece:  # between tokens: not the prefill, which the engine may report step by step
+                    if last_piece is not None:
+                        timing.gaps_ms.append((arrived - last_piece) * 1000)
+                    last_piece = arrived
                 if guard is not None:
                     guard.feed(piece, prior.tokens + progress.pieces)
                 ready = coalescer.add(piece)
-                if ready:
+                if ready or arrived - last_record >= self.settings.keepalive_s:  # text, or a keepalive (prefill)
                     seq += 1
                     tokens = prior.tokens + progress.completion_tokens
-                    await self._publish_delta(run, delta(run, seq, "delta", text=ready, tokens=tokens))
-                    now = time.perf_counter()
-                    if last_emit is not None:
-                        INTER_TOKEN.labels(pool).observe(now - last_emit)
-                    last_emit = now
+                    await self._publish_delta(run, delta(run, seq, "delta", text=ready or "", tokens=tokens))
+                    last_record = time.perf_counter()
+                    if ready:
+                        if last_emit is not None:
+                            INTER_TOKEN.labels(pool).observe(last_record - last_emit)
+                        last_emit = last_record
         except EngineDown as exc:
             log.warning("run %s: engine failed mid-run (%s); handing the run off", prompt["run_id"], exc)
             self.engine_down()

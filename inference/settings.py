@@ -26,6 +26,9 @@ class InferenceSettings(StackSettings):
     # prefilled in chunks of this size, each step also advancing every sequence already generating, so it
     # never stalls the others for its whole prefill (chunked prefill, as SGLang does by default).
     batch: int = 256
+    # A run whose prompt is still being prefilled publishes an empty delta this often (the engine reports each
+    # step): the edge's no-progress timeout counts only silence, and a long prompt on a CPU takes minutes.
+    keepalive_s: float = 10.0
     kv_cache_type: str = "q8_0"  # llama.cpp -ctk/-ctv: f16, q8_0 (half the memory of f16), q4_0
     prompt_cache_mib: int = 64  # llama.cpp --cache-ram: host memory for slots' states that may be reused
     # A background run (a summary) starts only once the engine has had no reply for this long. It stops when a

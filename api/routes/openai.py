@@ -242,7 +242,7 @@ async def chunk_stream(
         yield data(chunk(run_id, model, created, {"role": "assistant", "content": ""}))
         reply = first
         while True:
-            if reply.kind == "delta":
+            if reply.kind == "delta" and reply.record["text"]:  # an empty one is a keepalive (prefill)
                 yield data(chunk(run_id, model, created, {"content": reply.record["text"]}))
             elif reply.kind in TERMINAL:
                 ended = True

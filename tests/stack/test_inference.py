@@ -1,11 +1,13 @@
 """Inference consumers on the real stack: model pools, prefix reuse, a killed consumer, an unhealthy engine."""
 
+import io
 import os
 import signal
 import subprocess
 import time
 import uuid
 
+import fastavro
 import httpx
 from confluent_kafka import Producer
 
@@ -198,3 +200,67 @@ def test_a_run_nobody_served_in_time_fails_with_a_clear_error(live):
         for m in read_topic(live.topic(TOKEN_DELTA), for_run("TokenDelta", run_id))
     ]
     assert [r["kind"] for r in replies] == ["error"] and replies[0]["error_code"] == "run_expired"
+
+
+class Recorded:
+    """The consumer's producer as the serving code uses it: records kept in order instead of sent, each reply
+    record written with its Avro schema (so an empty delta is checked to be a valid one)."""
+
+    def __init__(self):
+        self.records = []
+
+    async def publish(self, topic, record, **_):
+        if topic is TOKEN_DELTA:
+            fastavro.schemaless_writer(io.BytesIO(), codec.schemas()[topic.schema], record)
+        self.records.append((topic, record))
+
+
+def test_a_long_prompt_shows_progress_while_it_is_prefilled(tmp_path):
+    """A long prompt on a CPU engine can take longer to prefill than the edge's no-progress timeout (CI on a
+    slower host: 1,800 tokens took 52 s to the first token, against 60 s, and the run was cut). llama-server
+    reports each prefill step; the consumer turns one into an empty delta after `keepalive_s` without a record
+    (0 here: every one), which the edge counts as progress and never shows."""
+    import asyncio
+    import socket
+
+    from inference.engine import OpenAIStreamEngine
+    from inference.run import Flight, RunServer
+    from inference.settings import InferenceSettings
+    from runtime.llama_server import LlamaServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    batch = 64
+    server = LlamaServer(
+        port=port, slots=1, context=2048, threads=1, batch=batch, alias="m", log_path=tmp_path / "e.log"
+    )
+    notes = " ".join(f"Note {i}: light {i} is {['red', 'green', 'white'][i % 3]}." for i in range(30))
+    run_id = str(uuid.uuid1())
+    prompt = {"run_id": run_id, "chat_id": "c1", "user_id": "u1", "tier": "free", "message_id": run_id,
+              "content": notes, "max_tokens": 4, "temperature": 0.0, "reply_partition": 0}  # fmt: skip
+    run = {"prompt": prompt, "pool": "small", "model": "m", "messages": [{"role": "user", "content": notes}],
+           "priority": 0, "scheduled_at": int(time.time() * 1000)}  # fmt: skip
+    producer = Recorded()
+
+    async def serve():
+        engine = OpenAIStreamEngine("llamacpp", server.url)
+        runs = RunServer(InferenceSettings(keepalive_s=0.0), engine, producer, None, None, None, lambda: None)
+        try:
+            return await runs.serve(Flight(None, run, 0, maybe_started=False))
+        finally:
+            await engine.aclose()
+
+    server.start(120)
+    try:
+        done = asyncio.run(serve())
+    finally:
+        server.process.terminate()
+    deltas = [r for topic, r in producer.records if topic is TOKEN_DELTA]
+    first_text = next(i for i, r in enumerate(deltas) if r["text"])
+    before = [r["kind"] for r in deltas[:first_text]]
+    steps = done["usage"]["prompt_tokens"] // batch  # prefill steps the engine reported
+    assert before[0] == "started" and before[1:] == ["delta"] * (len(before) - 1), before
+    assert len(before) - 1 >= steps >= 4, (before, done["usage"])
+    assert [r["seq"] for r in deltas] == list(range(len(deltas)))
+    assert "".join(r["text"] for r in deltas) == done["content"] and deltas[-1]["kind"] == "completed"

@@ -79,3 +79,23 @@ async def test_a_queued_record_that_lands_after_the_run_started_is_not_shown():
 
     events = [e["event"] async for e in sse_stream(deps(5.0), "r1", replies(), live=False)]
     assert events == ["run.accepted", "run.queued", "run.started", "token", "run.completed"]
+
+
+async def test_a_keepalive_while_the_prompt_is_prefilled_is_not_shown():
+    """The consumer publishes an empty delta while a long prompt is prefilled (inference/run.py): it only keeps
+    the edge's no-progress timeout from cutting the run, and the client sees no empty token."""
+    from api.answers import sse_stream
+
+    run = {"run_id": "r1", "chat_id": "c1", "model": "m"}
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0}
+
+    async def replies():
+        yield Reply("t:0:1", "started", run)
+        yield Reply("t:0:2", "delta", {**run, "text": ""})
+        yield Reply("t:0:3", "delta", {**run, "text": ""})
+        yield Reply("t:0:4", "delta", {**run, "text": "Hi"})
+        yield Reply("t:0:5", "completed", {**run, "usage": usage, "finish_reason": "stop"})
+
+    events = [e async for e in sse_stream(deps(5.0), "r1", replies(), live=False)]
+    assert [e["event"] for e in events] == ["run.started", "token", "run.completed"]
+    assert json.loads(events[1]["data"])["delta"] == "Hi" and events[1]["id"] == "t:0:4"
