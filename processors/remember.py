@@ -118,14 +118,15 @@ def register(
             await memory.remember(chat_id, uuid.UUID(message_id), role, text, vector, at_us)
             EMBEDDED.labels(role).inc()
 
-    async def forgot_deleted(chat_id: uuid.UUID) -> bool:
-        """After a write to the chat's memory: a chat deleted meanwhile may have been forgotten before the write
-        (MEMORY_CHANGED is handled beside RUN_COMPLETED), so it is forgotten once more."""
-        if not await conversations.deleted(chat_id):
-            return False
-        await memory.reset(chat_id, now_us())
-        log.info("chat %s was deleted while its memory was written; forgotten again", chat_id)
-        return True
+    async def reread(chat_id: uuid.UUID) -> Any:
+        """The chat's row, read after a write to its memory; None for a chat deleted meanwhile, which may have
+        been forgotten before the write (MEMORY_CHANGED is handled beside RUN_COMPLETED), so it is forgotten
+        once more."""
+        chat = await conversations.get_chat(chat_id)
+        if chat is None:
+            await memory.reset(chat_id, now_us())
+            log.info("chat %s was deleted while its memory was written; forgotten again", chat_id)
+        return chat
 
     async def maybe_summarize(prompt: Event, known: tuple[Any, Mapping[str, Change]] | None = None) -> None:
         """`known`: the chat and its changes as the caller just read them (not read again)."""
@@ -219,11 +220,12 @@ def register(
             text = counter.truncate(text, settings.summary_tokens)
             summary = Summary(request["version"], request["through"], text, counter.count(text), prompt["run_id"])
             await memory.put_summary(chat_id, summary)
-            if await forgot_deleted(chat_id):
+            chat = await reread(chat_id)
+            if chat is None:
                 return
             # A change made after the check above may have been handled before this write (it found no summary
-            # to drop): read again, and take the summary back.
-            if changed_since(await conversations.get_chat(chat_id), prompt):
+            # to drop): take the summary back.
+            if changed_since(chat, prompt):
                 await memory.drop_summary(chat_id, summary.version)
                 reason = CHANGED
             else:
@@ -258,7 +260,7 @@ def register(
             for i, role, text in written
         ]
         await remember(chat_id, items)
-        if await forgot_deleted(chat_id):
+        if await reread(chat_id) is None:
             return
         await maybe_summarize(prompt, (chat, changes))
 

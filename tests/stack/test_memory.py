@@ -210,16 +210,14 @@ def test_a_late_write_of_a_messages_first_text_never_undoes_a_users_edit_delete_
     chat, edited, deleted, before_reset = new_id(), new_id(), new_id(), new_id()
     vector = [0.1] * 384
 
-    def now_us():
-        return id_time_us(new_id())
-
     async def race():
-        await memory.remember(chat, edited, "user", "I like the colour teal.", vector, now_us())  # the edit first
-        await memory.forget(chat, deleted, now_us())  # the delete first
+        # the user's edit and delete first, then the late writes of the first texts
+        await memory.remember(chat, edited, "user", "I like the colour teal.", vector, remember.now_us())
+        await memory.forget(chat, deleted, remember.now_us())
         for message_id, text in ((edited, "I like the colour green."), (deleted, "My locker code is 4417.")):
-            await memory.remember(chat, message_id, "user", text, vector, id_time_us(message_id))  # then the late write
+            await memory.remember(chat, message_id, "user", text, vector, id_time_us(message_id))
         found = {r.id: r.content for r in await memory.recall(chat, vector, 10, MIN_ID, new_id())}
-        await memory.reset(chat, now_us())
+        await memory.reset(chat, remember.now_us())
         after_reset = new_id()
         await memory.remember(chat, before_reset, "user", "An old turn.", vector, id_time_us(before_reset))
         await memory.remember(chat, after_reset, "user", "A new turn.", vector, id_time_us(after_reset))
