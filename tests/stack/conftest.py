@@ -120,6 +120,19 @@ def sse_events(response: httpx.Response) -> list[dict]:
     return list(iter_sse(response.iter_lines()))
 
 
+def shown(events: list[dict]) -> str:
+    """A run's answer as the client shows it (web/src/run.js): its token deltas in stream order, cut where an
+    output-moderation retraction says. The heads retract a few percent of ordinary answers (a small model's
+    story looping on "he had a fear of a lion" reads as toxic), so a test of the stream compares this."""
+    text = ""
+    for e in events:
+        if e["event"] == "token":
+            text += e["data"]["delta"]
+        elif e["event"] == "moderation" and e["data"].get("action") == "retract":
+            text = text[: e["data"]["retract_from"]]
+    return text
+
+
 def read_until(response, tokens, on_enough):
     """Parse SSE events from a live response; once `tokens` tokens arrived call on_enough(events so far), and
     stop reading if it returns True. Stops at the end or at a broken connection; returns the whole events."""

@@ -3,7 +3,7 @@
 from topics import codec
 from topics.pipeline import RUN_COMPLETED, RUN_CONTROL
 
-from .conftest import chat_turn, for_run, read_topic, read_until, wait_for
+from .conftest import chat_turn, for_run, read_topic, read_until, shown, wait_for
 
 LONG = "Write a very long, detailed story about a lighthouse keeper and the sea."
 
@@ -28,7 +28,7 @@ def test_cancel_mid_stream_stops_the_run_and_keeps_the_partial_answer(live):
     assert done["event"] == "run.completed" and done["data"]["finish_reason"] == "cancelled"
     usage = done["data"]["usage"]
     assert 0 < usage["completion_tokens"] < 400 and usage["prompt_tokens"] > 0
-    text = "".join(e["data"]["delta"] for e in events if e["event"] == "token")
+    text = shown(events)
 
     # the control event is on the log, and the run's RunCompleted says cancelled with the streamed text
     control = read_topic(live.topic(RUN_CONTROL), for_run("RunControl", run_id))

@@ -6,7 +6,7 @@ from conversation.gather import WITHHELD
 from topics import codec
 from topics.pipeline import RUN_SCHEDULED
 
-from .conftest import chat_turn, for_run, read_topic, wait_for
+from .conftest import chat_turn, for_run, read_topic, shown, wait_for
 
 
 def test_two_turns_stream_persist_and_carry_context(live):
@@ -22,7 +22,7 @@ def test_two_turns_stream_persist_and_carry_context(live):
     done = first[-1]["data"]
     assert done["finish_reason"] in ("stop", "length")
     assert done["usage"]["prompt_tokens"] > 0 and done["usage"]["completion_tokens"] > 0
-    answer1 = "".join(t["data"]["delta"] for t in tokens)
+    answer1 = shown(first)
 
     second = chat_turn(client, chat["id"], "Now say it in German.")
     assert second[-1]["event"] == "run.completed"

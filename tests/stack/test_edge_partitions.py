@@ -8,7 +8,7 @@ import threading
 
 import httpx
 
-from .conftest import PORT_BASE, read_until, sse_events, wait_for
+from .conftest import PORT_BASE, read_until, shown, sse_events, wait_for
 
 
 def owned(replica: int) -> list[int] | None:
@@ -54,10 +54,7 @@ def test_replicas_split_the_reply_partitions_and_one_takes_over_a_dead_ones(live
     ids = [int(e["id"].split(":")[2]) for e in events]
     assert ids == sorted(set(ids)), "no duplicate, in log order"
     assert events[-1]["event"] == "run.completed"
-    text = "".join(e["data"]["delta"] for e in events if e["event"] == "token")
-    for e in events:  # as the client shows it: output moderation may retract the answer's end (web/src/run.js)
-        if e["event"] == "moderation" and e["data"].get("action") == "retract":
-            text = text[: e["data"]["retract_from"]]
+    text = shown(events)
 
     def answer():
         return [m for m in edge0.get(f"/v1/chats/{chat['id']}/messages").json()["data"] if m["role"] == "assistant"]

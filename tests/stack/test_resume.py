@@ -5,7 +5,7 @@ import random
 import signal
 import threading
 
-from .conftest import chat_turn, read_until, sse_events, wait_for
+from .conftest import chat_turn, read_until, shown, sse_events, wait_for
 
 
 def replay(client, chat_id, run_id, last_event_id=None):
@@ -56,7 +56,7 @@ def test_a_dropped_stream_resumes_on_another_replica_with_no_gap_and_no_duplicat
     assert ids == sorted(set(ids)), "no duplicate and in log order"
     assert rest and rest[-1]["event"] == "run.completed", "closing the tab did not cancel the run"
     assert whole["events"] == combined, "the second device saw exactly the same stream"
-    text = "".join(e["data"]["delta"] for e in combined if e["event"] == "token")
+    text = shown(combined)
 
     def persisted():
         data = edge1.get(f"/v1/chats/{chat['id']}/messages").json()["data"]
@@ -105,7 +105,7 @@ def test_kill_9_of_the_edge_mid_stream_resumes_on_another_replica_byte_identical
     assert combined[-1]["event"] == "run.completed"
     uninterrupted = replay(edge0, chat["id"], run_id)
     assert combined == uninterrupted, "no gap: exactly the run's whole stream"
-    text = "".join(e["data"]["delta"] for e in combined if e["event"] == "token").encode()
+    text = shown(combined).encode()
 
     def persisted():
         data = edge0.get(f"/v1/chats/{chat['id']}/messages").json()["data"]
