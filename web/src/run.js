@@ -59,8 +59,10 @@ export function apply(run, { event, id, data }) {
       return { ...next, status: "streaming", text: run.text + data.delta };
     case "moderation":
       if (data.action === "retract") {
+        // retract_from counts Unicode code points (the server's string offsets), not UTF-16 units: an emoji
+        // before the cut is one character there and two in a JS string.
         const cut = Number.isInteger(data.retract_from) ? data.retract_from : 0;
-        return { ...next, text: run.text.slice(0, cut), moderation: { ...data } };
+        return { ...next, text: Array.from(run.text).slice(0, cut).join(""), moderation: { ...data } };
       }
       return { ...next, status: "refused", moderation: { ...data }, finishReason: "content_filter" };
     case "run.completed":

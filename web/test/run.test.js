@@ -37,6 +37,12 @@ test("a retraction drops the text from retract_from and says why", () => {
   assert.equal(run.status, "done");
 });
 
+test("a retraction counts characters as the server does: an emoji before the cut is one, not two", () => {
+  const retract = { event: "moderation", id: "t:2:5", data: { run_id: "r1", action: "retract", category: "toxic", retract_from: 8, message: "m" } };
+  const run = play([...started("r1", 0), token("r1", 2, "Fine \u{1F600}. "), token("r1", 3, "Bad part"), retract]);
+  assert.equal(run.text, "Fine \u{1F600}. ");
+});
+
 test("a refusal and an error end the run; nothing after them applies", () => {
   const refusal = { event: "moderation", id: "r:2:9", data: { run_id: "r1", action: "refused", category: "weapons", message: "No." } };
   const refused = play([refusal, token("r1", 10, "late")]);
