@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from replay.sse import iter_sse
+from replay.sse import iter_sse, shown
 from runtime.window import Read, Window
 from topics.pipeline import PROMPT_MODERATED
 
@@ -156,16 +156,16 @@ def send(client: httpx.Client, chat_id: str, content: str, max_tokens: int, mode
         if response.status_code != 200:
             turn.error = f"{response.status_code}: {response.read().decode(errors='replace')[:200]}"
             return turn
+        events = []
         for event in iter_sse(response.iter_lines()):
+            events.append(event)
             name, data = event.get("event"), event.get("data") or {}
             turn.run_id = data.get("run_id", turn.run_id)
             if name == "token":
                 if not turn.ttft_ms:
                     turn.ttft_ms = (time.perf_counter() - started) * 1000
-                turn.answer += data.get("delta", "")
-            elif name == "moderation" and data.get("action") in ("refused", "retracted"):
+            elif name == "moderation":  # refused before inference, or part of the answer withdrawn ("retract")
                 turn.refused = True
-                turn.answer = ""
             elif name == "run.completed":
                 usage = data.get("usage") or {}
                 turn.finish_reason = data.get("finish_reason", "")
@@ -175,6 +175,7 @@ def send(client: httpx.Client, chat_id: str, content: str, max_tokens: int, mode
                 turn.refused = turn.refused or turn.finish_reason == "content_filter"
             elif name in ("run.error", "error"):
                 turn.error = json.dumps(data)[:200]
+        turn.answer = shown(events)  # what the user was left with: a retracted part is not the answer
     return turn
 
 

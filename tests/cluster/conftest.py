@@ -24,7 +24,7 @@ from infra.topology import CLUSTER, Node
 from registry import client as registry
 from topics.pipeline import Topic, named
 
-from ..sse import iter_sse
+from ..sse import iter_sse, shown
 
 PORT_BASE = int(os.environ.get("PARLEY_CLUSTER_TEST_PORT_BASE", "28000"))
 
@@ -129,13 +129,7 @@ class Stream:
     @property
     def text(self) -> str:
         """The answer as a client shows it: the deltas, less what a retraction took back (never stored)."""
-        text = ""
-        for event in self.events:
-            if event["event"] == "token":
-                text += event["data"]["delta"]
-            elif event["event"] == "moderation" and event["data"].get("action") == "retract":
-                text = text[: event["data"]["retract_from"]]
-        return text
+        return shown(self.events)
 
     def _run(self) -> None:
         try:

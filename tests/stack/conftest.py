@@ -26,7 +26,9 @@ from registry import client as registry
 from runtime.kafka import delete_topics
 from topics.pipeline import Topic, named
 
-from ..sse import iter_sse
+# A test of the stream compares what the client shows (shown): the heads retract a few percent of ordinary
+# answers (a small model's story looping on "he had a fear of a lion" reads as toxic).
+from ..sse import iter_sse, shown  # noqa: F401
 
 PORT_BASE = int(os.environ.get("PARLEY_TEST_PORT_BASE", "18000"))
 BOOTSTRAP = "127.0.0.1:9092"
@@ -118,19 +120,6 @@ def forget_topics(namespace: str) -> None:
 def sse_events(response: httpx.Response) -> list[dict]:
     """Parse an SSE body into [{"event", "id", "data"}] (data JSON-decoded)."""
     return list(iter_sse(response.iter_lines()))
-
-
-def shown(events: list[dict]) -> str:
-    """A run's answer as the client shows it (web/src/run.js): its token deltas in stream order, cut where an
-    output-moderation retraction says. The heads retract a few percent of ordinary answers (a small model's
-    story looping on "he had a fear of a lion" reads as toxic), so a test of the stream compares this."""
-    text = ""
-    for e in events:
-        if e["event"] == "token":
-            text += e["data"]["delta"]
-        elif e["event"] == "moderation" and e["data"].get("action") == "retract":
-            text = text[: e["data"]["retract_from"]]
-    return text
 
 
 def read_until(response, tokens, on_enough):

@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 
+import httpx
 import pytest
 
 from replay import evals
@@ -261,3 +262,28 @@ def test_a_limits_file_names_known_fields_with_valid_values(tmp_path):
         good.write_text(json.dumps(body))
         with pytest.raises(CandidateError, match=message):
             load_limits(str(good))
+
+
+def test_an_eval_turn_is_judged_on_the_answer_the_user_was_left_with():
+    """A retraction ("retract", retract_from) cuts the answer as the chat app does; the checks never see the
+    withdrawn part, and the turn counts as refused."""
+
+    def sse(*events: tuple[str, dict]) -> str:
+        return "".join(
+            f"id: t:0:{n}\nevent: {name}\ndata: {json.dumps(data)}\n\n" for n, (name, data) in enumerate(events)
+        )
+
+    body = sse(
+        ("run.started", {"run_id": "r1", "model": "m"}),
+        ("token", {"run_id": "r1", "delta": "Fine \U0001f600. "}),
+        ("token", {"run_id": "r1", "delta": "Withdrawn part"}),
+        ("moderation", {"run_id": "r1", "action": "retract", "category": "toxic", "retract_from": 8}),
+        ("run.completed", {"run_id": "r1", "finish_reason": "content_filter", "model": "m", "usage": {}}),
+    )
+    edge = httpx.MockTransport(
+        lambda _req: httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+    )
+    with httpx.Client(transport=edge, base_url="http://edge") as client:
+        turn = evals.send(client, "c1", "hi", 16)
+    assert (turn.answer, turn.refused, turn.run_id) == ("Fine \U0001f600. ", True, "r1")
+    assert evals.judged(evals.Checks(contains="Withdrawn"), turn) == {"contains": False}
