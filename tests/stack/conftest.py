@@ -26,9 +26,7 @@ from registry import client as registry
 from runtime.kafka import delete_topics
 from topics.pipeline import Topic, named
 
-# A test of the stream compares what the client shows (shown): the heads retract a few percent of ordinary
-# answers (a small model's story looping on "he had a fear of a lion" reads as toxic).
-from ..sse import iter_sse, shown  # noqa: F401
+from ..sse import iter_sse
 
 PORT_BASE = int(os.environ.get("PARLEY_TEST_PORT_BASE", "18000"))
 BOOTSTRAP = "127.0.0.1:9092"

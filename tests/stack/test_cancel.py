@@ -3,7 +3,8 @@
 from topics import codec
 from topics.pipeline import RUN_COMPLETED, RUN_CONTROL
 
-from .conftest import chat_turn, for_run, read_topic, read_until, shown, wait_for
+from ..sse import shown
+from .conftest import chat_turn, for_run, read_topic, read_until, wait_for
 
 LONG = "Write a very long, detailed story about a lighthouse keeper and the sea."
 

@@ -6,7 +6,8 @@ from conversation.gather import WITHHELD
 from topics import codec
 from topics.pipeline import RUN_SCHEDULED
 
-from .conftest import chat_turn, for_run, read_topic, shown, wait_for
+from ..sse import shown
+from .conftest import chat_turn, for_run, read_topic, wait_for
 
 
 def test_two_turns_stream_persist_and_carry_context(live):

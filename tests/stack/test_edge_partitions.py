@@ -8,7 +8,8 @@ import threading
 
 import httpx
 
-from .conftest import PORT_BASE, read_until, shown, sse_events, wait_for
+from ..sse import shown
+from .conftest import PORT_BASE, read_until, sse_events, wait_for
 
 
 def owned(replica: int) -> list[int] | None:

@@ -14,7 +14,8 @@ from confluent_kafka import Producer
 from topics import codec
 from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
-from .conftest import chat_turn, for_run, read_topic, read_until, shown, wait_for
+from ..sse import shown
+from .conftest import chat_turn, for_run, read_topic, read_until, wait_for
 
 SMALL = ("inference-small-0", "inference-small-1")
 

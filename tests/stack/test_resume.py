@@ -5,7 +5,8 @@ import random
 import signal
 import threading
 
-from .conftest import chat_turn, read_until, shown, sse_events, wait_for
+from ..sse import shown
+from .conftest import chat_turn, read_until, sse_events, wait_for
 
 
 def replay(client, chat_id, run_id, last_event_id=None):
