@@ -1,6 +1,6 @@
 """Usage rebuilt from the log and compared with ClickHouse: `parley usage reconcile --since ... --until ...`.
 
-The topics are the record (ARCHITECTURE.md principle 5): every run ends in one RunCompleted or RunRejected, and
+The topics are the record (docs/decisions/0003-delivery-guarantees.md): every run ends in one RunCompleted or RunRejected, and
 the metering stage turns each into a row with the same functions used here. Reconciliation reads both topics
 for a time range (from the offsets Kafka finds for its start, to the end of the log), rebuilds the rows, asks
 the metering stage for the rows it holds in that range, and reports drift: runs missing from ClickHouse, rows
