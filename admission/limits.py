@@ -8,7 +8,6 @@ the topic, so a change applies to the next message everywhere without a restart.
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from collections.abc import Mapping
 from typing import Any, cast
@@ -16,6 +15,7 @@ from typing import Any, cast
 from pydantic import BaseModel
 
 from runtime.tables import TopicTable
+from topics.clock import now_ms
 from topics.codec import Event
 from topics.events import LimitsChanged
 from topics.pipeline import LIMITS
@@ -101,7 +101,7 @@ def change(scope: str, name: str, fields: Mapping[str, Any], changed_by: str) ->
         "name": name,
         **{f: fields.get(f) for f in FIELDS},
         "changed_by": changed_by,
-        "changed_at": int(time.time() * 1000),
+        "changed_at": now_ms(),
     }
     return cast(LimitsChanged, record)  # FIELDS are the record's limit fields (tests/unit/test_events.py)
 

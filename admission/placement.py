@@ -16,7 +16,6 @@ Judging engine by engine matters: a pool with a free slot on one engine does not
 from __future__ import annotations
 
 import math
-import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from runtime.kafka import ConsumerThread, consumer_config, until_ready
 from runtime.settings import Pool
 from runtime.tables import TopicTable
 from topics import codec
+from topics.clock import now_ms
 from topics.codec import Event
 from topics.errors import PoisonEvent
 from topics.pipeline import POOL_STATUS, RUN_SCHEDULED, check_consume, named
@@ -265,7 +265,7 @@ class PoolView(TopicTable):
         prompt = run["prompt"]
         self._placed.setdefault(prompt["run_id"], (msg.timestamp()[1], pool, prompt["tier"], msg.partition()))
         if len(self._placed) > 1_000:  # a replica that places nothing and serves no chat still forgets
-            self._forget_before(int(time.time() * 1000) - STALE_MS)
+            self._forget_before(now_ms() - STALE_MS)
 
     def _forget_before(self, ms: int) -> None:
         for run_id, placed in list(self._placed.items()):
@@ -277,17 +277,17 @@ class PoolView(TopicTable):
         super().stop()
 
     def admitted(self, run_id: str, pool: str, tier: str, partition: int | None) -> None:
-        self._placed[run_id] = (int(time.time() * 1000), pool, tier, partition)
+        self._placed[run_id] = (now_ms(), pool, tier, partition)
 
     def pending(self, run_id: str, pool: str, tier: str) -> None:
         """The door let a run of `tier` through to `pool`: it counts as waiting there until `decided`."""
-        self._undecided[run_id] = (int(time.time() * 1000), pool, tier)
+        self._undecided[run_id] = (now_ms(), pool, tier)
 
     def decided(self, run_id: str) -> None:
         self._undecided.pop(run_id, None)
 
     def loads(self) -> dict[str, list[EngineLoad]]:
-        now = int(time.time() * 1000)
+        now = now_ms()
         loads = pool_loads(self.rows().values(), now)
         self._forget_before(now - STALE_MS)
         for at, pool, tier, partition in list(self._placed.values()):

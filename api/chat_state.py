@@ -12,6 +12,7 @@ from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
 from storage.ids import epoch_ms, parse_id
+from topics.clock import now_ms
 from topics.events import MemoryChanged
 from topics.pipeline import MEMORY_CHANGED
 
@@ -73,7 +74,7 @@ async def memory_changed(
         "message_id": fields.get("message_id"),
         "role": fields.get("role"),
         "content": fields.get("content"),
-        "at": int(time.time() * 1000) if at_ms is None else at_ms,
+        "at": now_ms() if at_ms is None else at_ms,
     }
     await deps.producer.publish(MEMORY_CHANGED, event, key=str(chat_id))
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
 from api.replies import ACCEPTED, Reply
+from topics.clock import now_ms
 from topics.events import ChatMessage, PromptAccepted, RunControl
 
 
@@ -42,7 +42,7 @@ def prompt_accepted(
         "messages": messages,
         "temperature": temperature,
         "store": store,
-        "created_at": int(time.time() * 1000),
+        "created_at": now_ms(),
     }
 
 
@@ -54,7 +54,7 @@ def run_control(*, run_id: str, chat_id: str, user_id: str, reason: str) -> RunC
         "user_id": user_id,
         "action": "cancel",
         "reason": reason,
-        "requested_at": int(time.time() * 1000),
+        "requested_at": now_ms(),
     }
 
 

@@ -27,6 +27,7 @@ from safety.policy import PolicyView
 from storage.conversations import Change, Conversations, Message
 from storage.ids import MIN_ID
 from storage.memory import Memory, Recalled, Summary
+from topics.clock import now_ms
 from topics.codec import Event
 from topics.events import PromptAccepted, PromptContext, RunScheduled
 
@@ -77,7 +78,7 @@ def scheduled(
         "estimate_tokens": assembled.record["prompt_tokens"] + prompt["max_tokens"],
         "context": cast(PromptContext, assembled.record),  # built up by the assembly (conversation/context.py)
         "rescheduled": False,
-        "scheduled_at": int(time.time() * 1000),
+        "scheduled_at": now_ms(),
     }
 
 

@@ -27,16 +27,13 @@ from runtime.reply_log import published
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import PolicyView
+from topics.clock import now_ms
 from topics.codec import Event
 from topics.codec import token_delta as delta
 from topics.events import RunCompleted, TokenDelta, Usage
 from topics.pipeline import OUTPUT_MODERATED, RUN_COMPLETED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass

@@ -45,7 +45,7 @@ from inference.metrics import (
     QUEUED,
     TTFT,
 )
-from inference.run import Flight, RunServer, now_ms
+from inference.run import Flight, RunServer
 from inference.settings import InferenceSettings
 from runtime import failures, tracing
 from runtime.kafka import AsyncProducer, dead_letter
@@ -53,6 +53,7 @@ from runtime.outage import Outage
 from safety.moderator import Moderator
 from safety.policy import PolicyView
 from topics import codec
+from topics.clock import now_ms
 from topics.errors import PoisonEvent, RetriableError
 from topics.events import PoolStatus
 from topics.pipeline import POOL_STATUS, RUN_CONTROL, RUN_SCHEDULED, named

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING
 from infra.stack import Stack
 from replay import OUTCOMES
 from runtime.settings import StackSettings
+from topics.clock import now_ms
 
 if TYPE_CHECKING:
     from replay.candidate import Candidate, Processes
@@ -77,7 +77,7 @@ def cmd_reconcile(args: argparse.Namespace) -> None:
     from processors.meter_usage import Prices
     from processors.reconcile import reconcile
 
-    now = int(time.time() * 1000)
+    now = now_ms()
     since, until = moment(args.since, now), moment(args.until, now)
     settings, metering = connected(args)
     prices = Prices.load(args.price_table or os.environ.get("PARLEY_PRICE_TABLE", ""))
@@ -145,7 +145,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     from runtime.window import Window
 
     settings, _ = connected(args)
-    now = int(time.time() * 1000)
+    now = now_ms()
     plan = None
     # A KeyboardInterrupt raised inside a weakref callback is printed and dropped, and the replay ran on to
     # exit 0 (seen in CI): the flag keeps a Ctrl-C, and the replay asks for it between its steps.
@@ -217,7 +217,7 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
     label = args.label or evals.new_label()
     token = args.token or credential(f"eval-{label}", args.tier, 24 * 3600)
     url, namespace, stack = args.url or Stack(port_base=args.port_base).api_url, settings.namespace, None
-    since = int(time.time() * 1000)
+    since = now_ms()
     results = []
     try:
         if policy is not None:
@@ -281,7 +281,7 @@ def cmd_export_feedback(args: argparse.Namespace) -> None:
     from runtime.window import Window
 
     settings, _ = connected(args)
-    now = int(time.time() * 1000)
+    now = now_ms()
     counts = {"rated": 0, "pair": 0}
     with Window(settings.kafka_bootstrap, settings.namespace) as window:
         for line in export.lines(window, moment(args.since, now), moment(args.until, now), args.pairs_only):

@@ -23,6 +23,7 @@ import httpx
 from infra.processes import LOCAL, alive, child_of, each, held, sh, terminate
 from infra.topology import SINGLE_NODE, Topology
 from runtime.settings import REPO_ROOT, StackSettings, state_dir
+from topics.pipeline import FAUST_STAGES, process
 
 # Sequences each pool's engine keeps in flight: many short ones, or few long ones (the same KV memory).
 POOL_SLOTS = {"small": 8, "large": 2}
@@ -116,9 +117,9 @@ class Stack:
             Service("schema-registry", (py, "-m", "registry"), registry, self.port_base + 81, "/readyz"),
         ]
         for replica in range(self.stages):
-            for offset, stage in enumerate(("moderation", "scheduling", "persistence", "metering", "memory")):
-                if replica and stage == "metering":
-                    continue  # the embedded ClickHouse engine (chdb) is opened by one process only
+            for offset, stage in enumerate(FAUST_STAGES):
+                if replica and not process(stage).scales:
+                    continue  # metering: the embedded ClickHouse engine (chdb) is opened by one process only
                 port = self.port_base + 10 + offset + (30 + 5 * (replica - 1) if replica else 0)
                 out.append(
                     Service(

@@ -8,22 +8,24 @@ The embedded engine is owned by this process, so the edge and the CLI read usage
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import tomllib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from faust.web import View
 from prometheus_client import Counter, Histogram
 
-from processors.stage import Stage
+from processors import usage_pages
+from processors.settings import ProcessorSettings
+from processors.stage import Handler, Stage, on_batches
+from processors.usage_pages import in_thread
 from storage.clickhouse import iso
-from storage.usage import UsageStore
-from topics.codec import Event
+from storage.usage import UsageStore, open_usage
+from topics.events import PromptAccepted, RunCompleted, RunRejected
 from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic
 
 log = logging.getLogger(__name__)
@@ -64,13 +66,13 @@ class Prices:
         return (cents / PER_MILLION).quantize(Decimal("0.000000001"))
 
 
-def kind(prompt: Event) -> str:
+def kind(prompt: PromptAccepted) -> str:
     if prompt.get("summary"):
         return "summary"
     return "completion" if prompt.get("messages") else "chat"  # the OpenAI route carries its whole conversation
 
 
-def _row(prompt: Event, event_id: str, ended_ms: int, **fields: Any) -> dict[str, Any]:
+def _row(prompt: PromptAccepted, event_id: str, ended_ms: int, **fields: Any) -> dict[str, Any]:
     """The fields every usage row takes from the run's prompt, then the rest."""
     return {
         "run_id": prompt["run_id"],
@@ -84,7 +86,7 @@ def _row(prompt: Event, event_id: str, ended_ms: int, **fields: Any) -> dict[str
     }
 
 
-def completed_row(done: Event, prices: Prices) -> dict[str, Any]:
+def completed_row(done: RunCompleted, prices: Prices) -> dict[str, Any]:
     prompt, usage = done["prompt"], done["usage"]
     return _row(
         prompt,
@@ -122,7 +124,7 @@ NOTHING_SERVED = {
 }
 
 
-def rejected_row(rejected: Event) -> dict[str, Any]:
+def rejected_row(rejected: RunRejected) -> dict[str, Any]:
     prompt = rejected["prompt"]
     refused = rejected["code"] == "content_filter"
     return _row(
@@ -136,112 +138,49 @@ def rejected_row(rejected: Event) -> dict[str, Any]:
     )
 
 
-def usage_row(topic: Topic[Any], event: Event, prices: Prices) -> tuple[dict[str, Any], int]:
-    """A RunCompleted's or RunRejected's usage row, and when its run ended (epoch ms)."""
+def usage_row(topic: Topic[Any], event: Any, prices: Prices) -> tuple[dict[str, Any], int]:
+    """A RunCompleted's or RunRejected's usage row, and when its run ended (epoch ms); `topic` says which."""
     if topic is RUN_COMPLETED:
-        return completed_row(event, prices), event["completed_at"]
-    return rejected_row(event), event["rejected_at"]
+        done: RunCompleted = event
+        return completed_row(done, prices), done["completed_at"]
+    rejected: RunRejected = event
+    return rejected_row(rejected), rejected["rejected_at"]
 
 
-def register(stage: Stage, store: UsageStore) -> None:
-    settings = stage.settings
-    prices = Prices.load(settings.price_table)
+@dataclass(frozen=True)
+class Deps:
+    store: UsageStore
+    prices: Prices
+    crash_point: Callable[[str], None]  # tests: a process killed between the write and the offsets' commit
 
-    def write(rows: list[dict[str, Any]], ended_ms: list[int]) -> None:
-        written = store.write(rows)
-        ROWS.labels("written").inc(written)
-        ROWS.labels("already stored").inc(len(rows) - written)
-        now = datetime.now(UTC).timestamp()
-        for ms in ended_ms:
-            LAG.observe(max(0.0, now - ms / 1000))
-        if written < len(rows):
-            log.info(
-                "usage: %d of %d rows were already stored (redelivered or replayed)", len(rows) - written, len(rows)
-            )
-        stage.crash_point("metering-after-write")
 
-    async def run(fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+def write(rows: list[dict[str, Any]], ended_ms: list[int], deps: Deps) -> None:
+    written = deps.store.write(rows)
+    ROWS.labels("written").inc(written)
+    ROWS.labels("already stored").inc(len(rows) - written)
+    now = datetime.now(UTC).timestamp()
+    for ms in ended_ms:
+        LAG.observe(max(0.0, now - ms / 1000))
+    if written < len(rows):
+        log.info("usage: %d of %d rows were already stored (redelivered or replayed)", len(rows) - written, len(rows))
+    deps.crash_point("metering-after-write")
 
-    def metered(topic: Topic[Any]) -> Callable[[list[Any]], Awaitable[None]]:
-        async def on_batch(batch: list[Event]) -> None:
-            rows, ended = zip(*(usage_row(topic, e, prices) for e in batch), strict=True)
-            await run(write, list(rows), list(ended))
 
-        return on_batch
+async def on_completed(batch: list[RunCompleted], deps: Deps) -> None:
+    rows = [completed_row(done, deps.prices) for done in batch]
+    await in_thread(write, rows, [done["completed_at"] for done in batch], deps)
 
-    for topic in (RUN_COMPLETED, RUN_REJECTED):
-        stage.consume_batches(topic, metered(topic), settings.meter_batch, settings.meter_batch_s)
 
-    @stage.app.page("/usage/{user_id}")
-    async def totals(web: Any, request: Any, user_id: str) -> Any:
-        stage.require_internal(request)
-        return web.json(await run(store.totals, user_id))
+async def on_rejected(batch: list[RunRejected], deps: Deps) -> None:
+    rows = [rejected_row(rejected) for rejected in batch]
+    await in_thread(write, rows, [rejected["rejected_at"] for rejected in batch], deps)
 
-    @stage.app.page("/usage-rows/{run_id}")
-    async def rows(web: Any, request: Any, run_id: str) -> Any:
-        stage.require_internal(request)
-        from storage.clickhouse import quote
 
-        return web.json({"data": await run(store.rows, f"run_id = {quote(run_id)}")})
+HANDLERS: list[Handler[Deps]] = [on_batches(RUN_COMPLETED, on_completed), on_batches(RUN_REJECTED, on_rejected)]
 
-    @stage.app.page("/usage-range")
-    async def between(web: Any, request: Any) -> Any:
-        """?since=&until= (epoch ms): the stored rows in the range, for reconciliation."""
-        stage.require_internal(request)
-        since, until = int(request.query["since"]), int(request.query["until"])
-        return web.json({"data": await run(store.between, since, until)})
 
-    @stage.app.page("/usage-rollup-check")
-    async def rollup_check(web: Any, request: Any) -> Any:
-        """?since=&until= (epoch ms): rollup buckets whose sums differ from the rows'."""
-        stage.require_internal(request)
-        since, until = int(request.query["since"]), int(request.query["until"])
-        return web.json({"data": await run(store.rollup_drift, since, until)})
-
-    @stage.app.page("/usage-report")
-    async def report(web: Any, request: Any) -> Any:
-        """?since=&until= (epoch ms)[&user_id=][&source=rollup|usage]: what the dashboard draws."""
-        stage.require_internal(request)
-        q = request.query
-        args = (int(q["since"]), int(q["until"]), q.get("user_id") or None, q.get("source", "rollup"))
-        return web.json(await run(store.report, *args))
-
-    @stage.app.page("/eval-results")
-    class Evals(View):
-        async def get(self, request: Any) -> Any:
-            """?label=: one label's eval case results; no label: every label's totals."""
-            stage.require_internal(request)
-            label = request.query.get("label")
-            found = await run(store.evals, label) if label else await run(store.eval_labels)
-            return self.json({"data": found})
-
-        async def post(self, request: Any) -> Any:
-            """{"rows": [...]}: eval case results (`parley eval run`)."""
-            stage.require_internal(request)
-            body = await request.json()
-            written = await run(store.write_evals, body["rows"])
-            log.info(
-                "evals: %d case results stored for label %s", written, body["rows"][0]["label"] if written else "-"
-            )
-            return self.json({"written": written})
-
-    @stage.app.page("/usage-rollup-rebuild")
-    class Rebuild(View):
-        async def post(self, request: Any) -> Any:
-            """{"since", "until"} (epoch ms): recompute the rollup buckets of the range from the rows."""
-            stage.require_internal(request)
-            body = await request.json()
-            await run(store.rebuild_rollups, int(body["since"]), int(body["until"]))
-            log.info("usage repair: rollups rebuilt for %s..%s", body["since"], body["until"])
-            return self.json({"rebuilt": True})
-
-    @stage.app.page("/usage-repair")
-    class Repair(View):
-        async def post(self, request: Any) -> Any:
-            """{"rows": [...]}: rows rebuilt from the log for runs missing here (reconciliation --repair)."""
-            stage.require_internal(request)
-            body = await request.json()
-            written = await run(store.write, body["rows"])
-            log.info("usage repair: %d rows written of %d sent", written, len(body["rows"]))
-            return self.json({"written": written})
+def build(stage: Stage, settings: ProcessorSettings) -> None:
+    store = open_usage(settings)
+    deps = Deps(store, Prices.load(settings.price_table), stage.crash_point)
+    stage.serve(HANDLERS, deps, batch=(settings.meter_batch, settings.meter_batch_s))
+    usage_pages.add(stage, store)

@@ -10,20 +10,21 @@ new policy can be replayed over old traffic (python -m safety.replay).
 from __future__ import annotations
 
 import logging
-import time
 import uuid
+from dataclasses import dataclass
 
-from processors.stage import Stage
+from processors.settings import ProcessorSettings
+from processors.stage import Handler, Publish, Stage, on
 from safety.moderator import Moderator, Verdict
 from safety.policy import PolicyView
-from topics.codec import Event
+from topics.clock import now_ms
 from topics.events import PromptAccepted, PromptModerated
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED
 
 log = logging.getLogger(__name__)
 
 
-def texts_of(prompt: Event) -> list[str]:
+def texts_of(prompt: PromptAccepted) -> list[str]:
     """What the user wrote: the OpenAI route sends the whole conversation, and the client wrote every turn
     of it, so its user and assistant turns are checked. Its system turn is the API caller's own instruction
     to the model (setting a role is what a system prompt is for), not an injection into it."""
@@ -51,24 +52,37 @@ def moderated(prompt: PromptAccepted, verdict: Verdict) -> PromptModerated:
         "action": decision.action,
         "error": verdict.error,
         "check_ms": round(verdict.check_ms, 2),
-        "moderated_at": int(time.time() * 1000),
+        "moderated_at": now_ms(),
     }
 
 
-def register(stage: Stage, moderator: Moderator, policies: PolicyView) -> None:
-    async def handle(prompt: PromptAccepted) -> None:
-        policy = policies.for_tier(prompt["tier"])
-        verdict = await moderator.check_async(policy, "input", texts_of(prompt))
-        if verdict.decision.action:
-            log.info(
-                "run %s of %s: %s %s (score %.2f, policy %s)",
-                prompt["run_id"],
-                prompt["user_id"],
-                verdict.decision.action,
-                verdict.decision.category,
-                verdict.decision.score or 0.0,
-                verdict.policy_version,
-            )
-        await stage.publish(PROMPT_MODERATED, moderated(prompt, verdict), key=prompt["chat_id"])
+@dataclass(frozen=True)
+class Deps:
+    publish: Publish
+    moderator: Moderator
+    policies: PolicyView
 
-    stage.consume(PROMPT_ACCEPTED, handle)
+
+async def on_prompt(prompt: PromptAccepted, deps: Deps) -> None:
+    policy = deps.policies.for_tier(prompt["tier"])
+    verdict = await deps.moderator.check_async(policy, "input", texts_of(prompt))
+    if verdict.decision.action:
+        log.info(
+            "run %s of %s: %s %s (score %.2f, policy %s)",
+            prompt["run_id"],
+            prompt["user_id"],
+            verdict.decision.action,
+            verdict.decision.category,
+            verdict.decision.score or 0.0,
+            verdict.policy_version,
+        )
+    await deps.publish(PROMPT_MODERATED, moderated(prompt, verdict), key=prompt["chat_id"])
+
+
+HANDLERS: list[Handler[Deps]] = [on(PROMPT_ACCEPTED, on_prompt)]
+
+
+def build(stage: Stage, settings: ProcessorSettings) -> None:
+    policies = PolicyView(settings.kafka_bootstrap, settings.namespace, stage.name)
+    policies.start()
+    stage.serve(HANDLERS, Deps(stage.publish, Moderator(), policies))

@@ -11,15 +11,26 @@ in the log. A deleted chat gets no new rows from runs that were still in flight 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from processors.stage import Stage
+from processors.settings import ProcessorSettings
+from processors.stage import Handler, Stage, on
+from storage import schema
 from storage.conversations import ERASE_WAIT_S, Conversations, Message
 from storage.decisions import SafetyDecision, SafetyDecisions
 from storage.withdrawals import WITHDRAWN, ids, suspect
-from topics.codec import Event
+from topics.clock import now_ms
+from topics.events import (
+    Feedback,
+    MemoryChanged,
+    OutputModerated,
+    PromptAccepted,
+    PromptModerated,
+    RunCompleted,
+    RunRejected,
+)
 from topics.pipeline import (
     FEEDBACK,
     MEMORY_CHANGED,
@@ -38,11 +49,11 @@ def _at(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
-def user_turn(prompt: Event) -> Message:
+def user_turn(prompt: PromptAccepted) -> Message:
     return Message(prompt["message_id"], "user", prompt["content"], _at(prompt["created_at"]), prompt["run_id"])
 
 
-def assistant_turn(done: Event) -> Message:
+def assistant_turn(done: RunCompleted) -> Message:
     return Message(
         done["prompt"]["run_id"],
         "assistant",
@@ -55,7 +66,7 @@ def assistant_turn(done: Event) -> Message:
     )
 
 
-def refusal_turn(rejected: Event) -> Message:
+def refusal_turn(rejected: RunRejected) -> Message:
     return Message(
         rejected["prompt"]["run_id"],
         "assistant",
@@ -67,14 +78,21 @@ def refusal_turn(rejected: Event) -> Message:
     )
 
 
-def review_row(moderated: Event, stage: str, run: Event, score: float | None, excerpt: str) -> SafetyDecision:
+def review_row(
+    moderated: PromptModerated | OutputModerated,
+    stage: str,
+    action: str,
+    run: PromptAccepted | OutputModerated,
+    score: float | None,
+    excerpt: str,
+) -> SafetyDecision:
     """The review row of a moderation event; run: what names the run (a PromptAccepted, or the
     OutputModerated event itself, both with run_id, chat_id, user_id and tier)."""
     return SafetyDecision(
         uuid.UUID(moderated["event_id"]),
         _at(moderated["moderated_at"]),
         stage,
-        moderated["action"],
+        action,
         moderated["category"] or "unknown",
         score,
         moderated["policy_version"],
@@ -86,101 +104,125 @@ def review_row(moderated: Event, stage: str, run: Event, score: float | None, ex
     )
 
 
-def input_decision(moderated: Event) -> SafetyDecision | None:
+def input_decision(moderated: PromptModerated) -> SafetyDecision | None:
     """The review row of a prompt's moderation, when a rule matched (pure)."""
-    if not moderated.get("action"):
+    if not (action := moderated.get("action")):
         return None
-    prompt = moderated["prompt"]
-    score = (moderated.get("scores") or {}).get(moderated["category"])
-    return review_row(moderated, "input", prompt, score, prompt["content"][:EXCERPT_CHARS])
+    prompt, category = moderated["prompt"], moderated["category"]
+    score = (moderated.get("scores") or {}).get(category) if category else None
+    return review_row(moderated, "input", action, prompt, score, prompt["content"][:EXCERPT_CHARS])
 
 
-def output_decision(moderated: Event) -> SafetyDecision | None:
+def output_decision(moderated: OutputModerated) -> SafetyDecision | None:
     """The review row of an answer's moderation, when a rule matched (pure): the excerpt is not kept (the
     retracted text stays only in the reply log), the score is the highest any window got in the category."""
-    if not moderated.get("action"):
+    if not (action := moderated.get("action")):
         return None
     category = moderated["category"]
-    scores = [w["scores"][category] for w in moderated["windows"] if category in w["scores"]]
+    scores = [w["scores"][category] for w in moderated["windows"] if category and category in w["scores"]]
     at = moderated["retracted_from"]
     excerpt = f"retracted from character {at}" if at is not None else ""
-    return review_row(moderated, "output", moderated, max(scores) if scores else None, excerpt)
+    return review_row(moderated, "output", action, moderated, max(scores) if scores else None, excerpt)
 
 
 log = logging.getLogger(__name__)
 
 
-def register(stage: Stage, conversations: Conversations, decisions: SafetyDecisions) -> None:
-    async def stored_chat(prompt: Event) -> uuid.UUID | None:
-        """The chat to write into, or None for a stateless run or a chat deleted meanwhile."""
-        if not prompt.get("store", True):
-            return None
-        chat_id = uuid.UUID(prompt["chat_id"])
-        if await conversations.get_chat(chat_id) is None:
-            log.info("chat %s was deleted; not storing run %s", chat_id, prompt["run_id"])
-            return None
-        return chat_id
+@dataclass(frozen=True)
+class Deps:
+    conversations: Conversations
+    decisions: SafetyDecisions
 
-    async def store(prompt: Event, message: Message) -> None:
-        """Write a turn of a chat that still exists, then look again: a chat deleted meanwhile may have had its
-        messages erased before this write (MEMORY_CHANGED is another topic, handled beside this one), so its
-        messages are erased once more and nothing of it outlives the delete."""
-        if chat_id := await stored_chat(prompt):
-            await conversations.put_message(chat_id, message)
-            if await conversations.deleted(chat_id):
-                await conversations.erase_messages(chat_id)
-                log.info("chat %s was deleted while run %s was stored; erased again", chat_id, prompt["run_id"])
 
-    async def forget_question(prompt: Event) -> None:
-        await conversations.unput_message(uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"]))
+async def stored_chat(prompt: PromptAccepted, deps: Deps) -> uuid.UUID | None:
+    """The chat to write into, or None for a stateless run or a chat deleted meanwhile."""
+    if not prompt.get("store", True):
+        return None
+    chat_id = uuid.UUID(prompt["chat_id"])
+    if await deps.conversations.get_chat(chat_id) is None:
+        log.info("chat %s was deleted; not storing run %s", chat_id, prompt["run_id"])
+        return None
+    return chat_id
 
-    async def on_prompt(prompt: Event) -> None:
-        await store(prompt, user_turn(prompt))
-        # A question the edge refused after the log did not acknowledge it is not kept (storage/withdrawals.py):
-        # looked at after the write, so a withdrawal settled before it or after it (the scheduler's RunRejected
-        # `withdrawn`, on_rejected) removes it either way.
-        if suspect(prompt, int(time.time() * 1000)) and await conversations.fate(*ids(prompt)) == WITHDRAWN:
-            await forget_question(prompt)
 
-    async def on_completed(done: Event) -> None:
-        await store(done["prompt"], assistant_turn(done))  # how the run ended, too
+async def store(prompt: PromptAccepted, message: Message, deps: Deps) -> None:
+    """Write a turn of a chat that still exists, then look again: a chat deleted meanwhile may have had its
+    messages erased before this write (MEMORY_CHANGED is another topic, handled beside this one), so its
+    messages are erased once more and nothing of it outlives the delete."""
+    if chat_id := await stored_chat(prompt, deps):
+        await deps.conversations.put_message(chat_id, message)
+        if await deps.conversations.deleted(chat_id):
+            await deps.conversations.erase_messages(chat_id)
+            log.info("chat %s was deleted while run %s was stored; erased again", chat_id, prompt["run_id"])
 
-    async def on_rejected(rejected: Event) -> None:
-        prompt = rejected["prompt"]
-        if rejected["code"] == WITHDRAWN:  # the edge answered 503: neither the question nor an answer is kept
-            await forget_question(prompt)
-            log.info("run %s was withdrawn by the edge: its question removed", prompt["run_id"])
-            return
-        await store(prompt, refusal_turn(rejected))
 
-    async def on_moderated(moderated: Event) -> None:
-        if decision := input_decision(moderated):
-            await decisions.put(decision)
+async def forget_question(prompt: PromptAccepted, deps: Deps) -> None:
+    await deps.conversations.unput_message(uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"]))
 
-    async def on_output_moderated(moderated: Event) -> None:
-        if decision := output_decision(moderated):
-            await decisions.put(decision)
 
-    async def on_feedback(feedback: Event) -> None:
-        """The latest rating wins (events of one chat arrive in order); a rating of a deleted answer is dropped."""
-        rating = None if feedback["rating"] == "none" else feedback["rating"]
-        chat_id, message_id = uuid.UUID(feedback["chat_id"]), uuid.UUID(feedback["message_id"])
-        if not await conversations.set_feedback(chat_id, message_id, rating):
-            log.info("chat %s: feedback on message %s, which is gone; not stored", chat_id, message_id)
+async def on_prompt(prompt: PromptAccepted, deps: Deps) -> None:
+    await store(prompt, user_turn(prompt), deps)
+    # A question the edge refused after the log did not acknowledge it is not kept (storage/withdrawals.py):
+    # looked at after the write, so a withdrawal settled before it or after it (the scheduler's RunRejected
+    # `withdrawn`, on_rejected) removes it either way.
+    if suspect(prompt, now_ms()) and await deps.conversations.fate(*ids(prompt)) == WITHDRAWN:
+        await forget_question(prompt, deps)
 
-    async def on_changed(change: Event) -> None:
-        """A deleted chat's messages go (the edge has deleted the chat, its runs and its changes)."""
-        if change["action"] == "chat_deleted":
-            chat_id = uuid.UUID(change["chat_id"])
-            # once the edge has deleted the row (it tells first): a turn written after that erases itself
-            gone = await conversations.deleted(chat_id, ERASE_WAIT_S)
-            await conversations.erase_messages(chat_id)
-            log.info("chat %s deleted: its messages erased%s", chat_id, "" if gone else " (its row is still there)")
 
-    stage.consume(PROMPT_MODERATED, on_moderated)
-    stage.consume(MEMORY_CHANGED, on_changed)
-    stage.consume(FEEDBACK, on_feedback)
-    stage.consume(OUTPUT_MODERATED, on_output_moderated)
-    stage.consume(PROMPT_ACCEPTED, on_prompt)
-    stage.consume(RUN_COMPLETED, on_completed)
-    stage.consume(RUN_REJECTED, on_rejected)
+async def on_completed(done: RunCompleted, deps: Deps) -> None:
+    await store(done["prompt"], assistant_turn(done), deps)  # how the run ended, too
+
+
+async def on_rejected(rejected: RunRejected, deps: Deps) -> None:
+    prompt = rejected["prompt"]
+    if rejected["code"] == WITHDRAWN:  # the edge answered 503: neither the question nor an answer is kept
+        await forget_question(prompt, deps)
+        log.info("run %s was withdrawn by the edge: its question removed", prompt["run_id"])
+        return
+    await store(prompt, refusal_turn(rejected), deps)
+
+
+async def on_moderated(moderated: PromptModerated, deps: Deps) -> None:
+    if decision := input_decision(moderated):
+        await deps.decisions.put(decision)
+
+
+async def on_output_moderated(moderated: OutputModerated, deps: Deps) -> None:
+    if decision := output_decision(moderated):
+        await deps.decisions.put(decision)
+
+
+async def on_feedback(feedback: Feedback, deps: Deps) -> None:
+    """The latest rating wins (events of one chat arrive in order); a rating of a deleted answer is dropped."""
+    rating = None if feedback["rating"] == "none" else feedback["rating"]
+    chat_id, message_id = uuid.UUID(feedback["chat_id"]), uuid.UUID(feedback["message_id"])
+    if not await deps.conversations.set_feedback(chat_id, message_id, rating):
+        log.info("chat %s: feedback on message %s, which is gone; not stored", chat_id, message_id)
+
+
+async def on_changed(change: MemoryChanged, deps: Deps) -> None:
+    """A deleted chat's messages go (the edge has deleted the chat, its runs and its changes)."""
+    if change["action"] == "chat_deleted":
+        chat_id = uuid.UUID(change["chat_id"])
+        # once the edge has deleted the row (it tells first): a turn written after that erases itself
+        gone = await deps.conversations.deleted(chat_id, ERASE_WAIT_S)
+        await deps.conversations.erase_messages(chat_id)
+        log.info("chat %s deleted: its messages erased%s", chat_id, "" if gone else " (its row is still there)")
+
+
+HANDLERS: list[Handler[Deps]] = [
+    on(PROMPT_MODERATED, on_moderated),
+    on(MEMORY_CHANGED, on_changed),
+    on(FEEDBACK, on_feedback),
+    on(OUTPUT_MODERATED, on_output_moderated),
+    on(PROMPT_ACCEPTED, on_prompt),
+    on(RUN_COMPLETED, on_completed),
+    on(RUN_REJECTED, on_rejected),
+]
+
+
+def build(stage: Stage, settings: ProcessorSettings) -> None:
+    session = schema.connect(settings.cassandra)
+    keyspace = settings.keyspace_name
+    deps = Deps(Conversations(session, keyspace, stage.name), SafetyDecisions(session, keyspace, stage.name))
+    stage.serve(HANDLERS, deps)

@@ -1,12 +1,13 @@
 """Usage rebuilt from the log and compared with ClickHouse: `parley usage reconcile --since ... --until ...`.
 
-The topics are the record (docs/decisions/0003-delivery-guarantees.md): every run ends in one RunCompleted or RunRejected, and
-the metering stage turns each into a row with the same functions used here. Reconciliation reads both topics
-for a time range (from the offsets Kafka finds for its start, to the end of the log), rebuilds the rows, asks
-the metering stage for the rows it holds in that range, and reports drift: runs missing from ClickHouse, rows
-ClickHouse holds that the log does not, rows whose tokens or outcome differ, and rollup buckets (hours, days)
-whose sums differ from the rows. `--repair` sends the missing rows to the metering stage (which writes them
-like any batch), then recomputes the rollup buckets that still differ from the rows.
+The topics are the record (docs/decisions/0003-delivery-guarantees.md): every run ends in one RunCompleted or
+RunRejected, and the metering stage turns each into a row with the same functions used here. Reconciliation
+reads both topics for a time range (from the offsets Kafka finds for its start, to the end of the log),
+rebuilds the rows, asks the metering stage for the rows it holds in that range, and reports drift: runs
+missing from ClickHouse, rows ClickHouse holds that the log does not, rows whose tokens or outcome differ, and
+rollup buckets (hours, days) whose sums differ from the rows. `--repair` sends the missing rows to the
+metering stage (which writes them like any batch), then recomputes the rollup buckets that still differ from
+the rows.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter
@@ -25,14 +26,16 @@ from admission.limits import BACKGROUND_PRIORITY
 from admission.placement import home_partition
 from conversation import tokens
 from processors.settings import ProcessorSettings
-from processors.stage import Stage
+from processors.stage import Handler, Publish, Stage, on
 from runtime.kafka import partition_count
+from runtime.settings import Pool
 from safety.encoder import Encoder
+from storage import schema
 from storage.conversations import ERASE_WAIT_S, Change, Conversations, Message
 from storage.ids import epoch_ms, id_time_us, new_id
 from storage.memory import Memory, Summary
-from topics.codec import Event
-from topics.events import ChatMessage, PromptAccepted, RunScheduled
+from topics.clock import now_ms
+from topics.events import ChatMessage, MemoryChanged, PromptAccepted, RunCompleted, RunScheduled
 from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ SUMMARY_OVERHEAD = 400  # a summary run's prompt besides the messages: the earli
 CHANGED = "a message was edited, deleted or the context reset since it began"
 
 
-def changed_since(chat: Any, prompt: Event) -> bool:
+def changed_since(chat: Any, prompt: PromptAccepted) -> bool:
     """Whether the user changed the chat's memory after the summary run `prompt` began."""
     return bool(chat and chat.memory_changed_at and epoch_ms(chat.memory_changed_at) >= prompt["created_at"])
 
@@ -96,193 +99,244 @@ def summary_request(previous: str | None, messages: list[Message], counter: toke
     return [{"role": "user", "content": earlier + "\n".join(lines) + "\n\n" + INSTRUCTION}]
 
 
-def register(
-    stage: Stage, conversations: Conversations, memory: Memory, encoder: Encoder, settings: ProcessorSettings
-) -> None:
+def summary_run(
+    prompt: PromptAccepted,
+    latest: Summary | None,
+    block: list[Message],
+    counter: tokens.ChatTokenizer,
+    settings: ProcessorSettings,
+) -> RunScheduled:
+    """The summary run folding `block` into the version after `latest` (pure but for its new ids and time)."""
     pool = settings.pools[settings.memory_pool]
-    counter = tokens.load(pool.tokenizer)
-    pending: dict[str, float] = {}  # chat id -> when its summary run was requested (this replica's chats)
-    partitions: list[int] = []  # of the pool's topic, read from the cluster once (as the scheduler does)
+    version = (latest.version if latest else 0) + 1
+    request = summary_request(latest.content if latest else None, block, counter)
+    run_id = str(new_id())
+    now = now_ms()
+    summary_prompt: PromptAccepted = {
+        "event_id": str(uuid.uuid4()),
+        "run_id": run_id,
+        "chat_id": prompt["chat_id"],
+        "user_id": prompt["user_id"],
+        "tier": prompt["tier"],
+        "message_id": run_id,
+        "content": request[-1]["content"],
+        "max_tokens": settings.summary_max_tokens,
+        "model": pool.model,
+        "reply_partition": 0,
+        "prev_run_id": None,
+        "messages": None,
+        "temperature": 0.2,
+        "store": False,
+        "summary": {"version": version, "through": block[-1].id, "messages": len(block)},
+        "created_at": now,
+    }
+    return {
+        "event_id": str(uuid.uuid4()),
+        "prompt": summary_prompt,
+        "pool": settings.memory_pool,
+        "model": pool.model,
+        "messages": request,
+        "context_turns": len(block),
+        "priority": SUMMARY_PRIORITY,
+        "degraded_from": None,
+        "estimate_tokens": counter.count_chat(request) + settings.summary_max_tokens,
+        "context": None,
+        "scheduled_at": now,
+    }
 
-    async def embed(texts: list[str]) -> list[list[float]]:
-        vectors = await asyncio.get_running_loop().run_in_executor(None, encoder.embed, texts)
-        return [v.tolist() for v in vectors]
 
-    async def remember(chat_id: uuid.UUID, items: list[tuple[str, str, str, int]]) -> None:
-        """(message id, role, text, the text's time in epoch µs) -> the chat's vector index."""
-        items = [i for i in items if i[2].strip()]
-        if not items:
-            return
-        vectors = await embed([text for _, _, text, _ in items])
-        for (message_id, role, text, at_us), vector in zip(items, vectors, strict=True):
-            await memory.remember(chat_id, uuid.UUID(message_id), role, text, vector, at_us)
-            EMBEDDED.labels(role).inc()
+def discarded(done: RunCompleted, chat: Any, latest: Summary | None) -> str | None:
+    """Why a finished summary run is not stored, or None to store it (pure)."""
+    text = " ".join(done["content"].split())
+    request = done["prompt"]["summary"]
+    assert request is not None  # only summary runs come here
+    if chat is None:
+        return "the chat is gone"
+    if done["finish_reason"] == "cancelled":  # stopped for a reply (inference/worker.py)
+        return "it gave way to a reply; asking again"
+    if done["finish_reason"] not in ("stop", "length") or not text:
+        return f"the run ended {done['finish_reason']} with {len(text)} characters"
+    if (latest.version if latest else 0) != request["version"] - 1:
+        return f"the newest summary is now v{latest.version if latest else 0}"
+    if changed_since(chat, done["prompt"]):
+        return CHANGED
+    return None
 
-    async def reread(chat_id: uuid.UUID) -> Any:
-        """The chat's row, read after a write to its memory; None for a chat deleted meanwhile, which may have
-        been forgotten before the write (MEMORY_CHANGED is handled beside RUN_COMPLETED), so it is forgotten
-        once more."""
-        chat = await conversations.get_chat(chat_id)
+
+@dataclass
+class Deps:
+    publish: Publish
+    conversations: Conversations
+    memory: Memory
+    encoder: Encoder
+    settings: ProcessorSettings
+    counter: tokens.ChatTokenizer
+    pending: dict[str, float] = field(default_factory=dict)  # chat id -> when its summary run was asked for
+    partitions: list[int] = field(default_factory=list)  # of the summary pool's topic, read once
+
+    @property
+    def pool(self) -> Pool:
+        return self.settings.pools[self.settings.memory_pool]
+
+
+async def embed(texts: list[str], deps: Deps) -> list[list[float]]:
+    vectors = await asyncio.get_running_loop().run_in_executor(None, deps.encoder.embed, texts)
+    return [v.tolist() for v in vectors]
+
+
+async def remember(chat_id: uuid.UUID, items: list[tuple[str, str, str, int]], deps: Deps) -> None:
+    """(message id, role, text, the text's time in epoch µs) -> the chat's vector index."""
+    items = [i for i in items if i[2].strip()]
+    if not items:
+        return
+    vectors = await embed([text for _, _, text, _ in items], deps)
+    for (message_id, role, text, at_us), vector in zip(items, vectors, strict=True):
+        await deps.memory.remember(chat_id, uuid.UUID(message_id), role, text, vector, at_us)
+        EMBEDDED.labels(role).inc()
+
+
+async def reread(chat_id: uuid.UUID, deps: Deps) -> Any:
+    """The chat's row, read after a write to its deps.memory; None for a chat deleted meanwhile, which may have
+    been forgotten before the write (MEMORY_CHANGED is handled beside RUN_COMPLETED), so it is forgotten
+    once more."""
+    chat = await deps.conversations.get_chat(chat_id)
+    if chat is None:
+        await deps.memory.reset(chat_id, now_us())
+        log.info("chat %s was deleted while its deps.memory was written; forgotten again", chat_id)
+    return chat
+
+
+async def maybe_summarize(
+    prompt: PromptAccepted, deps: Deps, known: tuple[Any, Mapping[str, Change]] | None = None
+) -> None:
+    """`known`: the chat and its changes as the caller just read them (not read again)."""
+    chat_key = prompt["chat_id"]
+    if time.monotonic() - deps.pending.get(chat_key, -1e9) < deps.settings.summary_timeout_s:
+        return  # one summary run per chat at a time
+    chat_id = uuid.UUID(chat_key)
+    changes: Mapping[str, Change] | None = None
+    if known is None:
+        chat, latest = await asyncio.gather(deps.conversations.get_chat(chat_id), deps.memory.latest_summary(chat_id))
+    else:
+        (chat, changes), latest = known, await deps.memory.latest_summary(chat_id)
+    if chat is None:
+        return
+    after = uuid.UUID(latest.through) if latest else None
+    if chat.context_from is not None and (after is None or after.time < chat.context_from.time):
+        after, latest = chat.context_from, None
+    messages = [m for m in await deps.conversations.messages_after(chat_id, after, 400, changes) if m.content]
+    counts = [deps.counter.count(m.content) for m in messages]
+    most = deps.pool.prompt_budget - deps.settings.summary_max_tokens - SUMMARY_OVERHEAD
+    n = fold(messages, counts, deps.settings.summarize_after_tokens, deps.settings.summarize_keep_tokens, most)
+    if n == 0:
+        return
+    run = summary_run(prompt, latest, messages[:n], deps.counter, deps.settings)
+    deps.pending[chat_key] = time.monotonic()
+    if not deps.partitions:
+        name = named(RUN_SCHEDULED[deps.settings.memory_pool], deps.settings.namespace)
+        loop = asyncio.get_running_loop()
+        deps.partitions.append(await loop.run_in_executor(None, partition_count, deps.settings.kafka_bootstrap, name))
+    partition = home_partition(chat_key, deps.partitions[0])
+    await deps.publish(RUN_SCHEDULED[deps.settings.memory_pool], run, key=chat_key, partition=partition)
+    SUMMARIES.labels("requested").inc()
+    log.info("chat %s: summary of %d messages requested (run %s)", chat_key, n, run["prompt"]["run_id"])
+
+
+async def store_summary(done: RunCompleted, deps: Deps) -> None:
+    prompt, request = done["prompt"], done["prompt"]["summary"]
+    assert request is not None  # on_completed sends only summary runs here
+    chat_key = prompt["chat_id"]
+    chat_id = uuid.UUID(chat_key)
+    deps.pending.pop(chat_key, None)
+    chat, latest = await asyncio.gather(deps.conversations.get_chat(chat_id), deps.memory.latest_summary(chat_id))
+    text = " ".join(done["content"].split())
+    yielded = done["finish_reason"] == "cancelled"  # stopped for a reply (inference/worker.py)
+    reason = discarded(done, chat, latest)
+    if not reason:
+        text = deps.counter.truncate(text, deps.settings.summary_tokens)
+        summary = Summary(request["version"], request["through"], text, deps.counter.count(text), prompt["run_id"])
+        await deps.memory.put_summary(chat_id, summary)
+        chat = await reread(chat_id, deps)
         if chat is None:
-            await memory.reset(chat_id, now_us())
-            log.info("chat %s was deleted while its memory was written; forgotten again", chat_id)
-        return chat
-
-    async def maybe_summarize(prompt: Event, known: tuple[Any, Mapping[str, Change]] | None = None) -> None:
-        """`known`: the chat and its changes as the caller just read them (not read again)."""
-        chat_key = prompt["chat_id"]
-        if time.monotonic() - pending.get(chat_key, -1e9) < settings.summary_timeout_s:
-            return  # one summary run per chat at a time
-        chat_id = uuid.UUID(chat_key)
-        changes: Mapping[str, Change] | None = None
-        if known is None:
-            chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
-        else:
-            (chat, changes), latest = known, await memory.latest_summary(chat_id)
-        if chat is None:
             return
-        after = uuid.UUID(latest.through) if latest else None
-        if chat.context_from is not None and (after is None or after.time < chat.context_from.time):
-            after, latest = chat.context_from, None
-        messages = [m for m in await conversations.messages_after(chat_id, after, 400, changes) if m.content]
-        counts = [counter.count(m.content) for m in messages]
-        most = pool.prompt_budget - settings.summary_max_tokens - SUMMARY_OVERHEAD
-        n = fold(messages, counts, settings.summarize_after_tokens, settings.summarize_keep_tokens, most)
-        if n == 0:
-            return
-        version = (latest.version if latest else 0) + 1
-        block = messages[:n]
-        request = summary_request(latest.content if latest else None, block, counter)
-        run_id = str(new_id())
-        now = int(time.time() * 1000)
-        summary_prompt: PromptAccepted = {
-            "event_id": str(uuid.uuid4()),
-            "run_id": run_id,
-            "chat_id": chat_key,
-            "user_id": prompt["user_id"],
-            "tier": prompt["tier"],
-            "message_id": run_id,
-            "content": request[-1]["content"],
-            "max_tokens": settings.summary_max_tokens,
-            "model": pool.model,
-            "reply_partition": 0,
-            "prev_run_id": None,
-            "messages": None,
-            "temperature": 0.2,
-            "store": False,
-            "summary": {"version": version, "through": block[-1].id, "messages": n},
-            "created_at": now,
-        }
-        run: RunScheduled = {
-            "event_id": str(uuid.uuid4()),
-            "prompt": summary_prompt,
-            "pool": settings.memory_pool,
-            "model": pool.model,
-            "messages": request,
-            "context_turns": n,
-            "priority": SUMMARY_PRIORITY,
-            "degraded_from": None,
-            "estimate_tokens": counter.count_chat(request) + settings.summary_max_tokens,
-            "context": None,
-            "scheduled_at": now,
-        }
-        pending[chat_key] = time.monotonic()
-        if not partitions:
-            name = named(RUN_SCHEDULED[settings.memory_pool], settings.namespace)
-            loop = asyncio.get_running_loop()
-            partitions.append(await loop.run_in_executor(None, partition_count, settings.kafka_bootstrap, name))
-        await stage.publish(
-            RUN_SCHEDULED[settings.memory_pool], run, key=chat_key, partition=home_partition(chat_key, partitions[0])
-        )
-        SUMMARIES.labels("requested").inc()
-        log.info("chat %s: summary v%d of %d messages requested (run %s)", chat_key, version, n, run_id)
-
-    async def store_summary(done: Event) -> None:
-        prompt, request = done["prompt"], done["prompt"]["summary"]
-        chat_key = prompt["chat_id"]
-        chat_id = uuid.UUID(chat_key)
-        pending.pop(chat_key, None)
-        chat, latest = await asyncio.gather(conversations.get_chat(chat_id), memory.latest_summary(chat_id))
-        text = " ".join(done["content"].split())
-        yielded = done["finish_reason"] == "cancelled"  # stopped for a reply (inference/worker.py)
-        reason = None
-        if chat is None:
-            reason = "the chat is gone"
-        elif yielded:
-            reason = "it gave way to a reply; asking again"
-        elif done["finish_reason"] not in ("stop", "length") or not text:
-            reason = f"the run ended {done['finish_reason']} with {len(text)} characters"
-        elif (latest.version if latest else 0) != request["version"] - 1:
-            reason = f"the newest summary is now v{latest.version if latest else 0}"
-        elif changed_since(chat, prompt):
+        # A change made after the check above may have been handled before this write (it found no summary
+        # to drop): take the summary back.
+        if changed_since(chat, prompt):
+            await deps.memory.drop_summary(chat_id, summary.version)
             reason = CHANGED
-        if not reason:
-            text = counter.truncate(text, settings.summary_tokens)
-            summary = Summary(request["version"], request["through"], text, counter.count(text), prompt["run_id"])
-            await memory.put_summary(chat_id, summary)
-            chat = await reread(chat_id)
-            if chat is None:
-                return
-            # A change made after the check above may have been handled before this write (it found no summary
-            # to drop): take the summary back.
-            if changed_since(chat, prompt):
-                await memory.drop_summary(chat_id, summary.version)
-                reason = CHANGED
-            else:
-                SUMMARIES.labels("stored").inc()
-                log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
-        if reason:
-            SUMMARIES.labels("yielded" if yielded else "discarded").inc()
-            log.info("chat %s: summary v%d discarded: %s", chat_key, request["version"], reason)
-        if not reason or yielded:
-            await maybe_summarize(prompt)  # more may have piled up meanwhile, or it gave way: ask again now
-        # otherwise (failed, filtered, stale) the chat's next turn asks again: no loop of failing runs
+        else:
+            SUMMARIES.labels("stored").inc()
+            log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
+    if reason:
+        SUMMARIES.labels("yielded" if yielded else "discarded").inc()
+        log.info("chat %s: summary v%d discarded: %s", chat_key, request["version"], reason)
+    if not reason or yielded:
+        await maybe_summarize(prompt, deps)  # more may have piled up meanwhile, or it gave way: ask again now
+    # otherwise (failed, filtered, stale) the chat's next turn asks again: no loop of failing runs
 
-    async def on_completed(done: Event) -> None:
-        prompt = done["prompt"]
-        if prompt.get("summary"):
-            await store_summary(done)
-            return
-        if not prompt.get("store", True) or prompt.get("messages"):
-            return  # stateless runs (OpenAI route) are not chat messages
-        chat_id = uuid.UUID(prompt["chat_id"])
-        chat, changes = await asyncio.gather(conversations.get_chat(chat_id), conversations.changes(chat_id))
-        if chat is None:
-            return  # deleted meanwhile: nothing of it is remembered
-        written = [(prompt["message_id"], "user", prompt["content"])]
-        if done["finish_reason"] != "error":
-            written.append((prompt["run_id"], "assistant", done["content"]))
-        # As the user left them: a change read here is applied; one made after the read wins by its later time.
-        items = [
-            (i, role, changes[i].content or "", epoch_ms(changes[i].at) * 1000)
-            if i in changes
-            else (i, role, text, id_time_us(uuid.UUID(i)))
-            for i, role, text in written
-        ]
-        await remember(chat_id, items)
-        if await reread(chat_id) is None:
-            return
-        await maybe_summarize(prompt, (chat, changes))
 
-    async def on_changed(change: Event) -> None:
-        chat_id = uuid.UUID(change["chat_id"])
-        action = change["action"]
-        at_us = change["at"] * 1000  # when the edge stored the change
-        if action == "chat_deleted":
-            # once the edge has deleted the row (it tells first): a write after that forgets itself
-            await conversations.deleted(chat_id, ERASE_WAIT_S)
-            await memory.reset(chat_id, now_us())
-        elif action == "reset":
-            await memory.reset(chat_id, at_us)
-        elif change["message_id"]:
-            message_id = uuid.UUID(change["message_id"])
-            if action == "edited" and (change["content"] or "").strip():  # the new text replaces the old row (same key)
-                await remember(chat_id, [(change["message_id"], change["role"] or "user", change["content"], at_us)])
-            else:
-                await memory.forget(chat_id, message_id, at_us)
-            await memory.drop_summaries_covering(chat_id, message_id)
-        pending.pop(change["chat_id"], None)  # a summary begun before it is discarded when it lands
-        log.info("chat %s: memory %s (%s)", change["chat_id"], action, change["message_id"] or "whole chat")
+async def on_completed(done: RunCompleted, deps: Deps) -> None:
+    prompt = done["prompt"]
+    if prompt.get("summary"):
+        await store_summary(done, deps)
+        return
+    if not prompt.get("store", True) or prompt.get("messages"):
+        return  # stateless runs (OpenAI route) are not chat messages
+    chat_id = uuid.UUID(prompt["chat_id"])
+    chat, changes = await asyncio.gather(deps.conversations.get_chat(chat_id), deps.conversations.changes(chat_id))
+    if chat is None:
+        return  # deleted meanwhile: nothing of it is remembered
+    written = [(prompt["message_id"], "user", prompt["content"])]
+    if done["finish_reason"] != "error":
+        written.append((prompt["run_id"], "assistant", done["content"]))
+    # As the user left them: a change read here is applied; one made after the read wins by its later time.
+    items = [
+        (i, role, changes[i].content or "", epoch_ms(changes[i].at) * 1000)
+        if i in changes
+        else (i, role, text, id_time_us(uuid.UUID(i)))
+        for i, role, text in written
+    ]
+    await remember(chat_id, items, deps)
+    if await reread(chat_id, deps) is None:
+        return
+    await maybe_summarize(prompt, deps, (chat, changes))
 
-    stage.consume(RUN_COMPLETED, on_completed)
-    stage.consume(MEMORY_CHANGED, on_changed)
+
+async def on_changed(change: MemoryChanged, deps: Deps) -> None:
+    chat_id = uuid.UUID(change["chat_id"])
+    action = change["action"]
+    at_us = change["at"] * 1000  # when the edge stored the change
+    if action == "chat_deleted":
+        # once the edge has deleted the row (it tells first): a write after that forgets itself
+        await deps.conversations.deleted(chat_id, ERASE_WAIT_S)
+        await deps.memory.reset(chat_id, now_us())
+    elif action == "reset":
+        await deps.memory.reset(chat_id, at_us)
+    elif change["message_id"]:
+        message_id = uuid.UUID(change["message_id"])
+        text = change["content"] or ""
+        if action == "edited" and text.strip():  # the new text replaces the old row (same key)
+            await remember(chat_id, [(change["message_id"], change["role"] or "user", text, at_us)], deps)
+        else:
+            await deps.memory.forget(chat_id, message_id, at_us)
+        await deps.memory.drop_summaries_covering(chat_id, message_id)
+    deps.pending.pop(change["chat_id"], None)  # a summary begun before it is discarded when it lands
+    log.info("chat %s: deps.memory %s (%s)", change["chat_id"], action, change["message_id"] or "whole chat")
+
+
+HANDLERS: list[Handler[Deps]] = [on(RUN_COMPLETED, on_completed), on(MEMORY_CHANGED, on_changed)]
+
+
+def build(stage: Stage, settings: ProcessorSettings) -> None:
+    session = schema.connect(settings.cassandra)
+    keyspace = settings.keyspace_name
+    counter = tokens.load(settings.pools[settings.memory_pool].tokenizer)
+    deps = Deps(
+        stage.publish,
+        Conversations(session, keyspace, stage.name),
+        Memory(session, keyspace, stage.name),
+        Encoder(),
+        settings,
+        counter,
+    )
+    stage.serve(HANDLERS, deps)

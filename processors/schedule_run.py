@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,14 +31,18 @@ from admission.placement import EngineLoad, Placement, PoolView, capacity_messag
 from conversation.context import TooLong
 from conversation.gather import ContextGuard, assemble_chat_run, assemble_given
 from processors.settings import ProcessorSettings
-from processors.stage import Stage
+from processors.stage import Handler, Publish, Stage, on
 from runtime.reply_log import published
+from safety.moderator import Moderator
+from safety.policy import PolicyView
+from storage import schema
 from storage.conversations import Conversations
 from storage.ledger import Decision, Ledger
 from storage.memory import Memory
 from storage.withdrawals import TAKEN, WITHDRAWN, ids, suspect
-from topics.codec import Event, token_delta
-from topics.events import PromptAccepted, PromptModerated, RunRejected, RunScheduled, TokenDelta
+from topics.clock import now_ms
+from topics.codec import token_delta
+from topics.events import PromptAccepted, PromptModerated, RunCompleted, RunRejected, RunScheduled, TokenDelta
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
@@ -60,7 +64,7 @@ def reject(
         "message": message,
         "category": category,
         "retry_after_s": retry_after_s,
-        "rejected_at": int(time.time() * 1000),
+        "rejected_at": now_ms(),
     }
 
 
@@ -77,7 +81,7 @@ def queued(run: RunScheduled, wait_s: float) -> TokenDelta:
     )
 
 
-def smaller_pools(run: Event, settings: ProcessorSettings) -> list[str]:
+def smaller_pools(run: RunScheduled, settings: ProcessorSettings) -> list[str]:
     """Pools smaller than the run's that still hold it, largest first: where it may go under pressure (pure)."""
     mine = settings.pools[run["pool"]].context
     fits = [(p.context, name) for name, p in settings.pools.items() if run["estimate_tokens"] <= p.context < mine]
@@ -122,110 +126,135 @@ def place_run(
     return run, placement
 
 
-def register(
-    stage: Stage,
-    conversations: Conversations,
-    ledger: Ledger,
-    limits: LimitsView,
-    pools: PoolView,
-    context: ContextGuard,
-    memory: Memory,
-) -> None:
-    settings = stage.settings
+@dataclass(frozen=True)
+class Deps:
+    publish: Publish
+    crash_point: Callable[[str], None]  # tests: a process killed at a named point
+    settings: ProcessorSettings
+    conversations: Conversations
+    ledger: Ledger
+    limits: LimitsView
+    pools: PoolView
+    context: ContextGuard
+    memory: Memory
 
-    async def refuse(prompt: PromptAccepted, code: str, message: str, **extra: Any) -> None:
-        ADMISSION.labels(prompt["tier"], "", code).inc()
-        log.info(
-            "run %s of %s (%s) rejected: %s: %s", prompt["run_id"], prompt["user_id"], prompt["tier"], code, message
-        )
-        await stage.publish(RUN_REJECTED, reject(prompt, code, message, **extra), partition=prompt["reply_partition"])
 
-    async def told_queued(prompt: Event, since_ms: int) -> bool:
-        """Whether the run's stream was already told it is queued (a run scheduled again after a crash): a
-        second `queued` record would reach the client in the middle of its answer."""
-        records = await asyncio.get_running_loop().run_in_executor(
-            None,
-            published,
-            settings.kafka_bootstrap,
-            named(TOKEN_DELTA, settings.namespace),
-            prompt["reply_partition"],
-            prompt["run_id"],
-            since_ms,
-            settings.group("scheduling.replies"),
-        )
-        return any(r["kind"] == "queued" for r in records)
+async def refuse(prompt: PromptAccepted, code: str, message: str, deps: Deps, **extra: Any) -> None:
+    ADMISSION.labels(prompt["tier"], "", code).inc()
+    log.info("run %s of %s (%s) rejected: %s: %s", prompt["run_id"], prompt["user_id"], prompt["tier"], code, message)
+    await deps.publish(RUN_REJECTED, reject(prompt, code, message, **extra), partition=prompt["reply_partition"])
 
-    async def handle(moderated: PromptModerated) -> None:
-        prompt = moderated["prompt"]
-        if suspect(prompt, int(time.time() * 1000)) and await conversations.settle_fate(*ids(prompt), TAKEN) != TAKEN:
-            # the edge gave up on it first and answered 503 (storage/withdrawals.py): nothing of it is served
-            await refuse(prompt, WITHDRAWN, "The request was refused when it was sent; it is not served.")
-            return
-        if moderated["decision"] == "blocked":
-            category = moderated["category"]
-            await refuse(
-                prompt, "content_filter", "This request was declined by the content policy.", category=category
-            )
-            return
-        try:
-            if prompt.get("messages"):
-                run = assemble_given(prompt, settings)
-            else:
-                run = await assemble_chat_run(prompt, conversations, memory, context, settings)
-        except TooLong as exc:
-            await refuse(prompt, "context_length_exceeded", str(exc))
-            return
-        tier, user = prompt["tier"], prompt["user_id"]
-        # Read after the assembly, which waits for the chat's previous turn: its run is settled by then, most
-        # likely, and the account the first compare-and-set decides on is as fresh as it can be.
-        account, before = await ledger.look(user, prompt["run_id"])
-        if before is not None and before.scheduled:
-            log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
-            return
-        tiers = limits.tiers_for(user, tier)
-        placed = place_run(run, before, tiers, pools.loads(), pools.partitions, settings)
-        if isinstance(placed, Refusal):
-            await refuse(prompt, placed.code, placed.message, retry_after_s=placed.retry_after_s)
-            return
-        run, placement = placed
-        assert placement.pool is not None  # a placement without a pool is a Refusal
-        decision = await ledger.admit(
-            user,
-            prompt["run_id"],
-            run["estimate_tokens"],
-            tiers[tier],
-            placement.pool,
-            placement.partition,
-            account if before is None else None,
+
+async def told_queued(prompt: PromptAccepted, since_ms: int, settings: ProcessorSettings) -> bool:
+    """Whether the run's stream was already told it is queued (a run scheduled again after a crash): a
+    second `queued` record would reach the client in the middle of its answer."""
+    records = await asyncio.get_running_loop().run_in_executor(
+        None,
+        published,
+        settings.kafka_bootstrap,
+        named(TOKEN_DELTA, settings.namespace),
+        prompt["reply_partition"],
+        prompt["run_id"],
+        since_ms,
+        settings.group("scheduling.replies"),
+    )
+    return any(r["kind"] == "queued" for r in records)
+
+
+async def on_moderated(moderated: PromptModerated, deps: Deps) -> None:
+    prompt = moderated["prompt"]
+    if suspect(prompt, now_ms()) and await deps.conversations.settle_fate(*ids(prompt), TAKEN) != TAKEN:
+        # the edge gave up on it first and answered 503 (storage/withdrawals.py): nothing of it is served
+        await refuse(prompt, WITHDRAWN, "The request was refused when it was sent; it is not served.", deps)
+        return
+    if moderated["decision"] == "blocked":
+        category = moderated["category"]
+        await refuse(
+            prompt, "content_filter", "This request was declined by the content policy.", deps, category=category
         )
-        if not decision.admitted:
-            await refuse(prompt, decision.code, decision.message, retry_after_s=decision.retry_after_s)
-            return
-        # admitted now (assembly and the ledger's wait came before), or when it was admitted before a crash
-        run = {**run, "scheduled_at": (before and before.decided_at) or int(time.time() * 1000)}
-        pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
-        ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
-        tell = before is None or not await told_queued(prompt, run["scheduled_at"])
-        scheduled = stage.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"], partition=placement.partition)
-        if tell:
-            # Both at once: one wait for the broker's acks instead of two in a row. `queued` is sent first and
-            # nearly always lands first; one that lands after the run's first record is not shown (api/answers.py).
-            told = stage.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
-            await asyncio.gather(told, scheduled)
+        return
+    try:
+        if prompt.get("messages"):
+            run = assemble_given(prompt, deps.settings)
         else:
-            await scheduled
-        stage.crash_point("scheduling-after-publish")  # tests: the window a redelivered prompt must not reopen
-        await ledger.mark_scheduled(user, prompt["run_id"])
+            run = await assemble_chat_run(prompt, deps.conversations, deps.memory, deps.context, deps.settings)
+    except TooLong as exc:
+        await refuse(prompt, "context_length_exceeded", str(exc), deps)
+        return
+    tier, user = prompt["tier"], prompt["user_id"]
+    # Read after the assembly, which waits for the chat's previous turn: its run is settled by then, most
+    # likely, and the account the first compare-and-set decides on is as fresh as it can be.
+    account, before = await deps.ledger.look(user, prompt["run_id"])
+    if before is not None and before.scheduled:
+        log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
+        return
+    tiers = deps.limits.tiers_for(user, tier)
+    placed = place_run(run, before, tiers, deps.pools.loads(), deps.pools.partitions, deps.settings)
+    if isinstance(placed, Refusal):
+        await refuse(prompt, placed.code, placed.message, deps, retry_after_s=placed.retry_after_s)
+        return
+    run, placement = placed
+    assert placement.pool is not None  # a placement without a pool is a Refusal
+    decision = await deps.ledger.admit(
+        user,
+        prompt["run_id"],
+        run["estimate_tokens"],
+        tiers[tier],
+        placement.pool,
+        placement.partition,
+        account if before is None else None,
+    )
+    if not decision.admitted:
+        await refuse(prompt, decision.code, decision.message, deps, retry_after_s=decision.retry_after_s)
+        return
+    # admitted now (assembly and the deps.ledger's wait came before), or when it was admitted before a crash
+    run = {**run, "scheduled_at": (before and before.decided_at) or now_ms()}
+    deps.pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
+    ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
+    tell = before is None or not await told_queued(prompt, run["scheduled_at"], deps.settings)
+    scheduled = deps.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"], partition=placement.partition)
+    if tell:
+        # Both at once: one wait for the broker's acks instead of two in a row. `queued` is sent first and
+        # nearly always lands first; one that lands after the run's first record is not shown (api/answers.py).
+        told = deps.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
+        await asyncio.gather(told, scheduled)
+    else:
+        await scheduled
+    deps.crash_point("scheduling-after-publish")  # tests: the window a redelivered prompt must not reopen
+    await deps.ledger.mark_scheduled(user, prompt["run_id"])
 
-    async def settle(done: Event) -> None:
-        """The run's charge becomes its actual usage (once: a redelivered completion changes nothing)."""
-        prompt, usage = done["prompt"], done["usage"]
-        actual = usage["prompt_tokens"] + usage["completion_tokens"]
-        mine = limits.for_user(prompt["user_id"], prompt["tier"])
-        changed = await ledger.settle(prompt["user_id"], prompt["run_id"], actual, mine)
-        SETTLED.labels("settled" if changed else "unchanged").inc()
-        if prompt.get("store", True) and not prompt.get("summary") and done["content"]:
-            await context.screen(prompt["run_id"], done["content"], prompt["tier"])  # the next turn finds it cached
 
-    stage.consume(PROMPT_MODERATED, handle)
-    stage.consume(RUN_COMPLETED, settle)
+async def on_completed(done: RunCompleted, deps: Deps) -> None:
+    """The run's charge becomes its actual usage (once: a redelivered completion changes nothing)."""
+    prompt, usage = done["prompt"], done["usage"]
+    actual = usage["prompt_tokens"] + usage["completion_tokens"]
+    mine = deps.limits.for_user(prompt["user_id"], prompt["tier"])
+    changed = await deps.ledger.settle(prompt["user_id"], prompt["run_id"], actual, mine)
+    SETTLED.labels("settled" if changed else "unchanged").inc()
+    if prompt.get("store", True) and not prompt.get("summary") and done["content"]:
+        await deps.context.screen(prompt["run_id"], done["content"], prompt["tier"])  # the next turn finds it cached
+
+
+HANDLERS: list[Handler[Deps]] = [on(PROMPT_MODERATED, on_moderated), on(RUN_COMPLETED, on_completed)]
+
+
+def build(stage: Stage, settings: ProcessorSettings) -> None:
+    session = schema.connect(settings.cassandra)
+    keyspace, name = settings.keyspace_name, stage.name
+    limits = LimitsView(settings.kafka_bootstrap, settings.namespace, name)
+    pools = PoolView(settings.kafka_bootstrap, settings.namespace, name)
+    policies = PolicyView(settings.kafka_bootstrap, settings.namespace, name)
+    for view in (limits, pools, policies):
+        view.start()
+    deps = Deps(
+        stage.publish,
+        stage.crash_point,
+        settings,
+        Conversations(session, keyspace, name),
+        Ledger(session, keyspace, name, settings.run_deadline_s),
+        limits,
+        pools,
+        ContextGuard(Moderator(), policies),
+        Memory(session, keyspace, name),
+    )
+    stage.serve(HANDLERS, deps)

@@ -24,6 +24,3 @@ class ProcessorSettings(ContextSettings):
         path = state_dir() / "faust" / (self.namespace or "default") / f"{stage}-{self.replica}"
         path.mkdir(parents=True, exist_ok=True)
         return path
-
-
-STAGE_PORTS = {"moderation": 6066, "scheduling": 6067, "persistence": 6068, "metering": 6069, "memory": 6070}

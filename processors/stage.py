@@ -12,24 +12,26 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import faust
 from faust.types import EventT, TopicT
 from faust.web.exceptions import NotAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
-from processors.settings import STAGE_PORTS, ProcessorSettings
+from processors.settings import ProcessorSettings
 from runtime import logs, tracing
 from runtime.failures import RETRIABLE
 from runtime.outage import Outage
 from topics import codec
 from topics.codec import Event
 from topics.errors import PoisonEvent
-from topics.pipeline import Topic, check_consume, check_publish, dead_letter_name, named
+from topics.pipeline import Topic, check_consume, check_publish, dead_letter_name, named, process
 
 E = TypeVar("E")  # a topic's event type
+D = TypeVar("D")  # a stage's dependencies
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,33 @@ RETRIES = Counter(
 )
 
 
+class Publish(Protocol):
+    """What a handler publishes with: `Stage.publish`, or a fake that keeps the records in a unit test."""
+
+    async def __call__(
+        self, topic: Topic[E], record: E, *, key: str | None = None, partition: int | None = None
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class Handler(Generic[D]):
+    """One topic's handler in a stage: `handle(event, deps)`, or `handle(events, deps)` for a batch."""
+
+    topic: Topic[Any]
+    handle: Callable[[Any, D], Awaitable[None]]
+    batch: bool = False
+
+
+def on(topic: Topic[E], handle: Callable[[E, D], Awaitable[None]]) -> Handler[D]:
+    """Declare a handler of one event at a time; mypy holds the handler to the topic's event type."""
+    return Handler(topic, handle)
+
+
+def on_batches(topic: Topic[E], handle: Callable[[list[E], D], Awaitable[None]]) -> Handler[D]:
+    """Declare a handler of a batch of events (its size and wait: `Stage.serve`)."""
+    return Handler(topic, handle, batch=True)
+
+
 class Stage:
     """One faust app for one stage; agents are registered by the stage module."""
 
@@ -57,7 +86,7 @@ class Stage:
             settings.group(name),
             broker=f"kafka://{settings.kafka_bootstrap}",
             web_bind=settings.host,
-            web_port=settings.web_port or STAGE_PORTS[name],
+            web_port=settings.web_port or process(name).port,
             web_in_thread=False,
             datadir=str(settings.datadir(name)),
             # A replica that dies stops heartbeating; after this its partitions go to the stage's other replicas.
@@ -163,6 +192,20 @@ class Stage:
         await fut
         EVENTS.labels(self.name, topic.name, "dead_letter").inc()
         log.warning("%s: dead-lettered %s: %s", self.name, source, error)
+
+    def serve(self, handlers: Sequence[Handler[D]], deps: D, batch: tuple[int, float] = (200, 0.5)) -> None:
+        """Consume each handler's topic and hand its events to the handler with the stage's dependencies;
+        batch: the most events a batch handler gets at once, and how long a batch waits to fill."""
+        for handler in handlers:
+            handle = handler.handle
+
+            def bound(event: Any, handle: Callable[[Any, D], Awaitable[None]] = handle) -> Awaitable[None]:
+                return handle(event, deps)
+
+            if handler.batch:
+                self.consume_batches(handler.topic, bound, *batch)
+            else:
+                self.consume(handler.topic, bound)
 
     def consume(self, topic: Topic[E], handle: Callable[[E], Awaitable[None]]) -> None:
         """One event at a time: decode, handle, and only then let faust ack the offset."""

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from replay.sse import iter_sse, shown
 from runtime.window import Read, Window
+from topics.clock import now_ms
 from topics.pipeline import PROMPT_MODERATED
 
 SUITES = Path(__file__).with_name("suites")
@@ -227,7 +228,7 @@ def run_suite(
                 break
         checks = judged(case.checks, turn)
         passed = not turn.error and all(checks.values())
-        results.append(Result(label, suite.suite, case.id, passed, checks, turn, int(time.time() * 1000)))
+        results.append(Result(label, suite.suite, case.id, passed, checks, turn, now_ms()))
     return results
 
 
@@ -236,7 +237,7 @@ def add_verdicts(window: Window, results: list[Result], since_ms: int) -> None:
     wanted = {r.turn.run_id: r for r in results if r.turn.run_id}
     if not wanted:
         return
-    until = int(time.time() * 1000) + 5_000
+    until = now_ms() + 5_000
     for record in window.read([Read(PROMPT_MODERATED, since_ms - 1_000, until)]):
         found = wanted.get(record.event["prompt"]["run_id"])
         if found is not None:

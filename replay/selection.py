@@ -4,13 +4,13 @@ recorded it."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from runtime.window import Read, Window
 from storage.history import ENDED_WITHIN_MS, FIND_MS, GRACE_MS, minted_ms, run_of
+from topics.clock import now_ms
 from topics.events import PromptAccepted
 from topics.pipeline import FEEDBACK, PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED
 
@@ -80,7 +80,7 @@ def select(window: Window, selection: Selection) -> list[Recorded]:
         *(Read(t, since, until + ENDED_WITHIN_MS) for t in RUN_SCHEDULED.values()),
         Read(RUN_COMPLETED, since, until + ENDED_WITHIN_MS),
         Read(RUN_REJECTED, since, until + ENDED_WITHIN_MS),
-        Read(FEEDBACK, since, int(time.time() * 1000)),
+        Read(FEEDBACK, since, now_ms()),
     ]
     runs: dict[str, Recorded] = {}
     later: list[tuple[str, Mapping[str, Any]]] = []

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from safety.moderator import Moderator, Verdict
 from safety.policy import Policy
+from topics.clock import now_ms
 from topics.events import ModeratedWindow, OutputModerated
 
 log = logging.getLogger(__name__)
@@ -128,5 +128,5 @@ class OutputGuard:
             "category": decided.decision.category if decided else None,
             "retracted_from": self.retract_from,
             "error": self.error,
-            "moderated_at": int(time.time() * 1000),
+            "moderated_at": now_ms(),
         }

@@ -8,7 +8,6 @@ can be replayed against past traffic (python -m safety.replay).
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Literal, cast
@@ -16,6 +15,7 @@ from typing import Literal, cast
 from pydantic import BaseModel, Field
 
 from runtime.tables import TopicTable
+from topics.clock import now_ms
 from topics.codec import Event
 from topics.events import SafetyPolicy, SafetyRule
 from topics.pipeline import SAFETY_POLICIES
@@ -110,7 +110,7 @@ def to_record(tier: str, policy: Policy, changed_by: str) -> SafetyPolicy:
         "rules": [cast(SafetyRule, r.model_dump()) for r in policy.rules],
         "on_error": policy.on_error,
         "changed_by": changed_by,
-        "changed_at": int(time.time() * 1000),
+        "changed_at": now_ms(),
     }
 
 

@@ -14,7 +14,6 @@ import asyncio
 import functools
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -25,6 +24,7 @@ from prometheus_client import Counter
 
 from admission.limits import Limits
 from storage.session import check_writer, create_tables, idempotent, wait
+from topics.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class Ledger:
     async def standing(self, user_id: str, limits: Limits) -> tuple[int, list[str]]:
         """(tokens the user can spend now, their runs in flight)."""
         account = await self.account(user_id)
-        now = int(time.time() * 1000)
+        now = now_ms()
         return int(available(account, limits, now)), sorted(live_runs(account, now, self.deadline_ms))
 
     async def _run_row(self, user_id: str, run_id: str) -> Any:
@@ -244,7 +244,7 @@ class Ledger:
                 account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
             if row is not None:
                 return recorded(row)  # decided before (redelivered): charged once
-            now = int(time.time() * 1000)
+            now = now_ms()
             decision = decide(account, limits, estimate, now, self.deadline_ms)
             if not decision.admitted:
                 return decision
@@ -270,7 +270,7 @@ class Ledger:
             account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
             if row is None or row.settled:
                 return False
-            now = int(time.time() * 1000)
+            now = now_ms()
             used = max(0.0, outstanding(account, limits, now) - (row.estimate or 0) + actual)
             in_flight = {r: at for r, at in live_runs(account, now, self.deadline_ms).items() if r != run_id}
             update = (self._settle_run, (actual, user_id, run_id))

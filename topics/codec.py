@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast
 import fastavro
 from fastavro.types import Schema
 
+from topics.clock import now_ms
 from topics.errors import PoisonEvent, RetriableError
 from topics.events import TokenDelta
 
@@ -187,7 +188,7 @@ def token_delta(run: Event, seq: int, kind: str, **fields: Any) -> TokenDelta:
         "degraded_from": None,
         "category": None,
         "retract_from": None,
-        "emitted_at": int(time.time() * 1000),
+        "emitted_at": now_ms(),
         **fields,
     }
     return cast(TokenDelta, record)  # the fields given are the caller's: the codec checks them at encode

@@ -240,7 +240,44 @@ TOPICS: tuple[Topic[Any], ...] = (
     POOL_STATUS,
 )
 
-STAGES = ("api", "moderation", "scheduling", "inference", "persistence", "metering", "memory")
+
+@dataclass(frozen=True)
+class Process:
+    """A deployable of the pipeline: the edge, a faust stage, or the inference consumers of a pool."""
+
+    name: str
+    module: str  # what `python -m` runs; a faust stage's module declares its HANDLERS and builds its deps
+    port: int = 0  # a faust stage's own web server (health, /metrics), unless PARLEY_WEB_PORT says otherwise
+    scales: bool = True  # more than one replica may run (metering with the embedded ClickHouse engine: one)
+
+    @property
+    def consumes(self) -> tuple[Topic[Any], ...]:
+        return tuple(t for t in TOPICS if self.name in t.consumers)
+
+    @property
+    def produces(self) -> tuple[Topic[Any], ...]:
+        return tuple(t for t in TOPICS if self.name in t.producers)
+
+
+# Every process, declared once: the CLI, the local stack, the chart's tests and the stages' entrypoint read it.
+PROCESSES = (
+    Process("api", "api"),
+    Process("moderation", "processors.moderate_prompt", 6066),
+    Process("scheduling", "processors.schedule_run", 6067),
+    Process("inference", "inference"),
+    Process("persistence", "processors.persist_turn", 6068),
+    Process("metering", "processors.meter_usage", 6069, scales=False),
+    Process("memory", "processors.remember", 6070),
+)
+STAGES = tuple(p.name for p in PROCESSES)
+FAUST_STAGES = tuple(p.name for p in PROCESSES if p.port)
+
+
+def process(name: str) -> Process:
+    for p in PROCESSES:
+        if p.name == name:
+            return p
+    raise KeyError(f"no process {name!r}; one of {', '.join(STAGES)}")
 
 
 class UndeclaredPublish(RuntimeError):

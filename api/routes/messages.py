@@ -4,7 +4,6 @@ rate an answer."""
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import replace
 from typing import Any, Literal
@@ -21,6 +20,7 @@ from api.deps import Deps
 from api.errors import ApiError
 from api.routes.chats import Limit
 from storage.ids import decode_cursor, encode_cursor, epoch_ms, new_id, parse_id
+from topics.clock import now_ms
 from topics.events import Feedback
 from topics.pipeline import FEEDBACK
 
@@ -123,7 +123,7 @@ async def feedback(deps: Deps, user: CurrentUser, chat_id: str, message_id: str,
         "rating": body.rating or "none",
         "comment": body.comment,
         "model": message.model,
-        "at": int(time.time() * 1000),
+        "at": now_ms(),
     }
     await deps.producer.publish(FEEDBACK, event, key=str(parsed))
     log.info("chat %s: answer %s rated %s by %s", chat_id, message.id, event["rating"], user.user_id)

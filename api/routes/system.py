@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -15,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from api.auth import CurrentUser
 from api.deps import Deps
 from api.errors import ApiError
+from topics.clock import now_ms
 
 router = APIRouter()
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -82,7 +82,7 @@ async def usage_report(
 ) -> dict[str, object]:
     """What the usage dashboard draws: totals, time series (tokens, cost, latency percentiles, rejections,
     safety interventions), by tier and model. An admin sees everyone's, or one user's; anyone else their own."""
-    until = until if until is not None else int(time.time() * 1000)
+    until = until if until is not None else now_ms()
     since = since if since is not None else until - 24 * 3_600_000
     if not 0 < until - since <= MAX_REPORT_MS:
         raise ApiError(

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from runtime.settings import REPO_ROOT
+from topics.pipeline import PROCESSES
 
 OURS = {
     "api",
@@ -127,6 +128,8 @@ def closure(source: str) -> tuple[set[Path], set[str]]:
             continue
         files.add(path)
         pending |= imported_names(ast.parse(path.read_text()), name, path.name == "__init__.py")
+        if name == "processors.__main__":  # it imports the module the pipeline declares for the stage it runs
+            pending |= {p.module for p in PROCESSES if p.port}
     return files, third
 
 
@@ -170,7 +173,7 @@ def test_the_image_runs_as_a_user_and_writes_only_to_its_volume():
 
 
 def test_the_closure_follows_lazy_imports_inside_functions():
-    # processors/__main__ imports each stage's module inside build(): the closure must still reach them
+    # processors/__main__ imports the stage's module by its declared name: the closure must still reach them all
     files, third = closure("import processors.__main__")
     reached = {p.relative_to(REPO_ROOT).as_posix() for p in files}
     assert {

@@ -4,6 +4,8 @@ consumers it lists are the stages that read there, and nothing else may read."""
 
 import ast
 import asyncio
+import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -29,16 +31,8 @@ from topics.pipeline import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-# Where each stage's code lives: what it publishes is read from there.
-STAGE_CODE = {
-    "api": ["api"],
-    "moderation": ["processors/moderate_prompt.py"],
-    "scheduling": ["processors/schedule_run.py"],
-    "persistence": ["processors/persist_turn.py"],
-    "metering": ["processors/meter_usage.py"],
-    "memory": ["processors/remember.py"],
-    "inference": ["inference"],
-}
+# Where each process's code lives, from its declared module: what it publishes is read from there.
+STAGE_CODE = {p.name: [p.module.replace(".", "/") + (".py" if "." in p.module else "")] for p in pipeline.PROCESSES}
 
 
 def test_every_topic_has_a_schema_and_known_producers():
@@ -97,28 +91,25 @@ def test_the_declared_producers_of_each_topic_are_the_stages_whose_code_publishe
     assert _published(STAGE_CODE[stage]) == declared
 
 
-FAUST_STAGES = ("moderation", "scheduling", "persistence", "metering", "memory")
+@pytest.mark.parametrize("stage", pipeline.FAUST_STAGES)
+def test_the_declared_consumers_of_each_stream_are_the_topics_of_the_stages_handlers(stage):
+    """A faust stage's HANDLERS name exactly the stream topics declaring it a consumer (the tables it reads are
+    views, checked as they are built: test below), each once."""
+    handlers = importlib.import_module(pipeline.process(stage).module).HANDLERS
+    consumed = [h.topic.name for h in handlers]
+    assert len(consumed) == len(set(consumed))
+    assert set(consumed) == {t.name for t in TOPICS if stage in t.consumers and t.scale != SINGLE}
 
 
-@pytest.mark.parametrize("stage", FAUST_STAGES)
-def test_the_declared_consumers_of_each_stream_are_the_stages_whose_code_consumes_it(stage):
-    """A faust stage's consume(...) calls name exactly the stream topics declaring it a consumer (the tables
-    it reads are views, checked as they are built: test below)."""
-    consumed: set[str] = set()
-    tree = ast.parse((ROOT / STAGE_CODE[stage][0]).read_text())
-    looped = {  # `for topic in (A, B): stage.consume(topic, ...)`
-        n.target.id: set().union(*(_topics_named(e) for e in n.iter.elts))
-        for n in ast.walk(tree)
-        if isinstance(n, ast.For) and isinstance(n.target, ast.Name) and isinstance(n.iter, ast.Tuple)
-    }
-    for node in ast.walk(tree):
-        func = getattr(node, "func", None)
-        if isinstance(node, ast.Call) and isinstance(func, ast.Attribute) and func.attr.startswith("consume"):
-            arg = node.args[0]
-            topics = _topics_named(arg) or (looped.get(arg.id, set()) if isinstance(arg, ast.Name) else set())
-            assert topics, f"{stage}:{node.lineno}: consume() names no pipeline topic"
-            consumed |= topics
-    assert consumed == {t.name for t in TOPICS if stage in t.consumers and t.scale != SINGLE}
+def test_every_process_is_declared_once_with_its_own_port():
+    names = [p.name for p in pipeline.PROCESSES]
+    assert len(names) == len(set(names)) == len(STAGES)
+    ports = [p.port for p in pipeline.PROCESSES if p.port]
+    assert len(ports) == len(set(ports)) == len(pipeline.FAUST_STAGES)
+    for p in pipeline.PROCESSES:
+        assert importlib.util.find_spec(p.module) is not None, p.module
+    with pytest.raises(KeyError, match="no process 'nope'"):
+        pipeline.process("nope")
 
 
 def test_reading_a_topic_the_stage_does_not_consume_fails_before_connecting():
