@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from replay.sse import iter_sse, shown
+from replay.client import ChatClient
 from runtime.window import Read, Window
 from topics.clock import now_ms
 from topics.pipeline import PROMPT_MODERATED
@@ -148,36 +148,25 @@ def judged(checks: Checks, turn: Turn) -> dict[str, bool]:
 
 def send(client: httpx.Client, chat_id: str, content: str, max_tokens: int, model: str | None = None) -> Turn:
     """One turn through the chat API's stream."""
-    turn = Turn()
-    started = time.perf_counter()
-    body: dict[str, Any] = {"content": content, "max_tokens": max_tokens}
-    if model:
-        body["model"] = model
-    with client.stream("POST", f"/v1/chats/{chat_id}/messages", json=body) as response:
-        if response.status_code != 200:
-            turn.error = f"{response.status_code}: {response.read().decode(errors='replace')[:200]}"
-            return turn
-        events = []
-        for event in iter_sse(response.iter_lines()):
-            events.append(event)
-            name, data = event.get("event"), event.get("data") or {}
-            turn.run_id = data.get("run_id", turn.run_id)
-            if name == "token":
-                if not turn.ttft_ms:
-                    turn.ttft_ms = (time.perf_counter() - started) * 1000
-            elif name == "moderation":  # refused before inference, or part of the answer withdrawn ("retract")
-                turn.refused = True
-            elif name == "run.completed":
-                usage = data.get("usage") or {}
-                turn.finish_reason = data.get("finish_reason", "")
-                turn.model = data.get("model") or ""
-                turn.prompt_tokens = usage.get("prompt_tokens", 0)
-                turn.completion_tokens = usage.get("completion_tokens", 0)
-                turn.refused = turn.refused or turn.finish_reason == "content_filter"
-            elif name in ("run.error", "error"):
-                turn.error = json.dumps(data)[:200]
-        turn.answer = shown(events)  # what the user was left with: a retracted part is not the answer
-    return turn
+    body: dict[str, Any] = {"max_tokens": max_tokens} | ({"model": model} if model else {})
+    run = ChatClient(client).send(chat_id, content, **body)
+    if run.status != 200:
+        return Turn(error=f"{run.status}: {json.dumps(run.error)[:200]}")
+    done = run.completed or {}
+    usage = done.get("usage") or {}
+    errors = [e.get("data") for e in run.events if e.get("event") in ("run.error", "error")]
+    return Turn(
+        answer=run.text,  # what the user was left with: a retracted part is not the answer
+        run_id=run.run_id or "",
+        ttft_ms=(run.ttft_s or 0.0) * 1000,
+        finish_reason=done.get("finish_reason", ""),
+        model=done.get("model") or "",
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        completion_tokens=usage.get("completion_tokens", 0),
+        # refused before inference, or part of the answer withdrawn ("retract"), or filtered
+        refused="moderation" in run.names or done.get("finish_reason") == "content_filter",
+        error=json.dumps(errors[-1])[:200] if errors else "",
+    )
 
 
 @dataclass

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -22,9 +22,10 @@ from api.auth import credential
 from infra.stack import Stack
 from infra.topology import CLUSTER, Node
 from registry import client as registry
+from replay.client import ChatClient, Run
 from topics.pipeline import Topic, named
 
-from ..sse import iter_sse, shown
+from ..sse import shown
 
 PORT_BASE = int(os.environ.get("PARLEY_CLUSTER_TEST_PORT_BASE", "28000"))
 
@@ -39,7 +40,8 @@ class Cluster:
 
     def client(self, token: str, replica: int = 0) -> httpx.Client:
         url = f"http://127.0.0.1:{PORT_BASE + 100 * replica}"
-        return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        timeout = httpx.Timeout(60, read=90)
+        return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
 
     def token(self) -> str:
         return credential(f"u-{uuid.uuid4().hex[:8]}", "pro", 3600)
@@ -138,35 +140,30 @@ class Stream:
             if created.status_code != 201:
                 raise AssertionError(f"POST /v1/chats: {created.status_code} {created.text[:300]}")
             self.chat_id = created.json()["id"]
-            body = {"content": self.content, "max_tokens": self.max_tokens}
-            self._read(client, "POST", f"/v1/chats/{self.chat_id}/messages", json=body)
+            self._read(lambda: ChatClient(client).send(self.chat_id, self.content, max_tokens=self.max_tokens))
             deadline = time.monotonic() + 240
             while not self.ended and time.monotonic() < deadline:
                 self.resumes += 1
                 edge = self.cluster.client(self.token, self.resumes % 2)
-                headers = {"Last-Event-ID": self.events[-1]["id"]} if self.events else {}
+                cursor = self.events[-1]["id"] if self.events else None
                 if self.run_id is None:
                     raise AssertionError("the stream broke before it named its run")
-                url = f"/v1/chats/{self.chat_id}/runs/{self.run_id}/events"
-                self._read(edge, "GET", url, headers=headers)
+                self._read(lambda edge=edge, run_id=self.run_id: ChatClient(edge).resume(self.chat_id, run_id, cursor))
                 if not self.ended:
                     time.sleep(0.5)
         except Exception as exc:  # the test reports it
             self.error = f"{type(exc).__name__}: {exc}"
 
-    def _read(self, client: httpx.Client, method: str, url: str, **kwargs) -> None:
+    def _read(self, read: Callable[[], Run]) -> None:
+        """One request's stream (the first, or a resume); a broken one ends early, and is resumed."""
         try:
-            with client.stream(method, url, timeout=httpx.Timeout(60, read=90), **kwargs) as response:
-                if response.status_code != 200:
-                    raise AssertionError(f"{method} {url}: {response.status_code} {response.read()[:300]!r}")
-                for event in iter_sse(response.iter_lines()):
-                    self.events.append(event)
-                    if event.get("event") == "token":
-                        self.token_times.append(time.monotonic())
-                    if event.get("event") in ("run.completed", "error"):
-                        return
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout, httpx.ConnectError):
+            run = read()
+        except (httpx.ReadTimeout, httpx.ConnectError):
             return
+        if run.status != 200:
+            raise AssertionError(f"{run.status} {str(run.error)[:300]}")
+        self.events += run.events
+        self.token_times += run.token_times
 
 
 def wait_for(fn, timeout_s: float = 60.0, interval_s: float = 0.5):

@@ -13,7 +13,7 @@ import pytest
 
 from api.auth import credential
 from api.settings import ApiSettings
-from tests.sse import iter_sse
+from replay.client import ChatClient
 from tests.stack.conftest import forget_topics
 
 from .topology import Topology
@@ -82,10 +82,9 @@ def test_the_compose_topology_serves_a_chat_its_usage_and_the_dashboard(compose)
         chat = client.post("/v1/chats", json={"title": "compose"})
         assert chat.status_code == 201, chat.text
         chat_id = chat.json()["id"]
-        body = {"content": "Say hello in three words.", "max_tokens": 12}
-        with client.stream("POST", f"/v1/chats/{chat_id}/messages", json=body) as response:
-            assert response.status_code == 200, response.read()
-            events = list(iter_sse(response.iter_lines()))
+        answer = ChatClient(client).send(chat_id, "Say hello in three words.", max_tokens=12)
+        assert answer.status == 200, answer.error
+        events = answer.events
         kinds = [e["event"] for e in events]
         assert "token" in kinds and kinds[-1] == "run.completed", kinds
         run_id = events[-1]["data"]["run_id"]

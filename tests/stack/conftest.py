@@ -23,10 +23,9 @@ from api.auth import credential
 from infra.processes import LOCAL
 from infra.stack import Stack
 from registry import client as registry
+from replay.client import ChatClient
 from runtime.kafka import delete_topics
 from topics.pipeline import Topic, named
-
-from ..sse import iter_sse
 
 PORT_BASE = int(os.environ.get("PARLEY_TEST_PORT_BASE", "18000"))
 BOOTSTRAP = "127.0.0.1:9092"
@@ -49,6 +48,10 @@ class Live:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         url = self.url if replica == 0 else f"http://127.0.0.1:{PORT_BASE + 100 * replica}"
         return httpx.Client(base_url=url, headers=headers, timeout=120)
+
+    def chats(self, token: str | None = None, replica: int = 0) -> ChatClient:
+        """The chat client (replay/client.py) of one edge replica."""
+        return ChatClient(self.client(token, replica))
 
     def internal(self) -> httpx.Client:
         """A client of the metering stage's internal pages, with the stack's internal token."""
@@ -115,33 +118,11 @@ def forget_topics(namespace: str) -> None:
         print(f"could not delete the topics of {namespace}: {exc}")
 
 
-def sse_events(response: httpx.Response) -> list[dict]:
-    """Parse an SSE body into [{"event", "id", "data"}] (data JSON-decoded)."""
-    return list(iter_sse(response.iter_lines()))
-
-
-def read_until(response, tokens, on_enough):
-    """Parse SSE events from a live response; once `tokens` tokens arrived call on_enough(events so far), and
-    stop reading if it returns True. Stops at the end or at a broken connection; returns the whole events."""
-    events, fired = [], False
-    try:
-        for event in iter_sse(response.iter_lines()):
-            events.append(event)
-            if not fired and sum(e.get("event") == "token" for e in events) >= tokens:
-                fired = True
-                if on_enough(events):
-                    break
-    except (httpx.RemoteProtocolError, httpx.ReadError):
-        pass
-    return events
-
-
 def chat_turn(client: httpx.Client, chat_id: str, content: str, max_tokens: int = 24) -> list[dict]:
-    with client.stream(
-        "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
-    ) as response:
-        assert response.status_code == 200, response.read()
-        return sse_events(response)
+    """One turn read to its end: its SSE events."""
+    run = ChatClient(client).send(chat_id, content, max_tokens=max_tokens)
+    assert run.status == 200, run.error
+    return run.events
 
 
 def read_topic(name: str, match, timeout_s: float = 20.0, partitions: int | None = None) -> list:

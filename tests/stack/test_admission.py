@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from confluent_kafka import Producer
 
-from tests.stack.conftest import BOOTSTRAP, for_run, read_topic, sse_events, wait_for
+from replay.client import ChatClient
+from tests.stack.conftest import BOOTSTRAP, for_run, read_topic, wait_for
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
 from ..sse import iter_sse
@@ -31,11 +32,8 @@ def post(live, token: str, replica: int = 0, content: str = "Say hello.", **body
     """(status, headers, SSE events or the JSON error) of one message in a new chat."""
     with live.client(token, replica) as client:
         chat = client.post("/v1/chats").json()["id"]
-        with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": content, **body}) as response:
-            if response.status_code != 200:
-                response.read()
-                return response.status_code, response.headers, response.json()
-            return 200, response.headers, sse_events(response)
+        run = ChatClient(client).send(chat, content, **body)
+        return run.status, run.headers, run.error if run.status != 200 else run.events
 
 
 def budget(live, user: str, tier: str) -> dict:
@@ -191,9 +189,9 @@ def test_a_request_the_scheduler_is_too_slow_to_decide_is_kept_and_answered_once
     restart = threading.Timer(15, live.stack.start)  # after the edge's 10 s wait for a decision
     restart.start()
     try:
-        with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": "Say hi.", "max_tokens": 8}) as r:
-            assert r.status_code == 200
-            events = sse_events(r)
+        run = ChatClient(client).send(chat, "Say hi.", max_tokens=8)
+        assert run.status == 200
+        events = run.events
     finally:
         restart.join()
     live.stack.wait_ready()

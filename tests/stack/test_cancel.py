@@ -1,10 +1,11 @@
 """Cancel is an event: the engine stops between decode steps, the partial answer is stored and metered."""
 
+from replay.client import ChatClient
 from topics import codec
 from topics.pipeline import RUN_COMPLETED, RUN_CONTROL
 
 from ..sse import shown
-from .conftest import chat_turn, for_run, read_topic, read_until, wait_for
+from .conftest import chat_turn, for_run, read_topic, wait_for
 
 LONG = "Write a very long, detailed story about a lighthouse keeper and the sea."
 
@@ -14,15 +15,13 @@ def test_cancel_mid_stream_stops_the_run_and_keeps_the_partial_answer(live):
     chat = client.post("/v1/chats").json()
     answers = []
 
-    def cancel_now(events_so_far):
-        run_id = events_so_far[0]["data"]["run_id"]
-        answers.append(client.post(f"/v1/chats/{chat['id']}/runs/{run_id}/cancel"))
-        return False  # keep reading to the end of the stream
+    def cancel_now(run):
+        answers.append(chats.cancel(chat["id"], run.run_id))  # and keep reading to the end of the stream
 
-    with client.stream("POST", f"/v1/chats/{chat['id']}/messages", json={"content": LONG, "max_tokens": 400}) as r:
-        assert r.status_code == 200
-        events = read_until(r, 3, cancel_now)
-    run_id = events[0]["data"]["run_id"]
+    chats = ChatClient(client)
+    streamed = chats.send(chat["id"], LONG, max_tokens=400, when=lambda r: r.tokens >= 3, then=cancel_now)
+    assert streamed.status == 200
+    events, run_id = streamed.events, streamed.run_id
     cancelled = answers[0] if answers else None
     assert cancelled is not None and cancelled.status_code == 202, cancelled and cancelled.text
     done = events[-1]
@@ -66,8 +65,8 @@ def test_cancel_errors(live):
 def test_closing_the_connection_does_not_cancel(live):
     client = live.client(live.token())
     chat = client.post("/v1/chats").json()
-    with client.stream("POST", f"/v1/chats/{chat['id']}/messages", json={"content": LONG, "max_tokens": 48}) as r:
-        run_id = read_until(r, 0, lambda _: True)[0]["data"]["run_id"]  # the first event, then hang up
+    # the first event, then hang up
+    run_id = ChatClient(client).send(chat["id"], LONG, max_tokens=48, when=lambda r: True, then=lambda r: True).run_id
 
     def stored():
         data = client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]

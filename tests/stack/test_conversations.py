@@ -5,7 +5,9 @@ import uuid
 
 from cassandra.cluster import Cluster
 
-from .conftest import chat_turn, read_until, sse_events, wait_for
+from replay.client import ChatClient
+
+from .conftest import chat_turn, wait_for
 
 
 def test_list_is_ordered_by_recent_activity_with_a_cursor(live):
@@ -88,23 +90,21 @@ def test_a_chat_deleted_while_its_answer_is_written_leaves_nothing_behind(live):
     """Deleted mid-answer, or the moment its answer ends (while the stages store and embed it): the stages are
     told of the delete on another topic than the run's, so they may erase before they write; nothing may stay."""
     client = live.client(live.token())
+    chats_api = ChatClient(client)
     chats = []
     for i in range(6):
         chat = client.post("/v1/chats").json()["id"]
         chats.append(chat)
         body = {"content": f"Count to ten, number {i}.", "max_tokens": 24}
-        with client.stream("POST", f"/v1/chats/{chat}/messages", json=body) as response:
-            assert response.status_code == 200
-            deleted = []
-            if i % 2 == 0:  # mid-answer, at its first token event (the coalescer may send a short one in one)
+        deleted = []
 
-                def delete(_events, chat=chat, deleted=deleted):
-                    deleted.append(client.delete(f"/v1/chats/{chat}").status_code)
-                    return False  # read on to the end: the run goes on in the pipeline
+        def delete(_run, chat=chat, deleted=deleted):
+            deleted.append(client.delete(f"/v1/chats/{chat}").status_code)  # read on to the end: the run goes on
 
-                events = read_until(response, 1, delete)
-            else:
-                events = sse_events(response)
+        # mid-answer, at its first token event (the coalescer may send a short one in one)
+        run = chats_api.send(chat, body["content"], max_tokens=body["max_tokens"], then=delete if i % 2 == 0 else None)
+        assert run.status == 200
+        events = run.events
         assert events[-1]["event"] == "run.completed", events[-1]
         if i % 2:  # the moment it ended
             deleted.append(client.delete(f"/v1/chats/{chat}").status_code)

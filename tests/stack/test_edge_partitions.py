@@ -8,8 +8,10 @@ import threading
 
 import httpx
 
+from replay.client import ChatClient
+
 from ..sse import shown
-from .conftest import PORT_BASE, read_until, sse_events, wait_for
+from .conftest import PORT_BASE, wait_for
 
 
 def owned(replica: int) -> list[int] | None:
@@ -34,19 +36,14 @@ def test_replicas_split_the_reply_partitions_and_one_takes_over_a_dead_ones(live
         taken = wait_for(lambda: set(owned(0) or ()) == total, 90, 0.5)
         assert taken, f"edge 0 holds {owned(0)} after edge 1 died"
         # A long answer streams on edge 0 while edge 1 comes back and the group moves partitions under it.
-        with edge0.stream(
-            "POST",
-            f"/v1/chats/{chat['id']}/messages",
-            json={"content": "Write a long story about a lighthouse keeper and a storm.", "max_tokens": 400},
-        ) as response:
-            assert response.status_code == 200
-            restarted = threading.Thread(target=lambda: (live.stack.start(), live.stack.wait_ready()))
-
-            def bring_back(_events):
-                restarted.start()  # edge 1 joins the group: a rebalance while this stream runs
-                return False  # and keep reading
-
-            events = read_until(response, 3, bring_back)
+        restarted = threading.Thread(target=lambda: (live.stack.start(), live.stack.wait_ready()))
+        story = "Write a long story about a lighthouse keeper and a storm."
+        # at the third token edge 1 joins the group: a rebalance while this stream runs, read on to its end
+        run = ChatClient(edge0).send(
+            chat["id"], story, max_tokens=400, when=lambda r: r.tokens >= 3, then=lambda _: restarted.start()
+        )
+        assert run.status == 200
+        events = run.events
         restarted.join(120)
     finally:
         if "api-1" not in live.stack.pids():
@@ -67,6 +64,5 @@ def test_replicas_split_the_reply_partitions_and_one_takes_over_a_dead_ones(live
 
     # the replica that came back serves new runs on its own partitions
     edge1 = live.client(token, 1)
-    with edge1.stream("POST", f"/v1/chats/{chat['id']}/messages", json={"content": "Say hi.", "max_tokens": 8}) as r:
-        again = sse_events(r)
+    again = ChatClient(edge1).send(chat["id"], "Say hi.", max_tokens=8).events
     assert again[-1]["event"] == "run.completed" and int(again[-1]["id"].split(":")[1]) in second

@@ -11,11 +11,12 @@ import fastavro
 import httpx
 from confluent_kafka import Producer
 
+from replay.client import ChatClient
 from topics import codec
 from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
 from ..sse import shown
-from .conftest import chat_turn, for_run, read_topic, read_until, wait_for
+from .conftest import chat_turn, for_run, read_topic, wait_for
 
 SMALL = ("inference-small-0", "inference-small-1")
 
@@ -99,20 +100,16 @@ def test_a_killed_consumers_run_is_continued_by_another_with_no_duplicated_text(
         chat = client.post("/v1/chats").json()["id"]
         killed = {}
 
-        def kill_holder(events):
+        def kill_holder(run):
             name = wait_for(lambda: holder(live), 5)
-            if name and not any(e["event"] == "run.completed" for e in events):
-                killed["name"], killed["tokens"] = name, sum(e["event"] == "token" for e in events)
-                os.kill(live.worker(name)[1], signal.SIGKILL)
-            return False  # keep reading: the stream must go on
+            if name and run.completed is None:
+                killed["name"], killed["tokens"] = name, run.tokens
+                os.kill(live.worker(name)[1], signal.SIGKILL)  # and keep reading: the stream must go on
 
-        with client.stream(
-            "POST",
-            f"/v1/chats/{chat}/messages",
-            json={"content": "Write a long story about a lighthouse keeper and a storm.", "max_tokens": 400},
-        ) as r:
-            assert r.status_code == 200
-            events = read_until(r, 4, kill_holder)
+        story = "Write a long story about a lighthouse keeper and a storm."
+        run = ChatClient(client).send(chat, story, max_tokens=400, when=lambda r: r.tokens >= 4, then=kill_holder)
+        assert run.status == 200
+        events = run.events
         if killed:
             break
     assert killed, "no run was in flight to kill"

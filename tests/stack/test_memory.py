@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 from admission.limits import BACKGROUND_PRIORITY
 from processors import remember
 from processors.settings import ProcessorSettings
+from replay.client import ChatClient
 from runtime.settings import DEFAULT_POOLS
 from safety.encoder import Encoder
 from storage.conversations import Conversations
@@ -20,7 +21,6 @@ from storage.memory import Memory
 from topics import codec
 from topics.pipeline import MEMORY_CHANGED, PROMPT_ACCEPTED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
-from ..sse import iter_sse
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
 
 FACT = "My cat is called Pepperoni and she is eleven years old."
@@ -325,17 +325,15 @@ def test_a_background_run_gives_the_engine_to_a_reply_and_waits_for_the_next_idl
     assert stopped["served_by"] == answered["served_by"]
 
     # A background run read while a reply is in the engine starts only after that reply ends.
-    with client.stream(
-        "POST", f"/v1/chats/{chat_id}/messages", json={"content": "Tell me about Paris.", "max_tokens": 48}
-    ) as response:
-        events = iter_sse(response.iter_lines())
-        for event in events:
-            if isinstance(event.get("data"), dict) and "run_id" in event["data"]:
-                reply2_id = event["data"]["run_id"]
-            if event.get("event") == "run.started":
-                break
-        later = background("Write a short poem about the sea.")
-        rest = [event["event"] for event in events if "event" in event]
+    asked = []
+    reply2 = ChatClient(client).send(
+        chat_id,
+        "Tell me about Paris.",
+        max_tokens=48,
+        when=lambda r: "run.started" in r.names,
+        then=lambda _: asked.append(background("Write a short poem about the sea.")),
+    )
+    rest, reply2_id, later = reply2.names, reply2.run_id, asked[0]
     assert rest[-1] == "run.completed", rest
     done_later = wait_for(lambda: completion(later), timeout_s=120)
     answered2 = completion(reply2_id)

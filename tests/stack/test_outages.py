@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from infra.processes import LOCAL, sh
+from replay.client import ChatClient, Run
 
-from ..sse import iter_sse
-from .conftest import sse_events, wait_for
+from .conftest import wait_for
 
 
 def service_pid(script: str) -> int:
@@ -74,10 +74,12 @@ class Burst:
     unclear: list[str] = field(default_factory=list)  # any other answer
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def refuse(self, response: httpx.Response) -> None:
-        self.refused.append((response.status_code, response.headers.get("retry-after", "")))
-        if not (response.status_code in (429, 503) and response.headers.get("retry-after")):
-            self.unclear.append(f"{response.request.method} {response.request.url.path}: {response.text[:200]}")
+    def refuse(self, response: httpx.Response | Run) -> None:
+        status = response.status_code if isinstance(response, httpx.Response) else response.status
+        self.refused.append((status, response.headers.get("retry-after", "")))
+        if not (status in (429, 503) and response.headers.get("retry-after")):
+            said = response.text[:200] if isinstance(response, httpx.Response) else str(response.error)[:200]
+            self.unclear.append(f"{status}: {said}")
         time.sleep(0.2)
 
     def create(self, worker: int) -> None:
@@ -114,20 +116,19 @@ class Burst:
                 continue
             n += 1
             question = f"Say the word number {worker}-{n}."
-            body = {"content": question, "max_tokens": 8}
             events: list[dict] = []
             try:
-                with replicas.client.stream("POST", f"/v1/chats/{chat}/messages", json=body) as response:
-                    if response.status_code != 200:
-                        response.read()
-                        # A 429 may come from the scheduler, after the prompt is in the log: then its code
-                        self.sent[(chat, question)] = f"refused:{response.json()['error'].get('code') or ''}"
-                        self.refuse(response)
-                        continue
-                    for event in iter_sse(response.iter_lines()):
-                        events.append(event)
+                answer = ChatClient(replicas.client).send(chat, question, max_tokens=8)
+                if answer.status != 200:
+                    # A 429 may come from the scheduler, after the prompt is in the log: then its code
+                    self.sent[(chat, question)] = f"refused:{answer.error['error'].get('code') or ''}"
+                    self.refuse(answer)
+                    continue
+                events = answer.events
+                if answer.dropped:
+                    replicas.switch()  # the stream broke: resumed from the log after the fault
             except httpx.HTTPError:
-                replicas.switch()  # the stream broke: resumed from the log after the fault
+                replicas.switch()  # no answer at all
             if not events:  # cut off before the answer began: it may or may not have been taken
                 self.sent[(chat, question)] = "unknown"
                 continue
@@ -178,9 +179,9 @@ class Burst:
 
         for run in self.broken:  # a broken stream resumes from the log, on any replica, and ends
             chat = next(c for (c, _), r in self.sent.items() if r == run)
-            with client.stream("GET", f"/v1/chats/{chat}/runs/{run}/events") as response:
-                assert response.status_code == 200
-                events = sse_events(response)
+            resumed = ChatClient(client).resume(chat, run)
+            assert resumed.status == 200
+            events = resumed.events
             assert events[-1]["event"] == "run.completed", (run, [e["event"] for e in events][-3:], events[-1]["data"])
             assert sum(e["event"] == "run.completed" for e in events) == 1
 

@@ -15,11 +15,12 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from replay.client import ChatClient
 from safety.policy import Policy, decide
 from storage.session import connect_session
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, SAFETY_POLICIES, dead_letter_name
 
-from .conftest import BOOTSTRAP, PORT_BASE, chat_turn, sse_events, wait_for
+from .conftest import BOOTSTRAP, PORT_BASE, chat_turn, wait_for
 
 STRICT = {
     "version": "strict-test",
@@ -263,9 +264,9 @@ def test_rated_answers_export_with_their_context_and_regenerates_become_preferen
         assert answer.status_code == 202, answer.text
 
     rate(first_run, "down")  # a bad answer, then the same question answered again
-    with client.stream("POST", f"/v1/chats/{chat}/runs/{first_run}/regenerate", json={"max_tokens": 8}) as response:
-        assert response.status_code == 200
-        second_run = next(e["data"]["run_id"] for e in sse_events(response) if e["event"] == "run.completed")
+    regenerated = ChatClient(client).regenerate(chat, first_run, max_tokens=8)
+    assert regenerated.status == 200 and regenerated.completed is not None
+    second_run = regenerated.run_id
     rate(second_run, "up")
     time.sleep(1)
     out = parley(live, "export", "feedback", "--since", "10m").stdout

@@ -5,15 +5,16 @@ import random
 import signal
 import threading
 
+from replay.client import ChatClient
+
 from ..sse import shown
-from .conftest import chat_turn, read_until, sse_events, wait_for
+from .conftest import chat_turn, wait_for
 
 
 def replay(client, chat_id, run_id, last_event_id=None):
-    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-    with client.stream("GET", f"/v1/chats/{chat_id}/runs/{run_id}/events", headers=headers) as response:
-        assert response.status_code == 200, response.read()
-        return sse_events(response)
+    run = ChatClient(client).resume(chat_id, run_id, last_event_id)
+    assert run.status == 200, run.error
+    return run.events
 
 
 def offsets(events):
@@ -35,13 +36,13 @@ def test_a_dropped_stream_resumes_on_another_replica_with_no_gap_and_no_duplicat
     edge0, edge1 = live.client(token, 0), live.client(token, 1)
     chat = edge0.post("/v1/chats").json()
 
-    with edge0.stream(
-        "POST",
-        f"/v1/chats/{chat['id']}/messages",
-        json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 160},
-    ) as r:
-        assert r.status_code == 200
-        first_part = read_until(r, 3, lambda _: True)  # read a few events, then drop the connection mid-answer
+    story = "Write a long story about a lighthouse keeper."
+    # read a few events, then drop the connection mid-answer
+    dropped = ChatClient(edge0).send(
+        chat["id"], story, max_tokens=160, when=lambda r: r.tokens >= 3, then=lambda _: True
+    )
+    assert dropped.status == 200
+    first_part = dropped.events
     assert [e["event"] for e in first_part[:2]] == ["run.queued", "run.started"]
     run_id = first_part[0]["data"]["run_id"]
 
@@ -89,13 +90,17 @@ def test_kill_9_of_the_edge_mid_stream_resumes_on_another_replica_byte_identical
     chat = edge1.post("/v1/chats").json()
     victim = live.stack.pids()["api-1"]
     stop_at = random.randint(1, 6)  # a random token
-    with edge1.stream(
-        "POST",
-        f"/v1/chats/{chat['id']}/messages",
-        json={"content": "Write a long story about a lighthouse keeper.", "max_tokens": 120},
-    ) as r:
-        assert r.status_code == 200
-        before = read_until(r, stop_at, lambda _: os.kill(victim, signal.SIGKILL))  # then read on until it breaks
+    story = "Write a long story about a lighthouse keeper."
+    # kill the edge at a random token, then read on until the stream breaks
+    killed = ChatClient(edge1).send(
+        chat["id"],
+        story,
+        max_tokens=120,
+        when=lambda r: r.tokens >= stop_at,
+        then=lambda _: os.kill(victim, signal.SIGKILL),
+    )
+    assert killed.status == 200
+    before = killed.events
     assert not any(e["event"] == "run.completed" for e in before), "the edge died mid-answer"
     run_id = before[0]["data"]["run_id"]
 

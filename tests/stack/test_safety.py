@@ -8,12 +8,13 @@ import contextlib
 import httpx
 import pytest
 
+from replay.client import ChatClient
 from safety.moderator import Moderator
 from safety.policy import BUILTIN
 from topics import codec
 from topics.pipeline import OUTPUT_MODERATED, PROMPT_MODERATED, RUN_SCHEDULED
 
-from .conftest import chat_turn, for_run, read_topic, sse_events, wait_for
+from .conftest import chat_turn, for_run, read_topic, wait_for
 
 TIER = "enterprise"
 
@@ -160,8 +161,7 @@ def test_a_streamed_answer_that_breaks_the_policy_is_cut_at_the_engine_and_retra
         20,
     )
     assert stored and stored[0]["content"] == ""  # the retracted text was never stored
-    with client.stream("GET", f"/v1/chats/{chat['id']}/runs/{run_id}/events") as response:
-        replayed = [e["event"] for e in sse_events(response)]
+    replayed = ChatClient(client).resume(chat["id"], run_id).names
     assert "moderation" in replayed  # a reconnecting client gets the retraction too
 
 
