@@ -39,7 +39,7 @@ from measure import pct  # noqa: E402
 
 from api.auth import credential  # noqa: E402
 from infra.stack import POOL_SLOTS, Stack  # noqa: E402
-from replay.sse import aiter_sse  # noqa: E402
+from replay.client import AsyncChatClient, Run, first_token  # noqa: E402
 
 PORT_BASE = 19200
 MAX_TOKENS = 32
@@ -97,30 +97,29 @@ async def one(
 async def _one(client: httpx.AsyncClient, url: str, user: str, tier: str, content: str, chat: str) -> dict[str, Any]:
     """One chat message: decision latency, TTFT, tokens, outcome."""
     headers = {"Authorization": f"Bearer {token(user, tier)}"}
-    out: dict[str, Any] = {"user": user, "tier": tier}
-    started = time.perf_counter()
-    body = {"content": content, "max_tokens": MAX_TOKENS}
-    async with client.stream("POST", f"{url}/v1/chats/{chat}/messages", headers=headers, json=body) as response:
-        out["decided_ms"] = (time.perf_counter() - started) * 1000
-        out["status"] = response.status_code
-        if response.status_code != 200:
-            out["code"] = json.loads(await response.aread())["error"]["code"]
-            return out
-        async for sse in aiter_sse(response.aiter_lines()):
-            event, data = sse.get("event"), sse.get("data")
-            if event and isinstance(data, dict):
-                if event == "run.queued":
-                    out["degraded"] = data.get("degraded_from") is not None
-                elif event == "run.started":
-                    out["started_ms"] = (time.perf_counter() - started) * 1000
-                elif event == "token" and "ttft_ms" not in out:
-                    out["ttft_ms"] = (time.perf_counter() - started) * 1000
-                elif event == "run.completed":
-                    usage = data["usage"]
-                    out["tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                    out["completion_tokens"] = usage["completion_tokens"]
-                elif event == "error":
-                    out["code"] = data["code"]
+    started_at: list[float] = []
+
+    def started(run: Run) -> None:
+        started_at.append(time.perf_counter() - run.started)
+
+    chats = AsyncChatClient(client, base=url, headers=headers)
+    run = await chats.send(chat, content, max_tokens=MAX_TOKENS, when=lambda r: "run.started" in r.names, then=started)
+    out: dict[str, Any] = {"user": user, "tier": tier, "decided_ms": run.headers_s * 1000, "status": run.status}
+    if run.code:
+        out["code"] = run.code
+    if run.status != 200:
+        return out
+    queued = next((e["data"] for e in run.events if e.get("event") == "run.queued"), None)
+    if queued is not None:
+        out["degraded"] = queued.get("degraded_from") is not None
+    if started_at:
+        out["started_ms"] = started_at[0] * 1000
+    if run.ttft_s is not None:
+        out["ttft_ms"] = run.ttft_s * 1000
+    if (done := run.completed) is not None:
+        usage = done["usage"]
+        out["tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        out["completion_tokens"] = usage["completion_tokens"]
     return out
 
 
@@ -192,20 +191,14 @@ async def engine_ttft(
 async def _engine_ttft(
     client: httpx.AsyncClient, url: str, headers: dict[str, str], text: str, to_end: bool
 ) -> float | None:
-    body = {"messages": [{"role": "user", "content": text}], "max_tokens": MAX_TOKENS, "stream": True}
-    started, first = time.perf_counter(), None
-    async with client.stream("POST", f"{url}/v1/chat/completions", headers=headers, json=body) as response:
-        async for sse in aiter_sse(response.aiter_lines()):
-            chunk = sse.get("data")
-            if (
-                first is None
-                and isinstance(chunk, dict)
-                and ((chunk.get("choices") or [{}])[0].get("delta") or {}).get("content")
-            ):
-                first = (time.perf_counter() - started) * 1000
-                if not to_end:
-                    break
-    return first
+    engine = AsyncChatClient(client, base=url, headers=headers)
+    stop = None if to_end else hang_up
+    run = await engine.complete([{"role": "user", "content": text}], max_tokens=MAX_TOKENS, when=first_token, then=stop)
+    return run.ttft_s * 1000 if run.ttft_s is not None else None
+
+
+def hang_up(run: Run) -> bool:
+    return True
 
 
 async def engine_floor(stack: Stack, n: int) -> dict[str, Any]:

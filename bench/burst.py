@@ -34,37 +34,31 @@ from measure import summary  # noqa: E402
 from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
 from infra.traces import spans  # noqa: E402
-from replay.sse import aiter_sse  # noqa: E402
+from replay.client import AsyncChatClient  # noqa: E402
 
 REQUESTS, USERS, IN_FLIGHT, MAX_TOKENS, PRO_AFTER_S = 200, 10, 63, 200, 1.0
 QUESTION = "Write a long story about a lighthouse keeper and the sea, with many details."
 
 
+def chats(client: httpx.AsyncClient, token: str) -> AsyncChatClient:
+    return AsyncChatClient(client, headers={"Authorization": f"Bearer {token}"})
+
+
 async def new_chat(client: httpx.AsyncClient, token: str) -> str:
-    headers = {"Authorization": f"Bearer {token}"}
-    return str((await client.post("/v1/chats", headers=headers, json={"title": "burst"})).json()["id"])
+    return await chats(client, token).new_chat(title="burst")
 
 
 async def send(client: httpx.AsyncClient, token: str, chat: str, content: str, max_tokens: int) -> dict[str, Any]:
     """One message: status, decision time (request to status line), TTFT, error code."""
-    headers = {"Authorization": f"Bearer {token}"}
-    out: dict[str, Any] = {}
-    started = time.perf_counter()
-    body = {"content": content, "max_tokens": max_tokens}
     try:
-        async with client.stream("POST", f"/v1/chats/{chat}/messages", headers=headers, json=body) as response:
-            out["decided_ms"] = (time.perf_counter() - started) * 1000
-            out["status"] = response.status_code
-            if response.status_code != 200:
-                out["code"] = json.loads(await response.aread())["error"]["code"]
-                return out
-            async for sse in aiter_sse(response.aiter_lines()):
-                if sse.get("event") == "token" and "ttft_ms" not in out:
-                    out["ttft_ms"] = (time.perf_counter() - started) * 1000
-                if sse.get("event") == "error":
-                    out["code"] = (sse.get("data") or {}).get("code")
+        run = await chats(client, token).send(chat, content, max_tokens=max_tokens)
     except httpx.HTTPError as exc:
-        out.update(status=0, code=type(exc).__name__)
+        return {"status": 0, "code": type(exc).__name__}
+    out: dict[str, Any] = {"decided_ms": run.headers_s * 1000, "status": run.status}
+    if run.ttft_s is not None:
+        out["ttft_ms"] = run.ttft_s * 1000
+    if run.code:
+        out["code"] = run.code
     return out
 
 

@@ -40,6 +40,7 @@ from api.auth import credential
 from infra.stack import Stack
 from infra.topology import CLUSTER, SINGLE_NODE, Topology
 from processors.settings import ProcessorSettings
+from replay.client import ChatClient
 from topics.pipeline import TOKEN_DELTA, named
 
 PORT_BASE = 19600  # below the ephemeral ports (32768+): a client socket once held the edge's 38100
@@ -132,16 +133,13 @@ class Streams:
         while self._running:
             outcome = "broken"
             try:
-                created = client.post("/v1/chats")
-                created.raise_for_status()
-                body = {"content": STORY, "max_tokens": 200}
-                with client.stream("POST", f"/v1/chats/{created.json()['id']}/messages", json=body) as response:
-                    response.raise_for_status()
-                    for line in response.iter_lines():
-                        if line == "event: token":
-                            self.tokens[i].append(time.monotonic())
-                        elif line in ("event: run.completed", "event: error"):
-                            outcome = line[7:]
+                chats = ChatClient(client)
+                run = chats.send(chats.new_chat(), STORY, max_tokens=200)
+                self.tokens[i] += run.token_times
+                if run.status != 200:
+                    outcome = f"refused {run.status}"
+                elif run.names and run.names[-1] in ("run.completed", "error"):
+                    outcome = run.names[-1]
             except httpx.HTTPStatusError as exc:
                 outcome = f"refused {exc.response.status_code}"
             except httpx.HTTPError as exc:
@@ -228,13 +226,10 @@ def broker_kills(stack: Stack, kills: int, window_s: float = 90.0) -> dict[str, 
 
 def stored_turn(client: httpx.Client) -> None:
     """One chat turn, returning once both of its messages are stored; raises httpx.HTTPError on a refusal."""
-    created = client.post("/v1/chats")
-    created.raise_for_status()
-    chat = created.json()["id"]
-    with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": "Say hi.", "max_tokens": 8}) as r:
-        r.raise_for_status()
-        for _ in r.iter_lines():
-            pass
+    chats = ChatClient(client)
+    chat = chats.new_chat()
+    if (run := chats.send(chat, "Say hi.", max_tokens=8)).status != 200:
+        raise httpx.HTTPError(f"chat {chat}: refused {run.status}")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         listed = client.get(f"/v1/chats/{chat}/messages")

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
+from replay.client import ChatClient  # noqa: E402
 
 PORT_BASE = 19400
 SHORT = "Say hello in one short sentence."
@@ -60,15 +61,11 @@ def median(values: list[float]) -> float:
 def api_first_token_ms(client: httpx.Client) -> tuple[float, float]:
     """(ms from creating the chat, ms from sending the message) to the first token event."""
     created = time.perf_counter()
-    chat = client.post("/v1/chats").json()["id"]
-    sent = time.perf_counter()
-    first = None
-    with client.stream("POST", f"/v1/chats/{chat}/messages", json={"content": SHORT}) as response:
-        for line in response.iter_lines():
-            if first is None and line == "event: token":
-                first = time.perf_counter()
-    assert first is not None, "no token"
-    return (first - created) * 1000, (first - sent) * 1000
+    chats = ChatClient(client)
+    run = chats.send(chats.new_chat(), SHORT)
+    assert run.ttft_s is not None, "no token"
+    first = run.started + run.ttft_s
+    return (first - created) * 1000, run.ttft_s * 1000
 
 
 def wait_answer(page: Any, ok: Any, timeout_s: float = 120.0) -> dict[str, Any]:

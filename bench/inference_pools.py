@@ -34,7 +34,7 @@ from tqdm import tqdm
 from api.auth import credential
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
-from replay.sse import aiter_sse
+from replay.client import AsyncChatClient
 
 TOPICS = [
     "a lighthouse keeper",
@@ -62,48 +62,25 @@ def prompt(i: int) -> str:
 
 async def via_pipeline(api: httpx.AsyncClient, content: str, max_tokens: int) -> tuple[float, float, int]:
     """(send time, TTFT s, completion tokens) of one new chat's first turn."""
-    chat = (await api.post("/v1/chats")).json()["id"]
-    sent = time.perf_counter()
-    first, tokens, event = None, 0, ""
-    async with api.stream(
-        "POST", f"/v1/chats/{chat}/messages", json={"content": content, "max_tokens": max_tokens}
-    ) as response:
-        async for sse in aiter_sse(response.aiter_lines()):
-            event = sse.get("event")
-            if event == "token" and first is None:
-                first = time.perf_counter() - sent
-            elif event == "run.completed":
-                tokens = sse["data"]["usage"]["completion_tokens"]
-            elif event == "error":
-                raise RuntimeError(sse)
-    assert first is not None
-    return sent, first, tokens
+    chats = AsyncChatClient(api)
+    run = await chats.send(await chats.new_chat(), content, max_tokens=max_tokens)
+    if run.code or run.ttft_s is None:
+        raise RuntimeError(run.error or run.events[-1:])
+    return run.started, run.ttft_s, (run.usage or {}).get("completion_tokens", 0)
 
 
 async def direct(
     engine: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int
 ) -> tuple[float, float, int]:
-    body = {
-        "model": "smollm2-135m-instruct",
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "temperature": 0.7,
-        "stream_options": {"include_usage": True},
-    }
-    sent = time.perf_counter()
-    first, tokens = None, 0
-    async with engine.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        async for sse in aiter_sse(response.aiter_lines()):
-            chunk = sse.get("data")
-            if not isinstance(chunk, dict):  # [DONE]
-                continue
-            if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
-                first = time.perf_counter() - sent
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    assert first is not None
-    return sent, first, tokens
+    run = await AsyncChatClient(engine, base=url).complete(
+        messages,
+        model="smollm2-135m-instruct",
+        max_tokens=max_tokens,
+        temperature=0.7,
+        stream_options={"include_usage": True},
+    )
+    assert run.ttft_s is not None
+    return run.started, run.ttft_s, (run.usage or {}).get("completion_tokens", 0)
 
 
 async def one_round(runs: list) -> dict:
@@ -174,27 +151,10 @@ def conversation(nonce: str, turns: int) -> list[dict]:
 
 
 async def openai_turn(api: httpx.AsyncClient, messages: list[dict]) -> dict:
-    body = {
-        "model": "smollm2-135m-instruct-8k",
-        "messages": messages,
-        "max_tokens": 24,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    sent = time.perf_counter()
-    first, usage, text = None, None, ""
-    async with api.stream("POST", "/v1/chat/completions", json=body) as response:
-        async for sse in aiter_sse(response.aiter_lines()):
-            chunk = sse.get("data")
-            if not isinstance(chunk, dict):  # [DONE]
-                continue
-            for choice in chunk.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    text += piece
-                    if first is None:
-                        first = time.perf_counter() - sent
-            usage = chunk.get("usage") or usage
+    run = await AsyncChatClient(api).complete(
+        messages, model="smollm2-135m-instruct-8k", max_tokens=24, stream_options={"include_usage": True}
+    )
+    first, usage, text = run.ttft_s, run.usage, run.text
     assert first is not None and usage is not None, "no answer"
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {

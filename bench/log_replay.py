@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
 from registry import client as registry  # noqa: E402
-from replay.sse import iter_sse  # noqa: E402
+from replay.client import ChatClient  # noqa: E402
 from runtime.kafka import ensure_topics, producer_config  # noqa: E402
 from runtime.window import Window  # noqa: E402
 from storage import history  # noqa: E402
@@ -50,14 +50,9 @@ DAY_MS = 86_400_000
 
 def turn(client: httpx.Client, text: str, max_tokens: int = 8) -> str:
     """One chat turn; its run id if it completed, else "" (refused at the door or by the scheduler)."""
-    chat = client.post("/v1/chats").json()["id"]
-    body = {"content": text, "max_tokens": max_tokens}
-    run_id, completed = "", False
-    with client.stream("POST", f"/v1/chats/{chat}/messages", json=body) as response:
-        for event in iter_sse(response.iter_lines()):
-            run_id = run_id or (event.get("data") or {}).get("run_id", "")
-            completed = completed or event.get("event") == "run.completed"
-    return run_id if completed else ""
+    chats = ChatClient(client)
+    run = chats.send(chats.new_chat(), text, max_tokens=max_tokens)
+    return run.run_id or "" if run.completed is not None else ""
 
 
 def minted(at_ms: int) -> str:

@@ -32,7 +32,7 @@ from api.auth import credential
 from conversation import tokens
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
-from replay.sse import iter_sse
+from replay.client import ChatClient
 from runtime.settings import DEFAULT_POOLS
 from safety.replay import events
 from topics.pipeline import RUN_COMPLETED, RUN_SCHEDULED, Topic
@@ -107,17 +107,11 @@ def script(turns: int, rng: random.Random) -> list[tuple[str, int | None]]:
 
 def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> tuple[float, str]:
     """(TTFT ms at the client, run id) of one turn."""
-    started, first, run_id = time.perf_counter(), None, ""
-    with client.stream(
-        "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
-    ) as response:
-        response.raise_for_status()
-        for sse in iter_sse(response.iter_lines()):
-            if sse.get("event") == "token" and first is None:
-                first = time.perf_counter()
-            elif not run_id and isinstance(sse.get("data"), dict):
-                run_id = sse["data"].get("run_id", "")
-    return ((first or time.perf_counter()) - started) * 1000, run_id
+    run = ChatClient(client).send(chat_id, content, max_tokens=max_tokens)
+    if run.status != 200:
+        raise RuntimeError(f"{run.status}: {run.error}")
+    ttft_s = run.ttft_s if run.ttft_s is not None else time.perf_counter() - run.started
+    return ttft_s * 1000, run.run_id or ""
 
 
 BOOTSTRAP = "127.0.0.1:9092"

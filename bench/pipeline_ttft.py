@@ -49,7 +49,7 @@ from infra import traces
 from infra.stack import Stack
 from processors.settings import ProcessorSettings
 from registry import client as registry
-from replay.sse import iter_sse
+from replay.client import ChatClient
 from topics import codec
 from topics.pipeline import (
     PROMPT_ACCEPTED,
@@ -84,24 +84,13 @@ def engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_tokens
 
 
 def _engine_ttft(client: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> float:
-    body = {
-        "model": "smollm2-135m-instruct",
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "temperature": 0.7,
-    }
-    started = time.perf_counter()
-    first = None
-    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        for sse in iter_sse(response.iter_lines()):  # read to the end, as the pipeline's consumer does
-            if first is None and isinstance(chunk := sse.get("data"), dict):
-                choices = chunk.get("choices") or [{}]
-                if (choices[0].get("delta") or {}).get("content"):
-                    first = time.perf_counter() - started
-    if first is None:
+    # read to the end, as the pipeline's consumer does
+    run = ChatClient(client, base=url).complete(
+        messages, model="smollm2-135m-instruct", max_tokens=max_tokens, temperature=0.7
+    )
+    if run.ttft_s is None:
         raise RuntimeError("engine produced no token")
-    return first * 1000
+    return run.ttft_s * 1000
 
 
 @dataclass
@@ -116,20 +105,12 @@ class Sent:
 
 def pipeline_ttft(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> Sent:
     sent_ms = time.time() * 1000
-    started = time.perf_counter()
-    first, first_ms, run_id = None, 0.0, ""
-    with client.stream(
-        "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
-    ) as response:
-        for sse in iter_sse(response.iter_lines()):
-            if sse.get("event") == "run.started":
-                run_id = sse["data"]["run_id"]
-            if first is None and sse.get("event") == "token":
-                first = time.perf_counter() - started
-                first_ms = time.time() * 1000
-    if first is None:
+    run = ChatClient(client).send(chat_id, content, max_tokens=max_tokens)
+    if run.ttft_s is None or not run.token_times:
         raise RuntimeError("pipeline produced no token")
-    return Sent(first * 1000, run_id, sent_ms, first_ms)
+    # the token's epoch ms: the monotonic clock's reading carried over to the wall clock of this process
+    first_ms = (time.time() - (time.monotonic() - run.token_times[0])) * 1000
+    return Sent(run.ttft_s * 1000, run.run_id or "", sent_ms, first_ms)
 
 
 def log_records(bootstrap: str, namespace: str, topics: list[Topic[Any]]) -> dict[str, list[tuple[dict, float]]]:

@@ -21,9 +21,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 from tqdm import tqdm
@@ -35,31 +33,22 @@ from measure import pct  # noqa: E402
 
 from api.auth import credential  # noqa: E402
 from infra.stack import Stack  # noqa: E402
-from replay.sse import iter_sse  # noqa: E402
+from replay.client import ChatClient, Run  # noqa: E402
 
 PORT_BASE = 19000
 LONG = "Write a very long, detailed story about a lighthouse keeper and the sea."
 
 
-def events(lines: Iterator[str], until_tokens: int | None = None) -> list[dict[str, Any]]:
-    """SSE events from a response's line iterator (reading can go on later from the same iterator)."""
-    found: list[dict[str, Any]] = []
-    for event in iter_sse(lines):
-        found.append(event)
-        if until_tokens is not None and sum(e.get("event") == "token" for e in found) >= until_tokens:
-            return found
-    return found
+def hang_up(run: Run) -> bool:
+    return True
 
 
-def first_event_after(client: httpx.Client, url: str, cursor: str | None) -> float:
+def first_event_after(chats: ChatClient, chat: str, run: str | None, cursor: str | None) -> float:
     """Milliseconds from sending the reconnect to receiving its first event."""
-    headers = {"Last-Event-ID": cursor} if cursor else {}
-    started = time.perf_counter()
-    with client.stream("GET", url, headers=headers) as response:
-        for line in response.iter_lines():
-            if line.startswith("event:"):
-                return (time.perf_counter() - started) * 1000
-    raise RuntimeError("the resumed stream had no event")
+    resumed = chats.resume(chat, run or "", cursor, when=lambda r: True, then=hang_up)
+    if resumed.first_s is None:
+        raise RuntimeError("the resumed stream had no event")
+    return resumed.first_s * 1000
 
 
 def slots_busy(llama: str, headers: dict[str, str]) -> bool:
@@ -78,44 +67,45 @@ def main() -> None:
         auth = {"Authorization": f"Bearer {token}"}
         edge0 = httpx.Client(base_url=f"http://127.0.0.1:{PORT_BASE}", headers=auth, timeout=120)
         edge1 = httpx.Client(base_url=f"http://127.0.0.1:{PORT_BASE + 100}", headers=auth, timeout=120)
+        chats0, chats1 = ChatClient(edge0), ChatClient(edge1)
         llama, engine_key = stack.engine_url(), stack.engine_headers()
         skipped: list[str] = []
         live_ms, finished_ms, cancel_ms, after_cancel, per_record = [], [], [], [], []
         for _ in tqdm(range(args.runs), desc="resume (live runs)", file=sys.stderr):
-            chat = edge0.post("/v1/chats").json()["id"]  # a fresh chat: the prompt stays one turn long
-            body = {"content": LONG, "max_tokens": 96}
-            with edge0.stream("POST", f"/v1/chats/{chat}/messages", json=body) as response:
-                part = events(response.iter_lines(), until_tokens=random.randint(1, 8))
-            run = part[0]["data"]["run_id"]
-            url = f"/v1/chats/{chat}/runs/{run}/events"
-            live_ms.append(first_event_after(edge1, url, part[-1]["id"]))
-            with edge1.stream("GET", url) as response:  # the whole run, once it has finished
-                whole = events(response.iter_lines())
-            tokens = [e for e in whole if e["event"] == "token"]
-            per_record.append(whole[-1]["data"]["usage"]["completion_tokens"] / max(1, len(tokens)))
-            cursor = random.choice(whole[:-1])["id"]
-            finished_ms.append(first_event_after(edge1, url, cursor))
+            chat = chats0.new_chat()  # a fresh chat: the prompt stays one turn long
+            stop = random.randint(1, 8)
+            part = chats0.send(chat, LONG, max_tokens=96, when=lambda r, stop=stop: r.tokens >= stop, then=hang_up)
+            run = part.run_id
+            live_ms.append(first_event_after(chats1, chat, run, part.last_id))
+            whole = chats1.resume(chat, run)  # the whole run, once it has finished
+            per_record.append(whole.usage["completion_tokens"] / max(1, whole.tokens))
+            cursor = random.choice(whole.events[:-1])["id"]
+            finished_ms.append(first_event_after(chats1, chat, run, cursor))
         for _ in tqdm(range(args.runs), desc="cancel", file=sys.stderr):
-            chat = edge0.post("/v1/chats").json()["id"]
+            chat = chats0.new_chat()
             while slots_busy(llama, engine_key):
                 time.sleep(0.05)
-            with edge0.stream("POST", f"/v1/chats/{chat}/messages", json={"content": LONG, "max_tokens": 400}) as r:
-                lines = r.iter_lines()
-                part = events(lines, until_tokens=3)
-                run = part[0]["data"]["run_id"]
-                seen = 3
+            measured: list[float] = []
+
+            def cancel(run: Run, measured: list[float] = measured, chat: str = chat) -> bool:
+                """At the third token: cancel on the other replica, time it to the engine's slot free, read on."""
                 started = time.perf_counter()
-                answer = edge1.post(f"/v1/chats/{chat}/runs/{run}/cancel")
+                answer = chats1.cancel(chat, run.run_id or "")
                 if answer.status_code != 202:  # the model ended its answer before the cancel: not a sample
                     skipped.append(answer.text)
-                    continue
+                    return True
                 while slots_busy(llama, engine_key):
                     time.sleep(0.002)
-                cancel_ms.append((time.perf_counter() - started) * 1000)
-                rest = events(lines)
-            done = rest[-1]["data"]
-            assert done["finish_reason"] == "cancelled", done
-            after_cancel.append(done["usage"]["completion_tokens"] - seen)
+                measured.append((time.perf_counter() - started) * 1000)
+                return False
+
+            cancelled = chats0.send(chat, LONG, max_tokens=400, when=lambda r: r.tokens >= 3, then=cancel)
+            if not measured:
+                continue
+            cancel_ms += measured
+            done = cancelled.completed
+            assert done is not None and done["finish_reason"] == "cancelled", cancelled.events[-1:]
+            after_cancel.append(done["usage"]["completion_tokens"] - 3)
         result = {
             "benchmark": "resume_cancel",
             "runs": args.runs,

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from api.auth import credential
 from api.settings import ApiSettings
 from infra.stack import Stack
-from replay.sse import iter_sse
+from replay.client import ChatClient
 from safety.moderator import Moderator
 from safety.output import CONTEXT_CHARS, WINDOWS_PER_CHECK
 from safety.policy import BUILTIN
@@ -103,25 +103,15 @@ def checks(n: int) -> dict[str, object]:
 
 def stream(client: httpx.Client, chat_id: str, content: str, max_tokens: int) -> tuple[float, float, str] | None:
     """(TTFT ms, median gap between token events ms, run id) of one chat turn; None when it was refused."""
-    started = time.perf_counter()
-    stamps: list[float] = []
-    run_id = ""
-    event = ""
-    with client.stream(
-        "POST", f"/v1/chats/{chat_id}/messages", json={"content": content, "max_tokens": max_tokens}
-    ) as response:
-        for sse in iter_sse(response.iter_lines()):
-            event = sse.get("event", "")
-            if event == "token":
-                stamps.append(time.perf_counter())
-            elif not run_id and isinstance(sse.get("data"), dict):
-                run_id = sse["data"].get("run_id", "")
-    if not stamps:
-        if event == "moderation":
+    run = ChatClient(client).send(chat_id, content, max_tokens=max_tokens)
+    if run.ttft_s is None:
+        last = run.names[-1] if run.events else ""
+        if last == "moderation":
             return None
-        raise RuntimeError(f"no token (last event {event})")
+        raise RuntimeError(f"no token (last event {last})")
+    stamps = run.token_times
     gaps = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
-    return (stamps[0] - started) * 1000, statistics.median(gaps) if gaps else 0.0, run_id
+    return run.ttft_s * 1000, statistics.median(gaps) if gaps else 0.0, run.run_id or ""
 
 
 def moderated_by_mode(stack: Stack, results: dict[str, list[tuple[float, float, str]]]) -> dict[str, list[Event]]:

@@ -68,3 +68,17 @@ def test_resume_sends_the_cursor_and_the_async_client_reads_the_same():
             return await AsyncChatClient(http).send("c", "hi")
 
     assert asyncio.run(read()).text == "Hello there"
+
+
+def test_an_openai_stream_is_read_as_its_chunks_content():
+    chunks = "".join(
+        f"data: {json.dumps({'choices': [{'delta': {'content': piece}}]})}\n\n" for piece in ("Bon", "", "jour")
+    )
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.content)["stream"] is True and request.url.path == "/v1/chat/completions"
+        return httpx.Response(200, text=chunks + "data: [DONE]\n\n")
+
+    http = httpx.Client(transport=httpx.MockTransport(engine))
+    run = ChatClient(http, base="http://engine:8080").complete([{"role": "user", "content": "hi"}], max_tokens=4)
+    assert (run.text, run.tokens, run.code) == ("Bonjour", 2, None) and run.events[-1]["data"] == "[DONE]"
