@@ -174,7 +174,13 @@ class ChatClient(_Requests):
         return self._stream("POST", self.chat(chat_id, "runs", run_id, "regenerate"), never, None, json=body)
 
     def resume(
-        self, chat_id: str, run_id: str, last_event_id: str | None = None, *, when: When = never, then: Then | None = None
+        self,
+        chat_id: str,
+        run_id: str,
+        last_event_id: str | None = None,
+        *,
+        when: When = never,
+        then: Then | None = None,
     ) -> Run:
         """The run's events after the cursor (all of them without one), from any edge replica."""
         cursor = {"Last-Event-ID": last_event_id} if last_event_id else {}
