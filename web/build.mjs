@@ -21,7 +21,11 @@ const result = await esbuild.build({
 const outputs = Object.keys(result.metafile.outputs).map((path) => basename(path));
 const js = outputs.find((name) => name.startsWith("app-") && name.endsWith(".js"));
 const css = outputs.find((name) => name.startsWith("style-") && name.endsWith(".css"));
-const page = (await readFile("index.html", "utf8")).replace("%APP_JS%", js).replace("%APP_CSS%", css);
+const page = (await readFile("index.html", "utf8"))
+  .replace("%APP_JS%", js)
+  .replace("%APP_CSS%", css);
 await writeFile(`${outdir}/index.html`, page);
 const bytes = Object.values(result.metafile.outputs).reduce((sum, out) => sum + out.bytes, 0);
-console.log(`web: built ${js} and ${css} (${Math.round(bytes / 1024)} KiB with source maps) into ${outdir}/`);
+console.log(
+  `web: built ${js} and ${css} (${Math.round(bytes / 1024)} KiB with source maps) into ${outdir}/`,
+);

@@ -54,7 +54,12 @@ export class Api {
     const headers = this.headers({ Accept: "text/event-stream" });
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (lastEventId) headers["Last-Event-ID"] = lastEventId;
-    const init = { method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body) };
+    const init = {
+      method,
+      headers,
+      signal,
+      body: body === undefined ? undefined : JSON.stringify(body),
+    };
     const response = await this.fetch(this.base + path, init);
     if (!response.ok) throw await errorOf(response);
     return response;
@@ -103,7 +108,10 @@ export class Api {
     return this.stream("POST", `/v1/chats/${chatId}/messages`, { body: { content }, signal });
   }
   regenerate(chatId, runId, signal) {
-    return this.stream("POST", `/v1/chats/${chatId}/runs/${runId}/regenerate`, { body: {}, signal });
+    return this.stream("POST", `/v1/chats/${chatId}/runs/${runId}/regenerate`, {
+      body: {},
+      signal,
+    });
   }
   events(chatId, runId, lastEventId, signal) {
     return this.stream("GET", `/v1/chats/${chatId}/runs/${runId}/events`, { lastEventId, signal });

@@ -24,7 +24,9 @@ export function pause(ms, signal) {
 
 /** A client error other than 429 will not go away by asking again (the chat was deleted, the credential expired). */
 function permanent(error) {
-  return error instanceof ApiError && error.status < 500 && error.status !== 429 && error.status !== 408;
+  return (
+    error instanceof ApiError && error.status < 500 && error.status !== 429 && error.status !== 408
+  );
 }
 
 /**
@@ -32,7 +34,16 @@ function permanent(error) {
  * first: an open SSE response to read before reconnecting (the POST's); onUpdate(run) after each change;
  * onConnection("live" | "reconnecting") whenever that changes.
  */
-export async function follow({ api, chatId, run, first = null, signal, onUpdate, onConnection = () => {}, sleep = pause }) {
+export async function follow({
+  api,
+  chatId,
+  run,
+  first = null,
+  signal,
+  onUpdate,
+  onConnection = () => {},
+  sleep = pause,
+}) {
   let response = first;
   let attempt = 0;
   let connection = null;
@@ -42,7 +53,8 @@ export async function follow({ api, chatId, run, first = null, signal, onUpdate,
   while (!isFinished(run) && !signal?.aborted) {
     try {
       if (!response) {
-        if (!run.runId) throw new ApiError(0, "connection_lost", "The connection broke before the answer began.");
+        if (!run.runId)
+          throw new ApiError(0, "connection_lost", "The connection broke before the answer began.");
         response = await api.events(chatId, run.runId, run.cursor, signal);
       }
       say("live");
@@ -58,7 +70,11 @@ export async function follow({ api, chatId, run, first = null, signal, onUpdate,
     } catch (error) {
       if (signal?.aborted) break;
       if (permanent(error) || !run.runId) {
-        run = { ...run, status: "error", error: { code: error.code || "connection_lost", message: error.message } };
+        run = {
+          ...run,
+          status: "error",
+          error: { code: error.code || "connection_lost", message: error.message },
+        };
         onUpdate(run);
         break;
       }

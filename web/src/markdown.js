@@ -19,18 +19,39 @@ import xml from "highlight.js/lib/languages/xml";
 import yaml from "highlight.js/lib/languages/yaml";
 import { Marked } from "marked";
 
-const LANGUAGES = { bash, c, cpp, css, go, java, javascript, json, markdown, python, rust, sql, typescript, xml, yaml };
+const LANGUAGES = {
+  bash,
+  c,
+  cpp,
+  css,
+  go,
+  java,
+  javascript,
+  json,
+  markdown,
+  python,
+  rust,
+  sql,
+  typescript,
+  xml,
+  yaml,
+};
 for (const [name, language] of Object.entries(LANGUAGES)) hljs.registerLanguage(name, language);
 
 export function escapeHtml(text) {
-  return text.replace(/[&<>"']/g, (ch) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[ch]);
+  return text.replace(
+    /[&<>"']/g,
+    (ch) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[ch],
+  );
 }
 
 /** A fenced block's HTML: highlighted when its language is known (by name or alias: py, sh, js, html ...). */
 export function codeBlock(text, lang) {
   const name = (lang || "").trim().split(/\s+/)[0].toLowerCase();
   const known = name && hljs.getLanguage(name);
-  const body = known ? hljs.highlight(text, { language: name, ignoreIllegals: true }).value : escapeHtml(text);
+  const body = known
+    ? hljs.highlight(text, { language: name, ignoreIllegals: true }).value
+    : escapeHtml(text);
   const label = known ? escapeHtml(name) : "text";
   return `<pre data-lang="${label}"><code class="hljs${known ? ` language-${label}` : ""}">${body}</code></pre>\n`;
 }

@@ -28,7 +28,9 @@ export function isFinished(run) {
 
 function offsetOf(cursor) {
   const parts = typeof cursor === "string" ? cursor.split(":") : [];
-  return parts.length === 3 ? { kind: parts[0], partition: Number(parts[1]), offset: Number(parts[2]) } : null;
+  return parts.length === 3
+    ? { kind: parts[0], partition: Number(parts[1]), offset: Number(parts[2]) }
+    : null;
 }
 
 /** True when an event with this cursor was already applied (same partition, not later). */
@@ -62,9 +64,18 @@ export function apply(run, { event, id, data }) {
         // retract_from counts Unicode code points (the server's string offsets), not UTF-16 units: an emoji
         // before the cut is one character there and two in a JS string.
         const cut = Number.isInteger(data.retract_from) ? data.retract_from : 0;
-        return { ...next, text: Array.from(run.text).slice(0, cut).join(""), moderation: { ...data } };
+        return {
+          ...next,
+          text: Array.from(run.text).slice(0, cut).join(""),
+          moderation: { ...data },
+        };
       }
-      return { ...next, status: "refused", moderation: { ...data }, finishReason: "content_filter" };
+      return {
+        ...next,
+        status: "refused",
+        moderation: { ...data },
+        finishReason: "content_filter",
+      };
     case "run.completed":
       return {
         ...next,
@@ -84,10 +95,21 @@ export function apply(run, { event, id, data }) {
 export function fromMessage(message) {
   const run = newRun(message.run_id || message.id);
   const reason = message.finish_reason;
-  const base = { ...run, text: message.content || "", model: message.model, pool: message.pool, finishReason: reason };
+  const base = {
+    ...run,
+    text: message.content || "",
+    model: message.model,
+    pool: message.pool,
+    finishReason: reason,
+  };
   if (reason === "cancelled") return { ...base, status: "stopped" };
   if (reason === "content_filter" && !message.model) {
-    return { ...base, text: "", status: "refused", moderation: { action: "refused", message: message.content } };
+    return {
+      ...base,
+      text: "",
+      status: "refused",
+      moderation: { action: "refused", message: message.content },
+    };
   }
   if (reason === "content_filter") {
     return { ...base, status: "done", moderation: { action: "retract", message: null } };
@@ -99,7 +121,12 @@ export function fromMessage(message) {
 
 /** A finished answer as the message it is stored as (what fromMessage reads back): an answer's id is its run's. */
 export function toMessage(run) {
-  const notice = run.status === "refused" ? run.moderation?.message : run.status === "error" ? run.error?.message : null;
+  const notice =
+    run.status === "refused"
+      ? run.moderation?.message
+      : run.status === "error"
+        ? run.error?.message
+        : null;
   return {
     id: run.runId,
     role: "assistant",

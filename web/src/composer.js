@@ -1,0 +1,165 @@
+// The composer: sending a message, regenerating the latest answer, stopping, and streaming the answer in.
+import { Announcer } from "./announce.js";
+import {
+  answerElement,
+  drawAnswer,
+  notice,
+  renderConversation,
+  userElement,
+} from "./conversation.js";
+import { follow } from "./follow.js";
+import {
+  announce,
+  fitComposer,
+  guarded,
+  hideBanner,
+  isNearEnd,
+  refusedBanner,
+  scrollToEnd,
+  setStreaming,
+  showBanner,
+  showConnection,
+  titleOf,
+} from "./page.js";
+import { newRun, toMessage } from "./run.js";
+import { bumpChat, renderChats } from "./sidebar.js";
+import { $, showTitle, state } from "./state.js";
+
+/**
+ * Stream an answer into the open chat: open(signal) gives the SSE response of a new message or a regenerate;
+ * without it (open = null), the run `runId` is read from its start. Resolves once the answer ended, the user
+ * switched chats, or the request was refused (then onRefused(error) says why, before any answer was drawn).
+ */
+export async function stream(chatId, open, { runId = null, onRefused = null } = {}) {
+  const controller = new AbortController();
+  const start = newRun(runId);
+  const live = {
+    chatId,
+    run: start,
+    controller,
+    el: answerElement(start),
+    announcer: new Announcer(),
+  };
+  state.live = live;
+  $("#messages").querySelector(".empty")?.remove();
+  $("#messages").append(live.el);
+  setStreaming(true);
+  scrollToEnd(true);
+  for (const button of $("#messages").querySelectorAll(".regenerate")) button.remove(); // only the newest answer
+  let response = null;
+  if (open) {
+    try {
+      response = await guarded(() => open(controller.signal));
+    } catch (error) {
+      live.el.remove();
+      if (state.live === live) {
+        state.live = null;
+        setStreaming(false);
+      }
+      if (!controller.signal.aborted) (onRefused || refusedBanner)(error);
+      return null;
+    }
+  }
+  const run = await follow({
+    api: { events: (...args) => guarded(() => state.api.events(...args)) },
+    chatId,
+    run: live.run,
+    first: response,
+    signal: controller.signal,
+    onUpdate: (next) => {
+      live.run = next;
+      if (state.live !== live) return;
+      const nearEnd = isNearEnd();
+      drawAnswer(live.el, next);
+      speak(live, next);
+      scrollToEnd(nearEnd);
+    },
+    onConnection: (connection) => state.live === live && showConnection(connection),
+  });
+  if (state.live !== live) return run; // the user opened another chat meanwhile; it ran on without us
+  state.live = null;
+  setStreaming(false);
+  showConnection("live");
+  const message = toMessage(run);
+  state.messages.push(message);
+  drawAnswer(live.el, run, message, true);
+  const ended = { stopped: "Answer stopped.", done: "Answer finished." }[run.status] ?? "";
+  announce([live.announcer.rest(run.text), ended].join(" ").trim());
+  bumpChat(chatId);
+  return run;
+}
+
+/** Screen readers hear the answer sentence by sentence, and a refusal or error when it comes. */
+function speak(live, run) {
+  const words = live.announcer.next(run.text);
+  if (words) announce(words);
+  if (run.status === "refused" || run.status === "error") announce(notice(run)?.textContent || "");
+}
+
+export async function send(text) {
+  if (state.live || !text.trim() || $("#send").disabled) return;
+  const input = $("#composer-input");
+  let chatId = state.chatId;
+  if (!chatId) {
+    try {
+      const chat = await guarded(() => state.api.newChat(titleOf(text)));
+      state.chats.unshift(chat);
+      chatId = state.chatId = chat.id;
+      history.pushState(null, "", `/c/${chat.id}`);
+      showTitle(chat.title);
+      renderChats();
+    } catch (error) {
+      showBanner(`Could not start a chat: ${error.message}`);
+      return;
+    }
+  }
+  input.value = "";
+  fitComposer();
+  hideBanner();
+  const mine = userElement(text);
+  $("#messages").querySelector(".empty")?.remove();
+  $("#messages").append(mine);
+  const local = { id: null, role: "user", content: text };
+  state.messages.push(local);
+  await stream(chatId, (signal) => state.api.send(chatId, text, signal), {
+    onRefused: (error) => {
+      mine.remove(); // nothing was answered: the text goes back to the box, to send again
+      state.messages = state.messages.filter((m) => m !== local);
+      if (!input.value) input.value = text;
+      fitComposer();
+      refusedBanner(error);
+    },
+  });
+}
+
+export async function regenerate(message) {
+  if (state.live) return;
+  const chatId = state.chatId;
+  const at = state.messages.indexOf(message);
+  $("#messages").querySelector(`.msg.assistant[data-run-id="${message.id}"]`)?.remove();
+  state.messages = state.messages.filter((m) => m !== message);
+  await stream(
+    chatId,
+    (signal) => state.api.regenerate(chatId, message.run_id || message.id, signal),
+    {
+      onRefused: (error) => {
+        state.messages.splice(at, 0, message); // the old answer stays when a new one could not start
+        renderConversation();
+        refusedBanner(error);
+      },
+    },
+  );
+}
+
+export async function stop() {
+  const live = state.live;
+  if (!live || !live.run.runId) return;
+  $("#stop").disabled = true;
+  $("#stop").textContent = "Stopping…";
+  try {
+    await guarded(() => state.api.cancel(live.chatId, live.run.runId));
+  } catch (error) {
+    if (error.code !== "run_already_finished")
+      showBanner(`Could not stop the answer: ${error.message}`);
+  }
+}

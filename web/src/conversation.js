@@ -1,0 +1,248 @@
+// The conversation: opening a chat, its messages, and each answer with what ended it and its actions.
+import DOMPurify from "dompurify";
+import { icon } from "./icons.js";
+import { toHtml } from "./markdown.js";
+import { announce, guarded, scrollToEnd, showBanner, stopLive } from "./page.js";
+import { fromMessage, isFinished } from "./run.js";
+import { renderChats } from "./sidebar.js";
+import { $, actions, categoryLabel, h, showTitle, state } from "./state.js";
+
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A") {
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer");
+  }
+});
+
+// -- opening a chat -------------------------------------------------------------------------------------------
+
+export function newChat({ push = true } = {}) {
+  stopLive();
+  state.opening += 1;
+  state.chatId = null;
+  state.messages = [];
+  if (push) history.pushState(null, "", "/");
+  showTitle(null);
+  renderConversation();
+  renderChats();
+  $("#composer-input").focus();
+}
+
+export async function openChat(chatId, { push = true } = {}) {
+  stopLive();
+  const opening = ++state.opening;
+  state.chatId = chatId;
+  if (push) history.pushState(null, "", `/c/${chatId}`);
+  renderChats();
+  $("#messages").replaceChildren(h("p", { class: "loading" }, "Loading…"));
+  let chat;
+  let messages;
+  try {
+    [chat, messages] = await guarded(() =>
+      Promise.all([state.api.chat(chatId), state.api.messages(chatId)]),
+    );
+  } catch (error) {
+    if (opening !== state.opening) return;
+    if (error.status === 404) {
+      showBanner("That chat does not exist (it may have been deleted).");
+      newChat();
+    } else showBanner(`Could not open the chat: ${error.message}`);
+    return;
+  }
+  if (opening !== state.opening) return;
+  state.messages = messages;
+  showTitle(chat.title);
+  renderConversation();
+  const running = chat.active_run_id;
+  if (running && !messages.some((m) => m.id === running)) {
+    // An answer still being written (this page was reloaded, or it is open elsewhere): read it from its start.
+    actions.stream(chatId, null, { runId: running });
+  }
+  $("#composer-input").focus();
+}
+
+// -- the messages ---------------------------------------------------------------------------------------------
+
+export function renderConversation() {
+  const list = $("#messages");
+  if (!state.messages.length && !state.live) {
+    const hint = "Answers stream as they are written; stop them any time.";
+    list.replaceChildren(
+      h("div", { class: "empty" }, h("h2", {}, "What can I help with?"), h("p", {}, hint)),
+    );
+    return;
+  }
+  const lastAnswer = state.live ? null : state.messages.findLast((m) => m.role === "assistant");
+  const items = state.messages.map((m) =>
+    m.role === "user" ? userElement(m.content) : answerElement(fromMessage(m), m, m === lastAnswer),
+  );
+  if (state.live) items.push(state.live.el);
+  list.replaceChildren(...items);
+  scrollToEnd(true);
+}
+
+export function userElement(text) {
+  return h(
+    "article",
+    { class: "msg user", "aria-label": "You said" },
+    h("div", { class: "body" }, text),
+  );
+}
+
+function modelLine(run) {
+  if (!run.model) return null;
+  const pool = run.pool ? ` · ${run.pool} pool` : "";
+  const degraded = run.degradedFrom ? ` (the ${run.degradedFrom} pool was busy)` : "";
+  return h(
+    "span",
+    { class: "model", title: "The model that answered" },
+    `${run.model}${pool}${degraded}`,
+  );
+}
+
+/** What ended an answer other than its own end: a refusal, a retraction, an error, a stop, the length limit. */
+export function notice(run) {
+  const note = (kind, ...text) => h("p", { class: `notice ${kind}`, role: "note" }, ...text);
+  const category = categoryLabel(run.moderation?.category);
+  if (run.status === "refused") {
+    const detail = run.moderation?.message
+      ? h("span", { class: "detail" }, run.moderation.message)
+      : null;
+    return note(
+      "refused",
+      `Not answered: this request goes against the content policy${category}. `,
+      detail,
+    );
+  }
+  if (run.moderation?.action === "retract") {
+    return note("retracted", `Part of this answer was withdrawn by moderation${category}.`);
+  }
+  if (run.status === "error") return note("error", run.error?.message || "The answer failed.");
+  if (run.status === "stopped") return h("p", { class: "notice stopped" }, "Stopped.");
+  if (run.finishReason === "length")
+    return h("p", { class: "notice stopped" }, "Cut off at the length limit.");
+  return null;
+}
+
+/** An answer: its text as markdown, what ended it, the model, and (once it ended) its actions. */
+export function answerElement(run, message = null, last = false) {
+  const el = h("article", { class: "msg assistant", "data-run-id": run.runId || "" });
+  drawAnswer(el, run, message, last);
+  return el;
+}
+
+export function drawAnswer(el, run, message = null, last = false) {
+  el.dataset.runId = run.runId || "";
+  el.dataset.status = run.status;
+  el.rawText = run.text; // the answer as received (markdown), for copy and for the browser tests
+  el.setAttribute("aria-busy", String(!isFinished(run)));
+  const body = h("div", { class: "body markdown" });
+  if (run.text) body.innerHTML = DOMPurify.sanitize(toHtml(run.text));
+  else if (!isFinished(run)) {
+    body.append(
+      h("span", { class: "thinking", "aria-label": "Parley is writing" }, h("i"), h("i"), h("i")),
+    );
+  }
+  for (const pre of body.querySelectorAll("pre")) {
+    pre.prepend(copyButton(() => pre.querySelector("code")?.textContent ?? "", "Copy code"));
+  }
+  const footer = h("footer", { class: "meta" }, modelLine(run));
+  if (run.status === "queued" && run.estimatedWaitMs > 1000) {
+    const wait = `In the queue: about ${Math.ceil(run.estimatedWaitMs / 1000)} s`;
+    footer.append(h("span", { class: "queued" }, wait));
+  }
+  if (isFinished(run) && message) footer.append(...answerActions(run, message, last));
+  el.replaceChildren(body, notice(run) || "", footer);
+}
+
+function answerActions(run, message, last) {
+  const actionsOf = [];
+  if (run.text) actionsOf.push(copyButton(() => run.text, "Copy answer"));
+  if (run.status !== "error" && run.status !== "refused") {
+    for (const [rating, label] of [
+      ["up", "Good answer"],
+      ["down", "Bad answer"],
+    ]) {
+      const attrs = {
+        class: "icon rate",
+        type: "button",
+        "data-rating": rating,
+        "aria-label": label,
+        title: label,
+      };
+      const pressed = String(message.feedback === rating);
+      const onclick = (event) => rate(message, rating, event.currentTarget);
+      actionsOf.push(h("button", { ...attrs, "aria-pressed": pressed, onclick }, icon(rating)));
+    }
+  }
+  if (state.me?.admin && message.run_id) {
+    // admins open the run's history: every stage's event and what was stored
+    const href = `/runs/${encodeURIComponent(message.run_id)}#token=${encodeURIComponent(state.api.token)}`;
+    actionsOf.push(
+      h("a", { class: "text inspect", href, target: "_blank", rel: "noopener" }, "Inspect"),
+    );
+  }
+  if (last && state.chatId) {
+    const onclick = () => actions.regenerate(message);
+    actionsOf.push(
+      h(
+        "button",
+        { class: "text regenerate", type: "button", onclick },
+        icon("regenerate"),
+        "Regenerate",
+      ),
+    );
+  }
+  return actionsOf;
+}
+
+function copyButton(text, label) {
+  const onclick = async (event) => {
+    const button = event.currentTarget;
+    await copy(text());
+    button.classList.add("copied");
+    announce("Copied.");
+    setTimeout(() => button.classList.remove("copied"), 1200);
+  };
+  return h(
+    "button",
+    { class: "icon copy", type: "button", "aria-label": label, title: label, onclick },
+    icon("copy"),
+  );
+}
+
+async function copy(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch {
+    const area = h("textarea", { class: "sr-only" }, text); // a page without clipboard permission
+    document.body.append(area);
+    area.select();
+    document.execCommand("copy");
+    area.remove();
+  }
+}
+
+async function rate(message, rating, button) {
+  const value = message.feedback === rating ? null : rating; // pressing it again takes the rating back
+  const chatId = state.chatId;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await guarded(() => state.api.feedback(chatId, message.id, value));
+      break;
+    } catch (error) {
+      if (error.status === 404 && attempt < 10) {
+        // the answer is being stored right now
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        continue;
+      }
+      showBanner(`Could not record your feedback: ${error.message}`);
+      return;
+    }
+  }
+  message.feedback = value;
+  for (const other of button.parentElement.querySelectorAll(".rate")) {
+    other.setAttribute("aria-pressed", String(other.dataset.rating === value));
+  }
+  announce(value ? "Thanks for the feedback." : "Feedback removed.");
+}
