@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import json
-import os
 import random
 import statistics
 import sys
@@ -35,11 +33,13 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine_floor import engine_floor  # noqa: E402
 from measure import pct  # noqa: E402
+from procstat import cores_used, cpu_seconds, pin, unpin  # noqa: E402
 
 from api.auth import credential  # noqa: E402
-from infra.stack import POOL_SLOTS, Stack  # noqa: E402
-from replay.client import AsyncChatClient, Run, first_token  # noqa: E402
+from infra.stack import Stack  # noqa: E402
+from replay.client import AsyncChatClient, Run  # noqa: E402
 
 PORT_BASE = 19200
 MAX_TOKENS = 32
@@ -176,72 +176,6 @@ async def open_loop(clients: Clients, urls, rate: float, seconds: float, users: 
     return results
 
 
-async def engine_ttft(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], text: str, to_end: bool = False
-) -> float | None:
-    """A chat request straight to an engine (llama-server): its TTFT in ms. Read to its end (`to_end`: a
-    request keeping a slot busy) or closed at its first token (its slot is freed as the engine notices).
-    Sent again once when the engine closed a pooled connection (cpp-httplib does after 100 requests)."""
-    try:
-        return await _engine_ttft(client, url, headers, text, to_end)
-    except httpx.RemoteProtocolError:
-        return await _engine_ttft(client, url, headers, text, to_end)
-
-
-async def _engine_ttft(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], text: str, to_end: bool
-) -> float | None:
-    engine = AsyncChatClient(client, base=url, headers=headers)
-    stop = None if to_end else hang_up
-    run = await engine.complete([{"role": "user", "content": text}], max_tokens=MAX_TOKENS, when=first_token, then=stop)
-    return run.ttft_s * 1000 if run.ttft_s is not None else None
-
-
-def hang_up(run: Run) -> bool:
-    return True
-
-
-async def engine_floor(stack: Stack, n: int) -> dict[str, Any]:
-    """The engine's own share of a loaded pro TTFT, without the pipeline: short requests straight to the small
-    pool's first engine, one at a time, with every engine idle, then with each engine decoding one request fewer
-    than its slots (the state overload leaves the engines in: a pro run admitted first still shares its
-    engine's batch and core with the runs already decoding, as llama-server does not preempt). p99 busy over
-    p99 idle is the least the pipeline's pro p99 ratio can be at saturation, whatever its admission policy."""
-    engines = [
-        (pool, stack.engine_url(pool, i), stack.engine_headers(pool, i))
-        for pool, count in stack.workers.items()
-        for i in range(count)
-    ]
-    _, url, headers = engines[0]
-    stop = asyncio.Event()
-    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=400)) as client:
-        idle = [await engine_ttft(client, url, headers, content(i)) for i in range(n)]
-
-        async def keep_busy(u: str, h: dict[str, str], k: int) -> None:
-            i = 0
-            while not stop.is_set():
-                await engine_ttft(client, u, h, content(1000 * k + i), to_end=True)
-                i += 1
-
-        busy_slots = {pool: POOL_SLOTS.get(pool, 4) - 1 for pool in stack.workers}
-        slots = [(u, h) for pool, u, h in engines for _ in range(busy_slots[pool])]
-        background = [asyncio.create_task(keep_busy(u, h, k)) for k, (u, h) in enumerate(slots)]
-        await asyncio.sleep(3)  # every slot decoding
-        busy = [await engine_ttft(client, url, headers, content(i)) for i in range(n)]
-        stop.set()
-        await asyncio.gather(*background)
-    idle_ms = [t for t in idle if t is not None]
-    busy_ms = [t for t in busy if t is not None]
-    floor = {
-        "engines": len(engines),
-        "busy_slots_per_engine": busy_slots,
-        "idle_ttft_ms": {"p50": pct(idle_ms, 50, 1), "p99": pct(idle_ms, 99, 1)},
-        "busy_ttft_ms": {"p50": pct(busy_ms, 50, 1), "p99": pct(busy_ms, 99, 1)},
-    }
-    floor["busy_p99_vs_idle_p99"] = round(floor["busy_ttft_ms"]["p99"] / floor["idle_ttft_ms"]["p99"], 2)
-    return floor
-
-
 def summarise(results: list[dict]) -> dict[str, Any]:
     seconds = max(r["offered_s"] for r in results)
     ok = [r for r in results if r["status"] == 200 and "tokens" in r]
@@ -310,7 +244,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         print(f"unloaded pro TTFT {baseline}", file=sys.stderr)
 
         print("engine floor ...", file=sys.stderr)
-        floor = await engine_floor(stack, args.solo)
+        floor = await engine_floor(stack, args.solo, content)
         # The pipeline's unloaded pro p99 plus what a busy engine adds: the least its loaded p99 can be.
         extra = floor["busy_ttft_ms"]["p99"] - floor["idle_ttft_ms"]["p99"]
         floor["least_pro_p99_vs_unloaded"] = round(
@@ -379,55 +313,6 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
             "flooder_rejected": sum(r["status"] != 200 for r in flood_requests),
         },
     }
-
-
-def cpu_seconds(stack: Stack) -> dict[str, float]:
-    """CPU time (user + system) each kind of process has used so far, summed over its replicas: brokers,
-    Cassandra nodes, edges, each stage, inference consumers, engines, and this generator."""
-    tick = os.sysconf("SC_CLK_TCK")
-    rows = [(str(row["role"]), str(row["name"]), int(str(row["pid"]))) for row in stack.status() if row["pid"]]
-    used: dict[str, float] = {}
-    for role, name, pid in [*rows, ("generator", "generator", os.getpid())]:
-        kind = name if role == "stage" else role
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            used[kind] = used.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return used
-
-
-def cores_used(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
-    """Cores each kind of process kept busy over a phase (1.0: one core the whole time), busiest first."""
-    busy = {kind: (after[kind] - before.get(kind, 0.0)) / seconds for kind in after}
-    return {kind: round(v, 2) for kind, v in sorted(busy.items(), key=lambda kv: -kv[1])}
-
-
-def unpin(stack: Stack) -> None:
-    """Every process of the stack on every core again: Kafka and Cassandra outlive the run, and a later run left
-    them on one core."""
-    cores = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
-    for row in stack.status():
-        for task in Path(f"/proc/{row['pid']}/task").iterdir() if row.get("pid") else ():
-            with contextlib.suppress(ProcessLookupError, OSError):
-                os.sched_setaffinity(int(task.name), cores)
-
-
-def pin(stack: Stack) -> dict[str, list[int]]:
-    """The engines on the last core, everything else (the stack's other processes and this generator) on the
-    others, so the admission policy is measured apart from CPU starvation. Every thread of each process is
-    pinned (a thread started later inherits its creator's cores). Returns the cores each side got."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        raise SystemExit("--pin needs at least 2 cores")
-    engines, rest = {cores[-1]}, set(cores[:-1])
-    for row in stack.status():
-        pid = row.get("pid")
-        if not pid:
-            continue
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(ProcessLookupError):
-                os.sched_setaffinity(int(task.name), engines if row["role"] == "engine" else rest)
-    os.sched_setaffinity(0, rest)
-    return {"engines": sorted(engines), "rest": sorted(rest)}
 
 
 def main() -> None:

