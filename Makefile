@@ -67,10 +67,11 @@ test-web: $(WEB_DEPS)  ## the chat app's unit tests (node --test)
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
-check: $(STAMP)
+check: $(STAMP) $(WEB_DEPS)  ## ruff (lint and format), mypy --strict, prettier on the chat app
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check api processors inference registry topics runtime admission conversation storage infra safety replay
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	cd web && npm run --silent format:check
 
 bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, a burst with a pro user in it, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover, run lookup and replay throughput (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py

@@ -29,7 +29,9 @@ class Limits(BaseModel):
     max_concurrent: int  # runs in flight per user
     priority: int  # higher is served first when capacity is tight
     max_queue_wait_s: float  # estimated wait beyond which a run is degraded or rejected with 429
-    slot_share: float  # share of an engine's slots this tier may hold; the rest stays free for higher tiers
+    slot_share: (
+        float  # share of an engine's slots this tier may hold; the rest stays free for higher tiers
+    )
     degrade: bool  # under pressure, move to a smaller pool before rejecting
 
 
@@ -103,7 +105,9 @@ def change(scope: str, name: str, fields: Mapping[str, Any], changed_by: str) ->
         "changed_by": changed_by,
         "changed_at": now_ms(),
     }
-    return cast(LimitsChanged, record)  # FIELDS are the record's limit fields (tests/unit/test_events.py)
+    return cast(
+        LimitsChanged, record
+    )  # FIELDS are the record's limit fields (tests/unit/test_events.py)
 
 
 class LimitsView(TopicTable):
@@ -118,4 +122,6 @@ class LimitsView(TopicTable):
 
     def tiers_for(self, user_id: str, tier: str) -> dict[str, Limits]:
         """Every tier's limits, with the user's own in place of its tier's (what admission compares)."""
-        return {name: self.tier(name) for name in DEFAULT_TIERS} | {tier: self.for_user(user_id, tier)}
+        return {name: self.tier(name) for name in DEFAULT_TIERS} | {
+            tier: self.for_user(user_id, tier)
+        }

@@ -104,14 +104,21 @@ class Placement:
     retry_after_s: int | None = None
 
 
-def soonest(engines: list[EngineLoad], tier: str, tiers: dict[str, Limits]) -> tuple[float, EngineLoad] | None:
+def soonest(
+    engines: list[EngineLoad], tier: str, tiers: dict[str, Limits]
+) -> tuple[float, EngineLoad] | None:
     """The pool's engine that could start a run of `tier` soonest, and its wait (None: no engine reports)."""
     waits = [(estimated_wait(e, tier, tiers), e) for e in engines if e.partitions]
     return min(waits, key=lambda w: w[0]) if waits else None
 
 
 def route(
-    pool: str, engines: list[EngineLoad], chat_id: str, tier: str, tiers: dict[str, Limits], partitions: int
+    pool: str,
+    engines: list[EngineLoad],
+    chat_id: str,
+    tier: str,
+    tiers: dict[str, Limits],
+    partitions: int,
 ) -> Placement:
     """The partition a run goes to in a pool, and its wait there (pure): home while its engine is within the
     tier's bound, else a partition of the engine with the shortest wait. No engine reporting: not judged."""
@@ -159,16 +166,23 @@ def place(
 
 
 def capacity_message(model: str, wait_s: float) -> str:
-    return f"The {model} model is at capacity (about {int(wait_s)}s of queue). Please retry shortly."
+    return (
+        f"The {model} model is at capacity (about {int(wait_s)}s of queue). Please retry shortly."
+    )
 
 
 def over_capacity(wait_s: float, limits: Limits) -> Placement:
-    return Placement(None, wait_s, retry_after_s=max(1, math.ceil(wait_s - limits.max_queue_wait_s)))
+    return Placement(
+        None, wait_s, retry_after_s=max(1, math.ceil(wait_s - limits.max_queue_wait_s))
+    )
 
 
 def wanted_pool(model: str | None, pools: dict[str, Pool], default_pool: str) -> str:
     """The pool a request asks for: the smallest serving its model, else the default pool (pure)."""
-    return next((n for n, p in sorted(pools.items(), key=lambda i: i[1].context) if p.model == model), default_pool)
+    return next(
+        (n for n, p in sorted(pools.items(), key=lambda i: i[1].context) if p.model == model),
+        default_pool,
+    )
 
 
 def at_the_door(
@@ -210,15 +224,22 @@ def at_the_door(
         if best is None or best[0] <= limits.max_queue_wait_s:
             return None  # room somewhere, or no live status (not judged)
         waits.append(best[0])
-    return over_capacity(min(waits), limits) if waits else None  # nothing holds it: the scheduler says why
+    return (
+        over_capacity(min(waits), limits) if waits else None
+    )  # nothing holds it: the scheduler says why
 
 
-def count_undecided(loads: dict[str, list[EngineLoad]], undecided: Iterable[tuple[str, str]]) -> None:
+def count_undecided(
+    loads: dict[str, list[EngineLoad]], undecided: Iterable[tuple[str, str]]
+) -> None:
     """Count each run let through the door and not decided yet, (pool, tier), as waiting on its pool's least
     busy engine, where the scheduler would most likely put it (in place, on `loads`)."""
     for pool, tier in undecided:
         if loads.get(pool):
-            least = min(loads[pool], key=lambda e: sum(e.queued.values()) + sum(e.running.values()) - e.slots)
+            least = min(
+                loads[pool],
+                key=lambda e: sum(e.queued.values()) + sum(e.running.values()) - e.slots,
+            )
             least.queued[tier] = least.queued.get(tier, 0) + 1
 
 
@@ -232,24 +253,34 @@ class PoolView(TopicTable):
         super().__init__(bootstrap, POOL_STATUS, namespace, reader, since_s=STALE_MS / 1000)
         for topic in RUN_SCHEDULED.values():
             check_consume(reader, topic, tailing=True)
-        self._placed: dict[str, tuple[int, str, str, int | None]] = {}  # run id -> (at ms, pool, tier, partition)
+        self._placed: dict[
+            str, tuple[int, str, str, int | None]
+        ] = {}  # run id -> (at ms, pool, tier, partition)
         # Runs this replica's door let through whose admission is not decided yet: run id -> (at ms, pool, tier).
         # A burst arrives faster than any status or placement can show it; counted here, the door sheds what
         # the scheduler would only refuse seconds later, behind every prompt let in before it.
         self._undecided: dict[str, tuple[int, str, str]] = {}
         self._topics = {named(RUN_SCHEDULED[pool], namespace): pool for pool in RUN_SCHEDULED}
         self._runs = Consumer(
-            consumer_config(bootstrap, f"{namespace or 'parley'}.placements", **{"enable.partition.eof": False})
+            consumer_config(
+                bootstrap, f"{namespace or 'parley'}.placements", **{"enable.partition.eof": False}
+            )
         )
         self._follower = ConsumerThread(self._runs, "placements", self._follow)
-        self.partitions: dict[str, int] = {}  # pool -> partitions of its scheduled-runs topic, read at start
+        self.partitions: dict[
+            str, int
+        ] = {}  # pool -> partitions of its scheduled-runs topic, read at start
 
     def start(self, timeout_s: float = 30.0) -> None:
         super().start(timeout_s)
         assignment = []
         for topic in self._topics:
-            metadata = until_ready(f"placements {topic}", partial(self._runs.list_topics, topic, timeout=10))
-            assignment += [TopicPartition(topic, p, OFFSET_END) for p in metadata.topics[topic].partitions]
+            metadata = until_ready(
+                f"placements {topic}", partial(self._runs.list_topics, topic, timeout=10)
+            )
+            assignment += [
+                TopicPartition(topic, p, OFFSET_END) for p in metadata.topics[topic].partitions
+            ]
             self.partitions[self._topics[topic]] = len(metadata.topics[topic].partitions)
         self._follower.start(assignment)
 
@@ -263,8 +294,12 @@ class PoolView(TopicTable):
         except PoisonEvent:
             return  # the inference consumer dead-letters it
         prompt = run["prompt"]
-        self._placed.setdefault(prompt["run_id"], (msg.timestamp()[1], pool, prompt["tier"], msg.partition()))
-        if len(self._placed) > 1_000:  # a replica that places nothing and serves no chat still forgets
+        self._placed.setdefault(
+            prompt["run_id"], (msg.timestamp()[1], pool, prompt["tier"], msg.partition())
+        )
+        if (
+            len(self._placed) > 1_000
+        ):  # a replica that places nothing and serves no chat still forgets
             self._forget_before(now_ms() - STALE_MS)
 
     def _forget_before(self, ms: int) -> None:
@@ -292,10 +327,15 @@ class PoolView(TopicTable):
         self._forget_before(now - STALE_MS)
         for at, pool, tier, partition in list(self._placed.values()):
             for engine in loads.get(pool, []):
-                if partition in engine.partitions and at >= engine.at - TRANSIT_MS:  # not in its status yet
+                if (
+                    partition in engine.partitions and at >= engine.at - TRANSIT_MS
+                ):  # not in its status yet
                     engine.queued[tier] = engine.queued.get(tier, 0) + 1
         for run_id, (at, _pool, _tier) in list(self._undecided.items()):
             if at < now - STALE_MS:
                 self._undecided.pop(run_id, None)  # its decision never came back here
-        count_undecided(loads, [(p, t) for r, (_, p, t) in list(self._undecided.items()) if r not in self._placed])
+        count_undecided(
+            loads,
+            [(p, t) for r, (_, p, t) in list(self._undecided.items()) if r not in self._placed],
+        )
         return loads

@@ -41,7 +41,10 @@ class RunQueue(Generic[T]):
         return waiting.priority + (now - waiting.since) / self.aging_s
 
     def pop(
-        self, now: float, may_start: Callable[[str], bool], eligible: Callable[[T], bool] | None = None
+        self,
+        now: float,
+        may_start: Callable[[str], bool],
+        eligible: Callable[[T], bool] | None = None,
     ) -> T | None:
         """The best waiting run whose tier may take a slot now and that is `eligible` (highest aged priority,
         then first come)."""
@@ -49,7 +52,10 @@ class RunQueue(Generic[T]):
         for w in self._waiting:
             if not may_start(w.tier) or (eligible is not None and not eligible(w.item)):
                 continue
-            if best is None or (self.score(w, now), -w.order) > (self.score(best, now), -best.order):
+            if best is None or (self.score(w, now), -w.order) > (
+                self.score(best, now),
+                -best.order,
+            ):
                 best = w
         if best is None:
             return None

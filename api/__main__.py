@@ -14,7 +14,13 @@ def main() -> None:
     settings = ApiSettings()
     logs.configure(settings.log_level, settings.log_format)
     protocol = guarded(settings.header_timeout_s, settings.max_connections_per_client)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning", http=protocol)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        http=protocol,
+    )
 
 
 if __name__ == "__main__":

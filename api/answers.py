@@ -27,7 +27,9 @@ from storage.withdrawals import TAKEN, WITHDRAW_TIMEOUT_S, WITHDRAWN
 log = logging.getLogger(__name__)
 
 EDGE_TTFT = Histogram(
-    "parley_edge_ttft_seconds", "Accept to first token at the edge", buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
+    "parley_edge_ttft_seconds",
+    "Accept to first token at the edge",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
 )
 STREAMS = Gauge("parley_edge_open_streams", "SSE streams open on this replica")
 RUNS = Counter("parley_edge_runs_total", "Runs opened on this replica", ["outcome"])
@@ -42,11 +44,19 @@ async def withdraw(deps: Services, chat: Any, run_id: uuid.UUID, opened_at: date
             deps.conversations.settle_fate(chat.chat_id, run_id, WITHDRAWN), WITHDRAW_TIMEOUT_S
         )
         if fate == TAKEN:
-            log.warning("run %s of chat %s: the log did not acknowledge it, yet it was taken", run_id, chat.chat_id)
+            log.warning(
+                "run %s of chat %s: the log did not acknowledge it, yet it was taken",
+                run_id,
+                chat.chat_id,
+            )
             return False
         await deps.conversations.withdraw_run(chat, run_id, opened_at)
     except Exception:
-        log.warning("run %s of chat %s: the log did not take it, nor the store its withdrawal", run_id, chat.chat_id)
+        log.warning(
+            "run %s of chat %s: the log did not take it, nor the store its withdrawal",
+            run_id,
+            chat.chat_id,
+        )
     return True
 
 
@@ -55,18 +65,27 @@ async def leave_old_place(deps: Services, chat: Any) -> None:
     try:
         await deps.conversations.leave_old_place(chat)
     except Exception:
-        log.warning("chat %s: its old place in the list was not removed (lists skip it)", chat.chat_id)
+        log.warning(
+            "chat %s: its old place in the list was not removed (lists skip it)", chat.chat_id
+        )
 
 
 @dataclass(frozen=True)
 class Question:
     message_id: str
     content: str
-    prev_run_id: str | None  # the chat's answer before it (the scheduler waits until that one is stored)
+    prev_run_id: (
+        str | None
+    )  # the chat's answer before it (the scheduler waits until that one is stored)
 
 
 async def answer(
-    deps: Services, user: Principal, chat: Any, question: Question, max_tokens: int, model: str | None
+    deps: Services,
+    user: Principal,
+    chat: Any,
+    question: Question,
+    max_tokens: int,
+    model: str | None,
 ) -> tuple[EventSourceResponse, str]:
     """Publish the question as a new run of the chat and stream its answer: (the SSE response, the run id).
     Raises the run's 429/400 before any byte of the stream when it is shed or refused."""
@@ -104,7 +123,9 @@ async def answer(
         deps.pools.decided(run_id)
         if await asyncio.shield(withdraw(deps, chat, uuid.UUID(run_id), opened_at)):
             raise
-        replies = aiter(streams.from_log(deps, partition, run_id, None))  # taken: its replies are in the log
+        replies = aiter(
+            streams.from_log(deps, partition, run_id, None)
+        )  # taken: its replies are in the log
     finally:
         await tidy
     first, replies = await streams.admitted(deps, event, replies, stream_refusals=True)
@@ -117,14 +138,19 @@ def checked_content(deps: Services, content: str) -> None:
     """A message's text, sent or edited, is at most `max_content_chars` long (checked before anything is written)."""
     limit = deps.settings.max_content_chars
     if len(content) > limit:
-        raise ApiError(400, f"content is longer than {limit} characters.", "content_too_long", "content")
+        raise ApiError(
+            400, f"content is longer than {limit} characters.", "content_too_long", "content"
+        )
 
 
 def checked_max_tokens(deps: Services, requested: int | None) -> int:
     max_tokens = requested or deps.settings.default_max_tokens
     if max_tokens > deps.settings.max_tokens_limit:
         raise ApiError(
-            400, f"max_tokens must be at most {deps.settings.max_tokens_limit}.", "invalid_value", "max_tokens"
+            400,
+            f"max_tokens must be at most {deps.settings.max_tokens_limit}.",
+            "invalid_value",
+            "max_tokens",
         )
     return max_tokens
 
@@ -136,7 +162,10 @@ def checked_model(deps: Services, model: str | None) -> None:
 
 def error_event(run_id: str, code: str, message: str) -> dict[str, Any]:
     """An SSE `error` event the edge itself raises (no log record behind it, so no cursor)."""
-    return {"event": "error", "data": json.dumps({"run_id": run_id, "code": code, "message": message})}
+    return {
+        "event": "error",
+        "data": json.dumps({"run_id": run_id, "code": code, "message": message}),
+    }
 
 
 async def sse_stream(
@@ -145,7 +174,9 @@ async def sse_stream(
     """The chat route's SSE events for a run's replies (live from the hub, or read back from the log)."""
     accepted = time.perf_counter()
     first_token = live
-    begun = False  # the run's engine has started it: a `queued` record after that is news of nothing
+    begun = (
+        False  # the run's engine has started it: a `queued` record after that is news of nothing
+    )
     STREAMS.inc()
     try:
         async for reply in replies:

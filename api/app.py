@@ -51,7 +51,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         conversations = await loop.run_in_executor(None, Conversations, session, keyspace, "api")
         producer = AsyncProducer(settings.kafka_bootstrap, "api", settings.namespace)
         producer.start()
-        replies = ReplyHub(settings.kafka_bootstrap, settings.namespace, settings.edge_session_timeout_s)
+        replies = ReplyHub(
+            settings.kafka_bootstrap, settings.namespace, settings.edge_session_timeout_s
+        )
         await loop.run_in_executor(None, replies.start, loop)
         http = httpx.AsyncClient(timeout=5.0)
         ledger = await loop.run_in_executor(None, Ledger, session, keyspace, "api")
@@ -61,14 +63,31 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         await loop.run_in_executor(None, pools.start)
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace, "api")
         await loop.run_in_executor(None, policies.start)
-        for spec in {pool.tokenizer for pool in settings.pools.values()}:  # the door counts with them (api/streams.py)
+        for spec in {
+            pool.tokenizer for pool in settings.pools.values()
+        }:  # the door counts with them (api/streams.py)
             await loop.run_in_executor(None, tokens.load, spec)
         keys = await loop.run_in_executor(None, ApiKeys, session, keyspace, "api")
         decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace, "api")
         app.state.services = Services(
-            settings, producer, replies, conversations, http, ledger, limits, pools, policies, keys, decisions
+            settings,
+            producer,
+            replies,
+            conversations,
+            http,
+            ledger,
+            limits,
+            pools,
+            policies,
+            keys,
+            decisions,
         )
-        log.info("edge ready on %s:%d, reply partitions %s", settings.host, settings.port, list(replies.partitions))
+        log.info(
+            "edge ready on %s:%d, reply partitions %s",
+            settings.host,
+            settings.port,
+            list(replies.partitions),
+        )
         try:
             yield
         finally:
@@ -89,8 +108,21 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     errors.install(app)
     openapi.install(app, settings)
     # before parsing, before any credential
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s)
-    from api.routes import admin, chat_runs, chats, keys, messages, openai, runs, safety, system, web
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s
+    )
+    from api.routes import (
+        admin,
+        chat_runs,
+        chats,
+        keys,
+        messages,
+        openai,
+        runs,
+        safety,
+        system,
+        web,
+    )
 
     app.include_router(chats.router)
     app.include_router(messages.router)
@@ -102,6 +134,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(safety.router)
     app.include_router(runs.router)
     app.include_router(web.router)
-    app.mount("/static", StaticFiles(directory=system.STATIC), name="static")  # the dashboard's page and Chart.js
-    app.mount("/app", StaticFiles(directory=settings.web_dir, check_dir=False), name="app")  # the chat app's assets
+    app.mount(
+        "/static", StaticFiles(directory=system.STATIC), name="static"
+    )  # the dashboard's page and Chart.js
+    app.mount(
+        "/app", StaticFiles(directory=settings.web_dir, check_dir=False), name="app"
+    )  # the chat app's assets
     return app

@@ -29,7 +29,9 @@ class Principal:
     user_id: str
     tier: str
     via_key: bool = False
-    admin: bool = False  # may change limits (a claim of a signed credential; API keys never carry it)
+    admin: bool = (
+        False  # may change limits (a claim of a signed credential; API keys never carry it)
+    )
 
 
 def new_key() -> tuple[str, str]:
@@ -68,7 +70,11 @@ def issue(
 
 
 def credential(
-    user: str, tier: str = "pro", ttl_s: int = 3600, admin: bool = False, settings: ApiSettings | None = None
+    user: str,
+    tier: str = "pro",
+    ttl_s: int = 3600,
+    admin: bool = False,
+    settings: ApiSettings | None = None,
 ) -> str:
     """A credential signed with the settings' secret (by default this machine's: the local stack's), for the
     CLI's `parley token`, the tests and the benches."""
@@ -114,7 +120,9 @@ async def principal(request: Request) -> Principal:
             raise ApiError(401, "The API key is not valid or has been revoked.", "invalid_api_key")
         return Principal(owner[0], owner[1], via_key=True)
     settings = request.app.state.settings
-    return verify(token, settings.jwt_secret.get_secret_value(), settings.jwt_issuer, settings.jwt_audience)
+    return verify(
+        token, settings.jwt_secret.get_secret_value(), settings.jwt_issuer, settings.jwt_audience
+    )
 
 
 CurrentUser = Annotated[Principal, Depends(principal)]

@@ -51,7 +51,9 @@ class BodyLimit:
 
         async def counted() -> Message:  # a chunked body, or one longer than it said
             nonlocal seen, complete
-            if complete:  # after the body, receive() waits for the client to leave (a stream's disconnect)
+            if (
+                complete
+            ):  # after the body, receive() waits for the client to leave (a stream's disconnect)
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), self.idle_s)

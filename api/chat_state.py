@@ -39,13 +39,22 @@ async def owned_message(deps: Services, chat_id: uuid.UUID, message_id: str) -> 
             message = await deps.conversations.get_message(chat_id, parsed)
         if message is None:
             retry = {"Retry-After": "1"}
-            raise ApiError(409, "This answer is still being written; retry shortly.", "run_in_progress", headers=retry)
+            raise ApiError(
+                409,
+                "This answer is still being written; retry shortly.",
+                "run_in_progress",
+                headers=retry,
+            )
     if message is None:
-        raise ApiError(404, f"No message found with id '{message_id}' in this chat.", "message_not_found")
+        raise ApiError(
+            404, f"No message found with id '{message_id}' in this chat.", "message_not_found"
+        )
     return message
 
 
-async def owned_run(deps: Services, user: Principal, chat_id: str, run_id: str) -> tuple[Any, int, str | None]:
+async def owned_run(
+    deps: Services, user: Principal, chat_id: str, run_id: str
+) -> tuple[Any, int, str | None]:
     """(the chat, reply partition, finish reason) of a run of one of the caller's chats; otherwise 404."""
     parsed, chat = await owned_chat(deps, user, chat_id)
     run = parse_id(run_id)
@@ -83,4 +92,6 @@ async def forget_message(deps: Services, chat_id: uuid.UUID, user: Principal, me
     """Delete a stored message, and tell the memory stage (it forgets its embedding and every summary covering
     it; until then the scheduler passes over them, conversation/gather.py)."""
     at = await deps.conversations.delete_message(chat_id, uuid.UUID(message.id))
-    await memory_changed(deps, chat_id, user, "deleted", epoch_ms(at), message_id=message.id, role=message.role)
+    await memory_changed(
+        deps, chat_id, user, "deleted", epoch_ms(at), message_id=message.id, role=message.role
+    )

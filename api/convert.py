@@ -62,7 +62,10 @@ def sse(reply: Reply) -> dict[str, Any]:
     """One SSE event (sse-starlette's dict form) for one reply record."""
     r = reply.record
     if reply.kind == ACCEPTED:  # the edge's own: no log record behind it, so no cursor
-        data = {**r, "message": "Your request is in; the scheduler has not placed it yet. The answer follows."}
+        data = {
+            **r,
+            "message": "Your request is in; the scheduler has not placed it yet. The answer follows.",
+        }
         return {"event": "run.accepted", "data": json.dumps(data)}
     if reply.kind == "queued":
         event, data = (
@@ -77,16 +80,26 @@ def sse(reply: Reply) -> dict[str, Any]:
             },
         )
     elif reply.kind == "started":
-        event, data = "run.started", {"run_id": r["run_id"], "chat_id": r["chat_id"], "model": r["model"]}
+        event, data = (
+            "run.started",
+            {"run_id": r["run_id"], "chat_id": r["chat_id"], "model": r["model"]},
+        )
     elif reply.kind == "delta":
         event, data = "token", {"run_id": r["run_id"], "delta": r["text"]}
     elif reply.kind == "completed":
         usage = r["usage"] or {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
         event, data = (
             "run.completed",
-            {"run_id": r["run_id"], "finish_reason": r["finish_reason"], "model": r["model"], "usage": usage},
+            {
+                "run_id": r["run_id"],
+                "finish_reason": r["finish_reason"],
+                "model": r["model"],
+                "usage": usage,
+            },
         )
-    elif reply.kind == "moderation":  # output moderation cut the answer: the client drops text from retract_from
+    elif (
+        reply.kind == "moderation"
+    ):  # output moderation cut the answer: the client drops text from retract_from
         event, data = (
             "moderation",
             {
@@ -98,16 +111,27 @@ def sse(reply: Reply) -> dict[str, Any]:
             },
         )
     elif reply.kind == "error":
-        event, data = "error", {"run_id": r["run_id"], "code": r["error_code"], "message": r["error_message"]}
+        event, data = (
+            "error",
+            {"run_id": r["run_id"], "code": r["error_code"], "message": r["error_message"]},
+        )
     else:  # rejected
         prompt = r["prompt"]
         if r["code"] == "content_filter":
             event, data = (
                 "moderation",
-                {"run_id": prompt["run_id"], "action": "refused", "category": r["category"], "message": r["message"]},
+                {
+                    "run_id": prompt["run_id"],
+                    "action": "refused",
+                    "category": r["category"],
+                    "message": r["message"],
+                },
             )
         else:  # a refusal the scheduler made after the stream started: its Retry-After goes with it
-            event, data = "error", {"run_id": prompt["run_id"], "code": r["code"], "message": r["message"]}
+            event, data = (
+                "error",
+                {"run_id": prompt["run_id"], "code": r["code"], "message": r["message"]},
+            )
             if r.get("retry_after_s") is not None:
                 data["retry_after_s"] = r["retry_after_s"]
     return {"event": event, "id": reply.cursor, "data": json.dumps(data)}

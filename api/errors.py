@@ -41,7 +41,13 @@ class ApiError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.code, self.param, self.headers = status, message, code, param, headers
+        self.status, self.message, self.code, self.param, self.headers = (
+            status,
+            message,
+            code,
+            param,
+            headers,
+        )
 
 
 def allowed_methods(request: Request, fallback: str) -> str:
@@ -52,26 +58,41 @@ def allowed_methods(request: Request, fallback: str) -> str:
         for template, operations in request.app.openapi()["paths"].items()
         if re.fullmatch(re.sub(r"\{[^/]+\}", "[^/]+", template), request.url.path)
     ]
-    fewest = min((params for params, _ in matching), default=0)  # /v1/chats/export is not /v1/chats/{chat_id}
+    fewest = min(
+        (params for params, _ in matching), default=0
+    )  # /v1/chats/export is not /v1/chats/{chat_id}
     methods = set().union(*(found for params, found in matching if params == fewest))
     return ", ".join(sorted(methods)) or fallback
 
 
-def body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
-    return {"error": {"message": message, "type": TYPES.get(status, "api_error"), "param": param, "code": code}}
+def body(
+    status: int, message: str, code: str | None = None, param: str | None = None
+) -> dict[str, object]:
+    return {
+        "error": {
+            "message": message,
+            "type": TYPES.get(status, "api_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(body(exc.status, exc.message, exc.code, exc.param), exc.status, headers=exc.headers)
+        return JSONResponse(
+            body(exc.status, exc.message, exc.code, exc.param), exc.status, headers=exc.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
-            return JSONResponse(body(400, "The request body is not valid JSON.", "invalid_json"), 400)
+            return JSONResponse(
+                body(400, "The request body is not valid JSON.", "invalid_json"), 400
+            )
         message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"
         return JSONResponse(body(400, message, "invalid_value", ".".join(loc) or None), 400)
 
@@ -79,7 +100,9 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         content = body(exc.status_code, str(exc.detail), getattr(exc, "code", None))
         headers = dict(exc.headers or {})
-        if exc.status_code == 405:  # every method the path takes (Starlette names only its first route's)
+        if (
+            exc.status_code == 405
+        ):  # every method the path takes (Starlette names only its first route's)
             headers["Allow"] = allowed_methods(request, headers.get("Allow", ""))
         return JSONResponse(content, exc.status_code, headers=headers)
 
@@ -89,13 +112,17 @@ def install(app: FastAPI) -> None:
         copies in sync): a clear, retryable error rather than a hang."""
         LOG_OUTAGE.failed(f"{request.method} {request.url.path}: {exc}")
         message = "The event log is unavailable right now; retry shortly."
-        return JSONResponse(body(503, message, "log_unavailable"), 503, headers={"Retry-After": "5"})
+        return JSONResponse(
+            body(503, message, "log_unavailable"), 503, headers={"Retry-After": "5"}
+        )
 
     async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
         """Too few Cassandra replicas answered in time (nodes down or overloaded): retryable, like the log's."""
         STORE_OUTAGE.failed(f"{request.method} {request.url.path}: {type(exc).__name__}: {exc}")
         message = "The conversation store is unavailable right now; retry shortly."
-        return JSONResponse(body(503, message, "store_unavailable"), 503, headers={"Retry-After": "5"})
+        return JSONResponse(
+            body(503, message, "store_unavailable"), 503, headers={"Retry-After": "5"}
+        )
 
     for kind in (OperationTimedOut, RequestExecutionException, NoHostAvailable):
         app.add_exception_handler(kind, store_unavailable)

@@ -34,13 +34,24 @@ ERROR = {
         }
     },
 }
-EVENTS = ["run.accepted", "run.queued", "run.started", "token", "moderation", "run.completed", "error"]
+EVENTS = [
+    "run.accepted",
+    "run.queued",
+    "run.started",
+    "token",
+    "moderation",
+    "run.completed",
+    "error",
+]
 CHAT_EVENT = {  # one event of a chat run's stream
     "type": "object",
     "required": ["event", "data"],
     "properties": {
         "event": {"type": "string", "enum": EVENTS},
-        "id": {"type": "string", "description": "The record's position in the log: a resume's Last-Event-ID."},
+        "id": {
+            "type": "string",
+            "description": "The record's position in the log: a resume's Last-Event-ID.",
+        },
         "data": {"type": "string", "description": "JSON; its fields depend on the event (README)."},
     },
 }
@@ -79,7 +90,11 @@ FROM_RUN = {  # link name: (method, path, the path parameter that takes the run 
     "ResumeRun": ("get", f"{CHAT}/runs/{{run_id}}/events", "run_id"),
     "CancelRun": ("post", f"{CHAT}/runs/{{run_id}}/cancel", "run_id"),
     "Regenerate": ("post", f"{CHAT}/runs/{{run_id}}/regenerate", "run_id"),
-    "RateAnswer": ("post", f"{CHAT}/messages/{{message_id}}/feedback", "message_id"),  # an answer's id is its run's
+    "RateAnswer": (
+        "post",
+        f"{CHAT}/messages/{{message_id}}/feedback",
+        "message_id",
+    ),  # an answer's id is its run's
     "EditAnswer": ("patch", f"{CHAT}/messages/{{message_id}}", "message_id"),
     "DeleteAnswer": ("delete", f"{CHAT}/messages/{{message_id}}", "message_id"),
 }
@@ -106,7 +121,9 @@ def document(doc: dict[str, Any], settings: ApiSettings) -> dict[str, Any]:
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             for status, description in ERRORS.items() if path.startswith("/v1/") else ():
-                responses.setdefault(status, {"description": description, "content": json_of("Error")})
+                responses.setdefault(
+                    status, {"description": description, "content": json_of("Error")}
+                )
     health = paths["/readyz"]["get"]["responses"]
     health["503"] = {
         "description": "No reply partition held yet (a standby, or its group is rebalancing).",
@@ -117,22 +134,32 @@ def document(doc: dict[str, Any], settings: ApiSettings) -> dict[str, Any]:
         ok["content"] = {"text/event-stream": {"schema": CHAT_EVENT}}
     for method, path in NEW_RUN:
         ok = paths[path][method]["responses"]["200"]
-        ok["headers"] = {"X-Run-Id": {"description": "The new run's id.", "schema": {"type": "string"}}}
+        ok["headers"] = {
+            "X-Run-Id": {"description": "The new run's id.", "schema": {"type": "string"}}
+        }
         ok["links"] = {
             name: {
                 "operationId": paths[target][how]["operationId"],
-                "parameters": {"chat_id": "$request.path.chat_id", param: "$response.header.X-Run-Id"},
+                "parameters": {
+                    "chat_id": "$request.path.chat_id",
+                    param: "$response.header.X-Run-Id",
+                },
             }
             for name, (how, target, param) in FROM_RUN.items()
         }
     created = paths["/v1/chats"]["post"]["responses"]["201"]
     created["links"] = {
-        name: {"operationId": paths[target][how]["operationId"], "parameters": {"chat_id": "$response.body#/id"}}
+        name: {
+            "operationId": paths[target][how]["operationId"],
+            "parameters": {"chat_id": "$response.body#/id"},
+        }
         for name, (how, target) in FROM_CHAT.items()
     }
     revoke = paths["/v1/api-keys/{key_id}"]["delete"]["operationId"]
     key = paths["/v1/api-keys"]["post"]["responses"]["201"]
-    key["links"] = {"RevokeKey": {"operationId": revoke, "parameters": {"key_id": "$response.body#/id"}}}
+    key["links"] = {
+        "RevokeKey": {"operationId": revoke, "parameters": {"key_id": "$response.body#/id"}}
+    }
     completions = paths["/v1/chat/completions"]["post"]["responses"]["200"]
     completions["content"] = {**json_of(None), "text/event-stream": {"schema": CHUNK_EVENT}}
     limits(schemas, settings)
@@ -140,7 +167,9 @@ def document(doc: dict[str, Any], settings: ApiSettings) -> dict[str, Any]:
 
 
 def json_of(schema: str | None) -> dict[str, Any]:
-    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"} if schema else {}}}
+    return {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"} if schema else {}}
+    }
 
 
 def limits(schemas: dict[str, Any], settings: ApiSettings) -> None:
@@ -148,10 +177,16 @@ def limits(schemas: dict[str, Any], settings: ApiSettings) -> None:
     text = {"maxLength": settings.max_content_chars, "pattern": r"\S"}  # and not only whitespace
     for name in ("NewMessage", "MessagePatch"):
         schemas[name]["properties"]["content"].update(text)
-    tokens = (("NewMessage", ["max_tokens"]), ("Regenerate", ["max_tokens"]), ("Completion", TOKEN_FIELDS))
+    tokens = (
+        ("NewMessage", ["max_tokens"]),
+        ("Regenerate", ["max_tokens"]),
+        ("Completion", TOKEN_FIELDS),
+    )
     for name, fields in tokens:
         for field in fields:
-            branch(schemas[name]["properties"][field], "integer")["maximum"] = settings.max_tokens_limit
+            branch(schemas[name]["properties"][field], "integer")["maximum"] = (
+                settings.max_tokens_limit
+            )
     for name in ("NewMessage", "Regenerate", "Completion"):
         branch(schemas[name]["properties"]["model"], "string")["enum"] = list(settings.models)
 

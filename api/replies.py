@@ -16,7 +16,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from prometheus_client import Counter
 
 from runtime.kafka import ConsumerThread, consumer_config
@@ -28,9 +35,12 @@ from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
 
-RECORDS_READ = Counter("parley_edge_reply_records_read_total", "Reply records this replica read from Kafka")
+RECORDS_READ = Counter(
+    "parley_edge_reply_records_read_total", "Reply records this replica read from Kafka"
+)
 RECORDS_FOR_STREAMS = Counter(
-    "parley_edge_reply_records_dispatched_total", "Reply records handed to a stream this replica holds"
+    "parley_edge_reply_records_dispatched_total",
+    "Reply records handed to a stream this replica holds",
 )
 
 
@@ -48,7 +58,10 @@ class Reply:
 
 def reply_topics(namespace: str) -> dict[str, tuple[str, Topic[Any]]]:
     """Broker name -> (cursor prefix, topic) of the two topics a run's stream is made of."""
-    return {named(TOKEN_DELTA, namespace): ("t", TOKEN_DELTA), named(RUN_REJECTED, namespace): ("r", RUN_REJECTED)}
+    return {
+        named(TOKEN_DELTA, namespace): ("t", TOKEN_DELTA),
+        named(RUN_REJECTED, namespace): ("r", RUN_REJECTED),
+    }
 
 
 def to_reply(topics: dict[str, tuple[str, Topic[Any]]], msg: Message) -> tuple[str, Reply]:
@@ -96,7 +109,9 @@ class ReplyHub:
             "heartbeat.interval.ms": int(session_timeout_s * 250),
         }
         self._consumer = Consumer(consumer_config(bootstrap, group, **extra))
-        self._streams: dict[str, tuple[int, LiveRun]] = {}  # run id -> (its reply partition, its queue)
+        self._streams: dict[
+            str, tuple[int, LiveRun]
+        ] = {}  # run id -> (its reply partition, its queue)
         self._owned: tuple[int, ...] = ()
         self._turn = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +126,9 @@ class ReplyHub:
     def start(self, loop: asyncio.AbstractEventLoop, timeout_s: float = 60.0) -> None:
         """Join the edge group and wait for a first assignment (a replica with none still serves resumes)."""
         self._loop = loop
-        self._consumer.subscribe(list(self._topics), on_assign=self._assigned, on_revoke=self._revoked)
+        self._consumer.subscribe(
+            list(self._topics), on_assign=self._assigned, on_revoke=self._revoked
+        )
         self._reader.start(None)
         deadline = time.monotonic() + timeout_s
         while not self._owned and time.monotonic() < deadline:
@@ -126,7 +143,9 @@ class ReplyHub:
         starts = []
         for tp in partitions:
             try:
-                _, end = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
+                _, end = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=5
+                )
             except KafkaException:
                 end = OFFSET_END  # the broker did not say: the first fetch decides, as before
             starts.append(TopicPartition(tp.topic, tp.partition, end))
@@ -138,10 +157,16 @@ class ReplyHub:
         lost = {tp.partition for tp in partitions}
         self._owned = tuple(p for p in self._owned if p not in lost)
         consumer.unassign()
-        moved = [run_id for run_id, (partition, _) in list(self._streams.items()) if partition in lost]
+        moved = [
+            run_id for run_id, (partition, _) in list(self._streams.items()) if partition in lost
+        ]
         if moved and self._loop is not None:
             self._loop.call_soon_threadsafe(self._hand_off, moved)
-        log.info("reply partitions revoked: %s (%d streams continue from the log)", sorted(lost), len(moved))
+        log.info(
+            "reply partitions revoked: %s (%d streams continue from the log)",
+            sorted(lost),
+            len(moved),
+        )
 
     def _hand_off(self, run_ids: list[str]) -> None:
         for run_id in run_ids:
@@ -173,7 +198,9 @@ class ReplyHub:
 
     def _poll(self) -> None:
         """Read in batches and hand each batch to the event loop at once (one wake-up per batch, not per record)."""
-        first = self._consumer.poll(0.05)  # wakes on the first record; then take what is already here
+        first = self._consumer.poll(
+            0.05
+        )  # wakes on the first record; then take what is already here
         if first is None:
             return
         batch = []
@@ -187,7 +214,13 @@ class ReplyHub:
             try:
                 batch.append(to_reply(self._topics, msg))
             except PoisonEvent as exc:
-                log.warning("skipping undecodable reply %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
+                log.warning(
+                    "skipping undecodable reply %s[%d]@%d: %s",
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    exc,
+                )
         RECORDS_READ.inc(len(messages))  # once per batch: a metric update costs a lock
         if batch:
             assert self._loop is not None
@@ -204,7 +237,10 @@ class ReplyHub:
             try:
                 live.queue.put_nowait(reply)
             except asyncio.QueueFull:
-                log.info("run %s: client reads slower than the run; its stream catches up from the log", run_id)
+                log.info(
+                    "run %s: client reads slower than the run; its stream catches up from the log",
+                    run_id,
+                )
                 live.overflowed = True
                 self._streams.pop(run_id, None)
         RECORDS_FOR_STREAMS.inc(handed)
@@ -229,7 +265,9 @@ class Replay:
         self.run_id = run_id
         self._names = reply_topics(namespace)
         self._consumer = Consumer(
-            consumer_config(bootstrap, f"edge-replay-{namespace}", **{"enable.partition.eof": False})
+            consumer_config(
+                bootstrap, f"edge-replay-{namespace}", **{"enable.partition.eof": False}
+            )
         )
         self._after: tuple[str, int, int] | None = None
         self.finished = False
@@ -245,9 +283,13 @@ class Replay:
             prefix = self._names[tp.topic][0]
             offset = tp.offset
             if after is not None and after[0] == prefix:
-                offset = after[2]  # read the cursor's record again to learn whether the run ended there
+                offset = after[
+                    2
+                ]  # read the cursor's record again to learn whether the run ended there
             elif offset < 0:  # no record at or after the run's start yet: read from the end
-                offset = self._consumer.get_watermark_offsets(TopicPartition(tp.topic, self.partition), timeout=10)[1]
+                offset = self._consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, self.partition), timeout=10
+                )[1]
             assignment.append(TopicPartition(tp.topic, self.partition, offset))
         self._consumer.assign(assignment)
 

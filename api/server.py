@@ -24,7 +24,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from api.errors import body
 
 
-def raw_error(status: int, reason: str, message: str, code: str, retry_after: int | None = None) -> bytes:
+def raw_error(
+    status: int, reason: str, message: str, code: str, retry_after: int | None = None
+) -> bytes:
     """A whole HTTP/1.1 response, written before (or instead of) reading a request."""
     content = json.dumps(body(status, message, code)).encode()
     head = [
@@ -49,7 +51,9 @@ class GuardedH11(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self.open_by_client[self._address] += 1
         if self.open_by_client[self._address] > self.max_connections_per_client:
-            message = f"More than {self.max_connections_per_client} connections from one client at once."
+            message = (
+                f"More than {self.max_connections_per_client} connections from one client at once."
+            )
             transport.write(raw_error(429, "Too Many Requests", message, "too_many_connections", 1))
             transport.close()
             return
@@ -95,5 +99,8 @@ def guarded(header_timeout_s: float, max_connections_per_client: int) -> type[An
     return type(
         "GuardedH11",
         (GuardedH11,),
-        {"header_timeout_s": header_timeout_s, "max_connections_per_client": max_connections_per_client},
+        {
+            "header_timeout_s": header_timeout_s,
+            "max_connections_per_client": max_connections_per_client,
+        },
     )

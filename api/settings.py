@@ -28,21 +28,30 @@ class ApiSettings(StackSettings):
         "room for an OpenAI-style request carrying a long conversation.",
     )
     header_timeout_s: float = Field(
-        10.0, description="A request's headers must arrive within this of the connection opening (408 after)."
+        10.0,
+        description="A request's headers must arrive within this of the connection opening (408 after).",
     )
-    body_idle_timeout_s: float = Field(30.0, description="A request body that stops arriving this long: 408.")
+    body_idle_timeout_s: float = Field(
+        30.0, description="A request body that stops arriving this long: 408."
+    )
     max_connections_per_client: int = Field(
         64, description="Connections one client address may hold at once; one more is refused 429."
     )
     answer_store_wait_s: float = Field(
-        5.0, description="How long a request about an answer whose run just ended waits for it to be stored."
+        5.0,
+        description="How long a request about an answer whose run just ended waits for it to be stored.",
     )
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
     metering_url: str = "http://127.0.0.1:6069"
-    admission_timeout_s: float = 10.0  # the most a request waits for the scheduler's admit/reject decision
-    first_event_timeout_s: float = 120.0  # a run that never starts ends with an error event, never hangs
+    admission_timeout_s: float = (
+        10.0  # the most a request waits for the scheduler's admit/reject decision
+    )
+    first_event_timeout_s: float = (
+        120.0  # a run that never starts ends with an error event, never hangs
+    )
     stream_idle_timeout_s: float = 60.0
     web_dir: Path = Field(
-        Path(__file__).resolve().parent.parent / "web" / "dist", description="The built chat app (make web)."
+        Path(__file__).resolve().parent.parent / "web" / "dist",
+        description="The built chat app (make web).",
     )

@@ -22,7 +22,16 @@ from api import convert
 from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
-from api.replies import ACCEPTED, HANDOFF, TERMINAL, LiveRun, NoReplyPartition, Replay, Reply, parse_cursor
+from api.replies import (
+    ACCEPTED,
+    HANDOFF,
+    TERMINAL,
+    LiveRun,
+    NoReplyPartition,
+    Replay,
+    Reply,
+    parse_cursor,
+)
 from conversation import tokens
 from runtime.kafka import until_ready
 from storage.ids import id_time_ms
@@ -32,13 +41,20 @@ from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
 log = logging.getLogger(__name__)
 
-REPLAY_MARGIN_MS = 5_000  # clock skew between the edge that minted the run id and the producers' timestamps
+REPLAY_MARGIN_MS = (
+    5_000  # clock skew between the edge that minted the run id and the producers' timestamps
+)
 
 
 SLOW_DECISIONS = Counter(
-    "parley_edge_slow_admissions_total", "Runs kept and streamed before the scheduler decided (past the wait)"
+    "parley_edge_slow_admissions_total",
+    "Runs kept and streamed before the scheduler decided (past the wait)",
 )
-SHED = Counter("parley_edge_shed_total", "Requests refused at the door: no pool had room for their tier", ["tier"])
+SHED = Counter(
+    "parley_edge_shed_total",
+    "Requests refused at the door: no pool had room for their tier",
+    ["tier"],
+)
 
 
 class StreamTimeout(Exception):
@@ -93,7 +109,9 @@ async def from_log(
         seek = partial(reader.seek, since_ms(run_id), after)
         try:  # the partition's leader may be moving (a broker died): ask again until it answers
             what = f"run {run_id}: seek on reply partition {partition}"
-            await loop.run_in_executor(None, until_ready, what, seek, settings.first_event_timeout_s)
+            await loop.run_in_executor(
+                None, until_ready, what, seek, settings.first_event_timeout_s
+            )
         except KafkaException:
             raise StreamTimeout("The log did not answer where this run's records are.") from None
         deadline = loop.time() + settings.first_event_timeout_s
@@ -145,7 +163,9 @@ def shed_when_full(
     here over the messages the request brings (the least of the pools' counts: a lower bound of what the
     scheduler will count with the history added)."""
     settings = deps.settings
-    tokenizers = {pool.tokenizer for pool in settings.pools.values()}  # pools serving one model share one
+    tokenizers = {
+        pool.tokenizer for pool in settings.pools.values()
+    }  # pools serving one model share one
     least = min(tokens.load(spec).count_chat(messages) for spec in tokenizers)
     placement = at_the_door(
         model,
@@ -159,10 +179,17 @@ def shed_when_full(
     )
     if placement is None:
         # Let through: it waits in the pool it asks for until the scheduler's decision reaches `admitted`.
-        deps.pools.pending(run_id, wanted_pool(model, settings.pools, settings.default_pool), user.tier)
+        deps.pools.pending(
+            run_id, wanted_pool(model, settings.pools, settings.default_pool), user.tier
+        )
         return
     SHED.labels(user.tier).inc()
-    log.info("shed a request of %s (%s) at the door: about %.1fs of queue", user.user_id, user.tier, placement.wait_s)
+    log.info(
+        "shed a request of %s (%s) at the door: about %.1fs of queue",
+        user.user_id,
+        user.tier,
+        placement.wait_s,
+    )
     raise ApiError(
         429,
         capacity_message(model or settings.models[0], placement.wait_s),
@@ -194,22 +221,30 @@ async def admitted(
         first_reply.cancel()
         raise
     finally:
-        deps.pools.decided(run_id)  # the door counts it no longer: a placement or a refusal says the rest
+        deps.pools.decided(
+            run_id
+        )  # the door counts it no longer: a placement or a refusal says the rest
     # No record at all (the log did not answer) is no decision either: the stream says so as its error event.
     if not done or isinstance(first_reply.exception(), StreamTimeout):
         SLOW_DECISIONS.inc()
         wait = deps.settings.admission_timeout_s
-        log.warning("run %s: no admission decision in %.0fs; kept, its stream starts now", run_id, wait)
+        log.warning(
+            "run %s: no admission decision in %.0fs; kept, its stream starts now", run_id, wait
+        )
         accepted = {"run_id": run_id, "chat_id": event["chat_id"], "model": event["model"]}
         return Reply("", ACCEPTED, accepted), prepend_pending(first_reply, replies)
     first = first_reply.result()
-    if first.kind == "rejected" and not (stream_refusals and first.record["code"] == "content_filter"):
+    if first.kind == "rejected" and not (
+        stream_refusals and first.record["code"] == "content_filter"
+    ):
         deps.replies.close(run_id)
         raise rejection_error(first.record)
     return first, replies
 
 
-async def prepend_pending(first: asyncio.Future[Reply], rest: AsyncIterator[Reply]) -> AsyncIterator[Reply]:
+async def prepend_pending(
+    first: asyncio.Future[Reply], rest: AsyncIterator[Reply]
+) -> AsyncIterator[Reply]:
     """The replies of a run whose first record is still on its way, then the rest."""
     try:
         reply = await first
@@ -232,7 +267,9 @@ def reply_partition(deps: Services) -> int:
     try:
         return deps.replies.pick()
     except NoReplyPartition as exc:
-        raise ApiError(503, f"{exc}; retry shortly.", "edge_not_ready", headers={"Retry-After": "1"}) from None
+        raise ApiError(
+            503, f"{exc}; retry shortly.", "edge_not_ready", headers={"Retry-After": "1"}
+        ) from None
 
 
 async def start_run(deps: Services, event: PromptAccepted) -> LiveRun:
@@ -249,7 +286,9 @@ async def start_run(deps: Services, event: PromptAccepted) -> LiveRun:
     return run
 
 
-async def request_cancel(deps: Services, *, run_id: str, chat_id: str, user_id: str, reason: str) -> None:
+async def request_cancel(
+    deps: Services, *, run_id: str, chat_id: str, user_id: str, reason: str
+) -> None:
     """Publish RunControl(cancel); the inference consumer holding the run stops it between decode steps."""
     control = convert.run_control(run_id=run_id, chat_id=chat_id, user_id=user_id, reason=reason)
     await deps.producer.publish(RUN_CONTROL, control, key=chat_id)

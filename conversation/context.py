@@ -54,7 +54,9 @@ class Limits:
 class Assembled:
     messages: list[ChatMessage]
     record: dict[str, Any] = field(default_factory=dict)  # RunScheduled.context: what the model saw
-    largest_dropped: int = 0  # the tokens of the largest earlier turn the window let go (pool choice)
+    largest_dropped: int = (
+        0  # the tokens of the largest earlier turn the window let go (pool choice)
+    )
 
 
 class TooLong(Exception):
@@ -137,7 +139,9 @@ def relevant(
     return chosen
 
 
-def recall_block(recalled: list[Turn], room: int, limits: Limits, tokens: Tokens) -> tuple[str, list[Turn]]:
+def recall_block(
+    recalled: list[Turn], room: int, limits: Limits, tokens: Tokens
+) -> tuple[str, list[Turn]]:
     """The retrieved messages as one block (chronological), each cut to its share; best first until full."""
     chosen: list[tuple[Turn, str]] = []
     used = tokens.count(RECALL_HEADER + RECALL_FOOTER)
@@ -152,13 +156,17 @@ def recall_block(recalled: list[Turn], room: int, limits: Limits, tokens: Tokens
     if not chosen:
         return "", []
     ordered = sorted(chosen, key=lambda pair: uuid.UUID(pair[0].id).time)
-    return RECALL_HEADER + "".join(line for _, line in ordered).rstrip("\n") + RECALL_FOOTER, [t for t, _ in ordered]
+    return RECALL_HEADER + "".join(line for _, line in ordered).rstrip("\n") + RECALL_FOOTER, [
+        t for t, _ in ordered
+    ]
 
 
 def assemble_chat(
     system_prompt: str,
     summary: tuple[int, str, str] | None,  # (version, through, text)
-    earlier: list[Turn],  # the turns after the summary (and any reset), oldest first, not the new message
+    earlier: list[
+        Turn
+    ],  # the turns after the summary (and any reset), oldest first, not the new message
     older_exist: bool,  # whether there are turns before `earlier` (summarised, or out of the window)
     recalled: list[Turn] | None,  # retrieved older turns, best first (None: retrieval not done yet)
     new_message: str,
@@ -166,10 +174,15 @@ def assemble_chat(
     tokens: Tokens,
 ) -> Assembled:
     """The prompt for a new message; raises TooLong when the system prompt and the message alone overflow."""
-    bare: list[ChatMessage] = [{"role": "system", "content": system_prompt}, {"role": "user", "content": new_message}]
+    bare: list[ChatMessage] = [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": new_message},
+    ]
     floor = tokens.count_chat(bare)
     if floor > limits.budget:
-        raise TooLong(f"This message needs {floor} prompt tokens; this model's budget is {limits.budget}.")
+        raise TooLong(
+            f"This message needs {floor} prompt tokens; this model's budget is {limits.budget}."
+        )
     system, summary_tokens = system_prompt, 0
     if summary is not None:
         text = tokens.truncate(summary[2].strip(), limits.summary_tokens)
@@ -185,7 +198,9 @@ def assemble_chat(
     # message recalls: the window (the cached prefix) must not move with each message's retrieval.
     cost = costs(earlier, tokens)
     overflow = older_exist or sum(cost) > room
-    start = window(earlier, cost, room - (min(limits.recall_tokens, limits.budget // 5) if overflow else 0))
+    start = window(
+        earlier, cost, room - (min(limits.recall_tokens, limits.budget // 5) if overflow else 0)
+    )
     kept = earlier[start:]
     block, used = "", list[Turn]()
     if recalled:
@@ -194,7 +209,9 @@ def assemble_chat(
     messages += [{"role": t.role, "content": t.content} for t in kept]
     messages.append({"role": "user", "content": block + new_message})
     total = tokens.count_chat(messages)
-    while total > limits.budget and len(messages) > 2:  # the per-part sums are close, not exact: trim to fit
+    while (
+        total > limits.budget and len(messages) > 2
+    ):  # the per-part sums are close, not exact: trim to fit
         messages.pop(1)
         kept = kept[1:]
         total = tokens.count_chat(messages)

@@ -24,9 +24,10 @@ from conversation.settings import ContextSettings
 from runtime.settings import Pool
 from safety.moderator import Moderator
 from safety.policy import PolicyView
-from storage.conversations import Change, Conversations, Message
+from storage.conversations import Conversations
 from storage.ids import MIN_ID
 from storage.memory import Memory, Recalled, Summary
+from storage.rows import Change, Message
 from topics.clock import now_ms
 from topics.codec import Event
 from topics.events import PromptAccepted, PromptContext, RunScheduled
@@ -40,7 +41,9 @@ PROMPT_TOKENS = Histogram(
     buckets=(64, 256, 512, 1024, 1536, 2048, 4096, 8192),
 )
 RECALLED = Histogram(
-    "parley_scheduler_recalled_messages", "Older messages retrieved into a prompt", buckets=(0, 1, 2, 3, 4, 8)
+    "parley_scheduler_recalled_messages",
+    "Older messages retrieved into a prompt",
+    buckets=(0, 1, 2, 3, 4, 8),
 )
 
 
@@ -76,7 +79,9 @@ def scheduled(
         "priority": 0,
         "degraded_from": None,
         "estimate_tokens": assembled.record["prompt_tokens"] + prompt["max_tokens"],
-        "context": cast(PromptContext, assembled.record),  # built up by the assembly (conversation/context.py)
+        "context": cast(
+            PromptContext, assembled.record
+        ),  # built up by the assembly (conversation/context.py)
         "rescheduled": False,
         "scheduled_at": now_ms(),
     }
@@ -99,7 +104,9 @@ def assemble_given(prompt: PromptAccepted, settings: ContextSettings) -> RunSche
     )
 
 
-async def wait_for_previous(prompt: Event, conversations: Conversations, settings: ContextSettings) -> None:
+async def wait_for_previous(
+    prompt: Event, conversations: Conversations, settings: ContextSettings
+) -> None:
     """Wait (bounded) until the chat's previous answer is persisted, so the context includes it."""
     chat_id = uuid.UUID(prompt["chat_id"])
     deadline = time.monotonic() + settings.prev_turn_wait_s
@@ -115,7 +122,9 @@ async def wait_for_previous(prompt: Event, conversations: Conversations, setting
         await asyncio.sleep(0.05)
 
 
-WITHHELD = "[Withheld from this context: it contained text that reads as instructions to the assistant.]"
+WITHHELD = (
+    "[Withheld from this context: it contained text that reads as instructions to the assistant.]"
+)
 
 
 class ContextGuard:
@@ -157,7 +166,9 @@ class ContextGuard:
         return out, withheld
 
 
-SUMMARIES_READ = 3  # the newest summaries read: one that an edit or a delete made wrong is passed over
+SUMMARIES_READ = (
+    3  # the newest summaries read: one that an edit or a delete made wrong is passed over
+)
 
 
 def current_summary(summaries: list[Summary], changes: Mapping[str, Change]) -> Summary | None:
@@ -166,7 +177,8 @@ def current_summary(summaries: list[Summary], changes: Mapping[str, Change]) -> 
     for summary in summaries:
         through = uuid.UUID(summary.through).time
         if not any(
-            uuid.UUID(mid).time <= through and (summary.created_at is None or change.at > summary.created_at)
+            uuid.UUID(mid).time <= through
+            and (summary.created_at is None or change.at > summary.created_at)
             for mid, change in changes.items()
         ):
             return summary
@@ -202,10 +214,14 @@ async def assemble_chat_run(
     message, fitted into the first pool whose budget holds it (conversation/context.py). Raises TooLong."""
     chat_id, tier = uuid.UUID(prompt["chat_id"]), prompt["tier"]
     summary, earlier, older, reset, withheld = None, [], False, None, []
-    if prompt["prev_run_id"]:  # not the chat's first turn (its first turn reads nothing: faster first token)
+    if prompt[
+        "prev_run_id"
+    ]:  # not the chat's first turn (its first turn reads nothing: faster first token)
         await wait_for_previous(prompt, conversations, settings)
         chat, summaries, changes = await asyncio.gather(
-            conversations.get_chat(chat_id), memory.summaries(chat_id, SUMMARIES_READ), conversations.changes(chat_id)
+            conversations.get_chat(chat_id),
+            memory.summaries(chat_id, SUMMARIES_READ),
+            conversations.changes(chat_id),
         )
         latest = current_summary(summaries, changes)
         reset = chat.context_from if chat is not None else None
@@ -250,7 +266,9 @@ async def assemble_chat_run(
     kept = assembled.record["verbatim_ids"]
     if older or len(kept) < len(earlier):  # there is memory beyond the window: recall from it
         first = uuid.UUID(kept[0]) if kept else uuid.UUID(prompt["message_id"])
-        recalled = await recall(memory, guard, chat_id, prompt["content"], reset, first, tier, settings, changes)
+        recalled = await recall(
+            memory, guard, chat_id, prompt["content"], reset, first, tier, settings, changes
+        )
         withheld += [t.id for t in recalled if t.content == WITHHELD]
         counter = tokens.load(settings.pools[name].tokenizer)
         assembled = assemble_chat(*args, recalled, prompt["content"], limits, counter)
@@ -272,8 +290,12 @@ async def recall(
 ) -> list[Turn]:
     """The older messages to recall for the new one (best first, conversation/context.py `relevant`), with
     assistant messages screened (the user's own were moderated as they came in)."""
-    vector = await asyncio.get_running_loop().run_in_executor(None, guard.moderator.encoder.embed, [text])
-    found = await memory.recall(chat_id, vector[0].tolist(), settings.recall_candidates, after or MIN_ID, before)
+    vector = await asyncio.get_running_loop().run_in_executor(
+        None, guard.moderator.encoder.embed, [text]
+    )
+    found = await memory.recall(
+        chat_id, vector[0].tolist(), settings.recall_candidates, after or MIN_ID, before
+    )
     found = as_changed(found, changes)
     vectors = np.array([r.embedding for r in found], dtype=np.float32).reshape(len(found), -1)
     picked = relevant(
@@ -285,5 +307,7 @@ async def recall(
         settings.recall_diversity,
     )
     RECALLED.observe(len(picked))
-    screened, _ = await guard.turns([Turn(found[i].id, found[i].role, found[i].content) for i in picked], tier)
+    screened, _ = await guard.turns(
+        [Turn(found[i].id, found[i].role, found[i].content) for i in picked], tier
+    )
     return screened

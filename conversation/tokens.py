@@ -75,7 +75,9 @@ def _from_gguf(path: Path) -> tuple[Tokenizer, dict[str, Any]]:
 
     kind, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "default")
     if kind != "gpt2" or pre not in _GPT2:
-        raise ValueError(f"{path}: tokenizer {kind}/{pre} is not a byte-level BPE this module rebuilds; use hf:")
+        raise ValueError(
+            f"{path}: tokenizer {kind}/{pre} is not a byte-level BPE this module rebuilds; use hf:"
+        )
     tokens: list[str] = get("tokenizer.ggml.tokens")
     merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
     tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
@@ -105,14 +107,20 @@ def _from_gguf(path: Path) -> tuple[Tokenizer, dict[str, Any]]:
 
 def _gguf_cached(path: Path) -> tuple[Tokenizer, dict[str, Any]]:
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:16]
     folder = state_dir() / "tokenizers" / key
     if (folder / "tokenizer.json").exists():
-        return Tokenizer.from_file(str(folder / "tokenizer.json")), json.loads((folder / "config.json").read_text())
+        return Tokenizer.from_file(str(folder / "tokenizer.json")), json.loads(
+            (folder / "config.json").read_text()
+        )
     tokenizer, config = _from_gguf(path)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
-    partial = folder / f"tokenizer.json.{os.getpid()}"  # processes starting together each write their own
+    partial = (
+        folder / f"tokenizer.json.{os.getpid()}"
+    )  # processes starting together each write their own
     tokenizer.save(str(partial))
     partial.replace(folder / "tokenizer.json")
     return tokenizer, config
@@ -140,5 +148,8 @@ def load(spec: str) -> ChatTokenizer:
     if not config.get("chat_template"):
         raise ValueError(f"{spec}: no chat template")
     return ChatTokenizer(
-        tokenizer, config["chat_template"], _text(config.get("bos_token")), _text(config.get("eos_token"))
+        tokenizer,
+        config["chat_template"],
+        _text(config.get("bos_token")),
+        _text(config.get("eos_token")),
     )

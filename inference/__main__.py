@@ -18,7 +18,10 @@ log = logging.getLogger("inference")
 
 
 async def amain(
-    settings: InferenceSettings, engine_url: str, api_key: str | None, revive: Callable[[], Awaitable[bool]] | None
+    settings: InferenceSettings,
+    engine_url: str,
+    api_key: str | None,
+    revive: Callable[[], Awaitable[bool]] | None,
 ) -> None:
     engine: Engine = OpenAIStreamEngine(settings.engine, engine_url, api_key)
     worker = Worker(settings, engine, revive)
@@ -64,7 +67,9 @@ def main() -> None:
         """Restart our llama-server if it died; True once it answers again."""
         if server.alive():
             return False  # running but not answering (hung or overloaded): nothing to restart
-        log.warning("llama-server exited (%s); restarting it", server.process and server.process.returncode)
+        log.warning(
+            "llama-server exited (%s); restarting it", server.process and server.process.returncode
+        )
         server.spawn()
         try:
             await asyncio.get_running_loop().run_in_executor(None, server.wait_ready, 60.0)

@@ -21,7 +21,11 @@ class Coalescer:
             self._buffer.append(text)
             self._size += len(text)
         now = time.perf_counter() if now is None else now
-        due = self._last_flush is None or now - self._last_flush >= self.interval_s or self._size >= self.max_chars
+        due = (
+            self._last_flush is None
+            or now - self._last_flush >= self.interval_s
+            or self._size >= self.max_chars
+        )
         if self._size and due:
             self._last_flush = now
             return self.drain()

@@ -26,8 +26,12 @@ class RunControls:
     def __init__(self, bootstrap: str, topic: str, window_s: float = 900.0) -> None:
         self.topic = topic
         self.window_s = window_s
-        self._consumer = Consumer(consumer_config(bootstrap, f"{topic}.reader", **{"enable.partition.eof": False}))
-        self._cancelled: OrderedDict[str, float] = OrderedDict()  # run id -> cancel requested at (epoch s)
+        self._consumer = Consumer(
+            consumer_config(bootstrap, f"{topic}.reader", **{"enable.partition.eof": False})
+        )
+        self._cancelled: OrderedDict[str, float] = (
+            OrderedDict()
+        )  # run id -> cancel requested at (epoch s)
         self._active: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader = ConsumerThread(self._consumer, "run-control", self._poll)
@@ -41,7 +45,11 @@ class RunControls:
             # partitions yet is "not ready", not an empty topic (it made offsets_for_times fail, for good).
             metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
             if not metadata.partitions:
-                raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"{self.topic} has no partitions yet"))
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError.LEADER_NOT_AVAILABLE, f"{self.topic} has no partitions yet"
+                    )
+                )
             wanted = [TopicPartition(self.topic, p, since_ms) for p in metadata.partitions]
             return list(self._consumer.offsets_for_times(wanted, timeout=10))
 
@@ -75,7 +83,9 @@ class RunControls:
             log.warning("skipping undecodable control record @%s: %s", msg.offset(), exc)
             return
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._cancel, control["run_id"], control["requested_at"] / 1000)
+        self._loop.call_soon_threadsafe(
+            self._cancel, control["run_id"], control["requested_at"] / 1000
+        )
 
     def _cancel(self, run_id: str, at: float) -> None:
         self._cancelled[run_id] = at

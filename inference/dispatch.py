@@ -23,12 +23,16 @@ class Dispatch:
         self.slots = settings.slots
         self.patience_s = settings.background_patience_s
         self.idle_s = settings.background_idle_s
-        self.tier_cap = tier_cap  # the most slots a tier may hold at once (its slot share of the engine)
+        self.tier_cap = (
+            tier_cap  # the most slots a tier may hold at once (its slot share of the engine)
+        )
         self.queue: RunQueue[Flight] = RunQueue(settings.aging_s)
         self.flights: dict[str, Flight] = {}  # every run held here, waiting or running, by run id
         self.running: dict[str, int] = {}  # runs in the engine, by tier
         self.mean_run_s = 5.0
-        self.last_reply = 0.0  # when the last reply ended here (monotonic): background runs wait for quiet
+        self.last_reply = (
+            0.0  # when the last reply ended here (monotonic): background runs wait for quiet
+        )
 
     def __len__(self) -> int:
         """Runs waiting for a slot."""
@@ -55,7 +59,11 @@ class Dispatch:
     def to_preempt(self, now: float) -> list[Flight]:
         """The running background runs a reply just read stops (they end cancelled; the memory stage asks
         again), so a summary never takes engine time from a reply."""
-        return [f for f in self.flights.values() if self.yields(f, now) and f.task is not None and not f.stop.is_set()]
+        return [
+            f
+            for f in self.flights.values()
+            if self.yields(f, now) and f.task is not None and not f.stop.is_set()
+        ]
 
     def next_runs(self, now: float) -> list[Flight]:
         """The waiting runs to start now, best first, while the engine has free slots: each is counted as

@@ -26,7 +26,9 @@ class Request:
     messages: list[dict[str, str]]
     max_tokens: int
     temperature: float = 0.7
-    continuation: str = ""  # the answer so far, when a run is taken over: generation continues after it
+    continuation: str = (
+        ""  # the answer so far, when a run is taken over: generation continues after it
+    )
 
 
 @dataclass
@@ -48,7 +50,9 @@ class Outcome:
     cached_tokens: int = 0
     first_token_at: float | None = None
     text: list[str] = field(default_factory=list)
-    pieces: int = 0  # streamed text chunks: the completion count when the engine reported none (a cancel)
+    pieces: int = (
+        0  # streamed text chunks: the completion count when the engine reported none (a cancel)
+    )
 
 
 class Engine(Protocol):
@@ -62,11 +66,15 @@ class Engine(Protocol):
 class OpenAIStreamEngine:
     """Streaming chat completions against llama-server or SGLang (`/v1/chat/completions`)."""
 
-    def __init__(self, name: str, base_url: str, api_key: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, name: str, base_url: str, api_key: str | None = None, timeout_s: float = 300.0
+    ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers)
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers
+        )
 
     async def healthy(self) -> bool:
         try:
@@ -101,7 +109,9 @@ class OpenAIStreamEngine:
         body = self.body(request)
         for attempt in (1, 2):
             try:
-                async with self._client.stream("POST", f"{self.base_url}/v1/chat/completions", json=body) as response:
+                async with self._client.stream(
+                    "POST", f"{self.base_url}/v1/chat/completions", json=body
+                ) as response:
                     if response.status_code != 200:
                         detail = (await response.aread()).decode(errors="replace")[:300]
                         failure = EngineDown if response.status_code >= 500 else EngineError
@@ -146,7 +156,9 @@ def parse_sse_line(line: str) -> Chunk | None:
         delta = choice.get("delta") or {}
         chunk.text += delta.get("content") or ""
         chunk.finish_reason = choice.get("finish_reason") or chunk.finish_reason
-    if chunk.finish_reason == "abort":  # SGLang aborted the sequence itself (e.g. out of memory, shutting down)
+    if (
+        chunk.finish_reason == "abort"
+    ):  # SGLang aborted the sequence itself (e.g. out of memory, shutting down)
         raise EngineDown("the engine aborted the sequence")
     usage = payload.get("usage")
     if usage:
@@ -154,7 +166,9 @@ def parse_sse_line(line: str) -> Chunk | None:
         chunk.completion_tokens = usage.get("completion_tokens")
         details = usage.get("prompt_tokens_details") or {}
         chunk.cached_tokens = details.get("cached_tokens")
-    timings = payload.get("timings")  # llama-server's own accounting: prompt_n new + cache_n reused tokens
+    timings = payload.get(
+        "timings"
+    )  # llama-server's own accounting: prompt_n new + cache_n reused tokens
     if timings and not usage and "prompt_n" in timings:
         chunk.cached_tokens = timings.get("cache_n", 0)
         chunk.prompt_tokens = timings["prompt_n"] + chunk.cached_tokens
@@ -192,7 +206,9 @@ async def generate(
         yield "", outcome
 
 
-async def _until(chunks: AsyncIterator[Chunk], cancel: asyncio.Event | None, outcome: Outcome) -> AsyncIterator[Chunk]:
+async def _until(
+    chunks: AsyncIterator[Chunk], cancel: asyncio.Event | None, outcome: Outcome
+) -> AsyncIterator[Chunk]:
     """The engine's chunks until they end or `cancel` is set; then the engine stream is closed."""
     stream = aiter(chunks)
     cancelled = asyncio.ensure_future(cancel.wait()) if cancel else None
@@ -201,7 +217,9 @@ async def _until(chunks: AsyncIterator[Chunk], cancel: asyncio.Event | None, out
             step = asyncio.ensure_future(anext(stream))
             waited: set[asyncio.Future[Any]] = {step}
             if cancelled is not None:
-                waited, _ = await asyncio.wait({step, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+                waited, _ = await asyncio.wait(
+                    {step, cancelled}, return_when=asyncio.FIRST_COMPLETED
+                )
             if step not in waited:
                 step.cancel()
                 await asyncio.wait({step})  # let the stream unwind (closes the HTTP response)

@@ -38,7 +38,9 @@ def position(msg: Message) -> tuple[str, int, int]:
 
 
 class Membership:
-    def __init__(self, settings: InferenceSettings, hand_off: Callable[[set[int]], Coroutine[Any, Any, None]]) -> None:
+    def __init__(
+        self, settings: InferenceSettings, hand_off: Callable[[set[int]], Coroutine[Any, Any, None]]
+    ) -> None:
         self.pool = settings.pool
         self.topic = named(RUN_SCHEDULED[settings.pool], settings.namespace)
         self.consumer = Consumer(
@@ -56,10 +58,16 @@ class Membership:
         )
         self.hand_off = hand_off
         self.offsets = OffsetTracker()
-        self.fresh_from: dict[int, int] = {}  # partition -> its end when assigned: later records are new runs
-        self.owned: frozenset[int] = frozenset()  # partitions assigned now (published in the status)
+        self.fresh_from: dict[
+            int, int
+        ] = {}  # partition -> its end when assigned: later records are new runs
+        self.owned: frozenset[int] = (
+            frozenset()
+        )  # partitions assigned now (published in the status)
         self.subscribed = False
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="consumer")  # every consumer call, one thread
+        self._thread = ThreadPoolExecutor(
+            1, thread_name_prefix="consumer"
+        )  # every consumer call, one thread
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -79,7 +87,10 @@ class Membership:
     async def join(self) -> None:
         await self.call(
             lambda: self.consumer.subscribe(
-                [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+                [self.topic],
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_revoke,
             )
         )
         self.subscribed = True
@@ -90,7 +101,9 @@ class Membership:
             self.consumer.unsubscribe()
             deadline = time.monotonic() + 30
             while self.consumer.assignment() and time.monotonic() < deadline:
-                self.consumer.poll(0.1)  # serves the revoke (hand-off); a record read now stays uncommitted
+                self.consumer.poll(
+                    0.1
+                )  # serves the revoke (hand-off); a record read now stays uncommitted
 
         await self.call(leave)
         self.subscribed = False
@@ -103,9 +116,15 @@ class Membership:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self.fresh_from[tp.partition] = self._end_now(consumer, tp)
-        self.owned = self.owned | {tp.partition for tp in partitions}  # rebound, not mutated: status() reads it
+        self.owned = self.owned | {
+            tp.partition for tp in partitions
+        }  # rebound, not mutated: status() reads it
         if partitions:
-            log.info("assigned partitions %s of %s", sorted(tp.partition for tp in partitions), self.topic)
+            log.info(
+                "assigned partitions %s of %s",
+                sorted(tp.partition for tp in partitions),
+                self.topic,
+            )
 
     @staticmethod
     def _end_now(consumer: Consumer, tp: TopicPartition, timeout_s: float = 15.0) -> int:
@@ -114,11 +133,15 @@ class Membership:
         thread (CI: "Broker handle destroyed" after the leader broker's kill -9, the pool's partitions then
         unserved for minutes). Unknown after timeout_s: every record already there counts as maybe started,
         so each is checked against its reply partition before it runs."""
-        ask = partial(consumer.get_watermark_offsets, TopicPartition(tp.topic, tp.partition), timeout=5)
+        ask = partial(
+            consumer.get_watermark_offsets, TopicPartition(tp.topic, tp.partition), timeout=5
+        )
         try:
             return int(until_ready(f"end of partition {tp.partition}", ask, timeout_s)[1])
         except Exception as exc:  # nothing may escape the callback
-            log.warning("end of partition %d unknown (%s): its waiting runs are checked", tp.partition, exc)
+            log.warning(
+                "end of partition %d unknown (%s): its waiting runs are checked", tp.partition, exc
+            )
             return sys.maxsize
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -31,14 +31,28 @@ CANCEL_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2),
 )
 PREEMPTED = Counter(
-    "parley_inference_preempted_total", "Background runs (summaries) stopped to give the engine to a reply", ["pool"]
+    "parley_inference_preempted_total",
+    "Background runs (summaries) stopped to give the engine to a reply",
+    ["pool"],
 )
-HEALTHY = Gauge("parley_inference_engine_healthy", "1 while the engine answers its health check", ["pool"])
-TAKING_WORK = Gauge("parley_inference_taking_work", "1 while this consumer is in its pool's group", ["pool"])
-HANDED_OFF = Counter("parley_inference_handed_off_total", "Runs stopped here to continue on another consumer", ["pool"])
+HEALTHY = Gauge(
+    "parley_inference_engine_healthy", "1 while the engine answers its health check", ["pool"]
+)
+TAKING_WORK = Gauge(
+    "parley_inference_taking_work", "1 while this consumer is in its pool's group", ["pool"]
+)
+HANDED_OFF = Counter(
+    "parley_inference_handed_off_total",
+    "Runs stopped here to continue on another consumer",
+    ["pool"],
+)
 DUPLICATES = Counter(
-    "parley_inference_duplicates_dropped_total", "Runs scheduled again while this consumer still held them", ["pool"]
+    "parley_inference_duplicates_dropped_total",
+    "Runs scheduled again while this consumer still held them",
+    ["pool"],
 )
 TAKEN_OVER = Counter(
-    "parley_inference_taken_over_total", "Runs picked up after another consumer had started them", ["pool", "state"]
+    "parley_inference_taken_over_total",
+    "Runs picked up after another consumer had started them",
+    ["pool", "state"],
 )

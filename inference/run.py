@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,9 +15,18 @@ from confluent_kafka import Message
 
 from admission.limits import BACKGROUND_PRIORITY
 from inference.coalesce import Coalescer
+from inference.completion import Timing, completed, usage_after
 from inference.control import RunControls
 from inference.engine import Engine, EngineDown, Outcome, Request, generate
-from inference.metrics import CANCEL_LATENCY, HANDED_OFF, INTER_TOKEN, RUNS, TAKEN_OVER, TOKENS, TTFT
+from inference.metrics import (
+    CANCEL_LATENCY,
+    HANDED_OFF,
+    INTER_TOKEN,
+    RUNS,
+    TAKEN_OVER,
+    TOKENS,
+    TTFT,
+)
 from inference.settings import InferenceSettings
 from inference.takeover import Prior, prior_of
 from runtime.kafka import AsyncProducer
@@ -27,76 +34,11 @@ from runtime.reply_log import published
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import PolicyView
-from topics.clock import now_ms
-from topics.codec import Event
 from topics.codec import token_delta as delta
-from topics.events import RunCompleted, TokenDelta, Usage
+from topics.events import RunCompleted, RunScheduled, TokenDelta, Usage
 from topics.pipeline import OUTPUT_MODERATED, RUN_COMPLETED, TOKEN_DELTA, named
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Timing:
-    """What a run's usage row reports besides tokens: the gaps between its tokens, its wait before serving,
-    and what the output guard did."""
-
-    queue_ms: float = 0.0
-    gaps_ms: list[float] = field(default_factory=list)
-    moderation: str = "passed"
-
-    def itl(self, q: float) -> float:
-        """The q-quantile of the gaps between consecutive tokens (nearest rank; 0 with none) (pure)."""
-        if not self.gaps_ms:
-            return 0.0
-        ranked = sorted(self.gaps_ms)
-        return round(ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))], 3)
-
-
-def completed(
-    run: Event,
-    text: str,
-    finish_reason: str,
-    usage: Usage,
-    ttft_ms: float,
-    duration_ms: float,
-    served_by: str,
-    error: str | None = None,
-    timing: Timing | None = None,
-) -> RunCompleted:
-    timing = timing or Timing()
-    return {
-        # One id per run: a RunCompleted published again after a takeover is the same event to every sink.
-        "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"parley:run-completed:{run['prompt']['run_id']}")),
-        "prompt": run["prompt"],
-        "pool": run["pool"],
-        "model": run["model"],
-        "content": text,
-        "finish_reason": finish_reason,
-        "usage": usage,
-        "ttft_ms": ttft_ms,
-        "duration_ms": duration_ms,
-        "error_message": error,
-        "served_by": served_by,
-        "itl_p50_ms": timing.itl(0.5),
-        "itl_p99_ms": timing.itl(0.99),
-        "queue_ms": timing.queue_ms,
-        "moderation": timing.moderation,
-        "completed_at": now_ms(),
-    }
-
-
-def usage_after(prior: Prior, outcome: Outcome | None) -> Usage:
-    """The run's usage (pure). A continued run's engine prompt held the text published before; that text is
-    counted once, as completion, and the prompt as the user's own (the re-read is our failure's cost)."""
-    if outcome is None:
-        return {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
-    prompt = max(0, outcome.prompt_tokens - prior.tokens) if prior.started else outcome.prompt_tokens
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": prior.tokens + outcome.completion_tokens,
-        "cached_tokens": min(outcome.cached_tokens, prompt),
-    }
 
 
 @dataclass
@@ -104,9 +46,10 @@ class Flight:
     """One run this consumer holds."""
 
     msg: Message
-    run: Event
+    run: RunScheduled
     partition: int
-    maybe_started: bool  # read from before this consumer was assigned the partition: another may have begun it
+    # read from before this consumer was assigned the partition: another may have begun it
+    maybe_started: bool
     read_at: float = field(default_factory=time.monotonic)
     stop: asyncio.Event = field(default_factory=asyncio.Event)  # set by a cancel or a hand-off
     handing_off: bool = False
@@ -122,7 +65,7 @@ class Flight:
 
     @property
     def background(self) -> bool:
-        return int(self.run.get("priority", 0)) <= BACKGROUND_PRIORITY
+        return self.run["priority"] <= BACKGROUND_PRIORITY
 
 
 class RunServer:
@@ -146,7 +89,7 @@ class RunServer:
         self.moderator = moderator  # None: output moderation is off (docs/decisions/0007-safety.md)
         self.engine_down = engine_down  # the engine failed mid-run: the consumer stops taking work
 
-    async def _publish_delta(self, run: Event, record: TokenDelta) -> None:
+    async def _publish_delta(self, run: RunScheduled, record: TokenDelta) -> None:
         await self.producer.publish(TOKEN_DELTA, record, partition=run["prompt"]["reply_partition"])
 
     async def prior(self, flight: Flight) -> Prior:
@@ -191,17 +134,24 @@ class RunServer:
         age_s = time.time() - run["scheduled_at"] / 1000
         timing = Timing(queue_ms=round(max(0.0, age_s) * 1000, 1))
         if age_s > self.settings.run_deadline_s:
-            log.warning("run %s expired: scheduled %.0fs ago, never served", prompt["run_id"], age_s)
+            log.warning(
+                "run %s expired: scheduled %.0fs ago, never served", prompt["run_id"], age_s
+            )
             return await self._finish(
                 run,
                 prior,
                 prior.seq + 1,
                 outcome=None,
                 started=started,
-                error=("run_expired", "No model server could take this request in time. Please try again."),
+                error=(
+                    "run_expired",
+                    "No model server could take this request in time. Please try again.",
+                ),
                 timing=timing,
             )
-        if prior.started and prior.tokens >= prompt["max_tokens"]:  # it had reached its limit when it stopped
+        if (
+            prior.started and prior.tokens >= prompt["max_tokens"]
+        ):  # it had reached its limit when it stopped
             return await self._finish(
                 run,
                 prior,
@@ -218,9 +168,9 @@ class RunServer:
         request = Request(
             prompt["run_id"],
             run["model"],
-            [dict(m) for m in run["messages"]],
+            [{"role": m["role"], "content": m["content"]} for m in run["messages"]],
             prompt["max_tokens"] - prior.tokens,
-            self.settings.temperature if prompt.get("temperature") is None else prompt["temperature"],
+            self.settings.temperature if (t := prompt.get("temperature")) is None else t,
             continuation=prior.text,
         )
         coalescer = Coalescer(self.settings.coalesce_ms / 1000)
@@ -243,29 +193,42 @@ class RunServer:
             async for piece, progress in generate(self.engine, request, flight.stop):
                 outcome = progress
                 arrived = time.perf_counter()
-                if piece:  # between tokens: not the prefill, which the engine may report step by step
+                if (
+                    piece
+                ):  # between tokens: not the prefill, which the engine may report step by step
                     if last_piece is not None:
                         timing.gaps_ms.append((arrived - last_piece) * 1000)
                     last_piece = arrived
                 if guard is not None:
                     guard.feed(piece, prior.tokens + progress.pieces)
                 ready = coalescer.add(piece)
-                if ready or arrived - last_record >= self.settings.keepalive_s:  # text, or a keepalive (prefill)
+                if (
+                    ready or arrived - last_record >= self.settings.keepalive_s
+                ):  # text, or a keepalive (prefill)
                     seq += 1
                     tokens = prior.tokens + progress.completion_tokens
-                    await self._publish_delta(run, delta(run, seq, "delta", text=ready or "", tokens=tokens))
+                    await self._publish_delta(
+                        run, delta(run, seq, "delta", text=ready or "", tokens=tokens)
+                    )
                     last_record = time.perf_counter()
                     if ready:
                         if last_emit is not None:
                             INTER_TOKEN.labels(pool).observe(last_record - last_emit)
                         last_emit = last_record
         except EngineDown as exc:
-            log.warning("run %s: engine failed mid-run (%s); handing the run off", prompt["run_id"], exc)
+            log.warning(
+                "run %s: engine failed mid-run (%s); handing the run off", prompt["run_id"], exc
+            )
             self.engine_down()
             flight.handing_off = True
-        except Exception as exc:  # the engine refused the request: the run ends with an error, never hangs
+        except (
+            Exception
+        ) as exc:  # the engine refused the request: the run ends with an error, never hangs
             log.exception("run %s failed in the engine", prompt["run_id"])
-            failure = ("engine_error", f"The model failed while generating this answer ({type(exc).__name__}).")
+            failure = (
+                "engine_error",
+                f"The model failed while generating this answer ({type(exc).__name__}).",
+            )
         rest = coalescer.drain()
         if rest:  # generated text is published even when the run stops here, so a successor continues after it
             seq += 1
@@ -281,18 +244,31 @@ class RunServer:
                 seq += 1
                 await self._publish_delta(run, self._retraction(run, seq, guard))
         if outcome is None and flight.stop.is_set():
-            outcome = Outcome(finish_reason="cancelled")  # cancelled before the engine produced anything
+            outcome = Outcome(
+                finish_reason="cancelled"
+            )  # cancelled before the engine produced anything
         if outcome is not None and outcome.finish_reason == "cancelled":
             requested = self.controls.requested_at(prompt["run_id"])
             if requested is not None:
                 CANCEL_LATENCY.labels(pool).observe(max(0.0, time.time() - requested))
-            log.info("run %s cancelled after %d completion tokens", prompt["run_id"], outcome.completion_tokens)
+            log.info(
+                "run %s cancelled after %d completion tokens",
+                prompt["run_id"],
+                outcome.completion_tokens,
+            )
         return await self._finish(
-            run, prior, seq + 1, outcome=outcome, started=started, error=failure, guard=guard, timing=timing
+            run,
+            prior,
+            seq + 1,
+            outcome=outcome,
+            started=started,
+            error=failure,
+            guard=guard,
+            timing=timing,
         )
 
     @staticmethod
-    def _retraction(run: Event, seq: int, guard: OutputGuard) -> TokenDelta:
+    def _retraction(run: RunScheduled, seq: int, guard: OutputGuard) -> TokenDelta:
         assert guard.blocked is not None
         return delta(
             run,
@@ -305,7 +281,7 @@ class RunServer:
 
     async def _finish(
         self,
-        run: Event,
+        run: RunScheduled,
         prior: Prior,
         seq: int,
         *,
@@ -328,18 +304,30 @@ class RunServer:
             timing.moderation = f"retracted:{guard.blocked.decision.category}"
         tokens = usage["completion_tokens"]
         if error:
-            terminal = delta(run, seq, "error", error_code=error[0], error_message=error[1], tokens=tokens)
+            terminal = delta(
+                run, seq, "error", error_code=error[0], error_message=error[1], tokens=tokens
+            )
         else:
             terminal = delta(
-                run, seq, "completed", finish_reason=finish, usage=usage, model=run["model"], tokens=tokens
+                run,
+                seq,
+                "completed",
+                finish_reason=finish,
+                usage=usage,
+                model=run["model"],
+                tokens=tokens,
             )
         await self._publish_delta(run, terminal)
         duration_ms = (time.perf_counter() - started) * 1000
         message = error[1] if error else None
-        done = completed(run, text, finish, usage, ttft_ms, duration_ms, self.settings.worker_id, message, timing)
+        done = completed(
+            run, text, finish, usage, ttft_ms, duration_ms, self.settings.worker_id, message, timing
+        )
         await self.producer.publish(RUN_COMPLETED, done, key=run["prompt"]["chat_id"])
         if guard is not None:
-            await self.producer.publish(OUTPUT_MODERATED, guard.event(run), key=run["prompt"]["chat_id"])
+            await self.producer.publish(
+                OUTPUT_MODERATED, guard.event(run), key=run["prompt"]["chat_id"]
+            )
         if first:
             TTFT.labels(pool).observe(first - started)
         TOKENS.labels(pool, "prompt").inc(usage["prompt_tokens"])
@@ -348,15 +336,23 @@ class RunServer:
         RUNS.labels(pool, finish).inc()
         return done
 
-    async def _finish_ended(self, run: Event, prior: Prior) -> RunCompleted:
+    async def _finish_ended(self, run: RunScheduled, prior: Prior) -> RunCompleted:
         """A run whose consumer died after its terminal delta: publish its RunCompleted from the log."""
         terminal = prior.terminal
         assert terminal is not None
         error = terminal["kind"] == "error"
-        usage: Usage = terminal["usage"] or {"prompt_tokens": 0, "completion_tokens": prior.tokens, "cached_tokens": 0}
+        usage: Usage = terminal["usage"] or {
+            "prompt_tokens": 0,
+            "completion_tokens": prior.tokens,
+            "cached_tokens": 0,
+        }
         finish = "error" if error else terminal["finish_reason"] or "stop"
         message = terminal["error_message"] if error else None
-        timing = Timing(moderation="retracted" if finish == "content_filter" else "passed")  # category: in the log
-        done = completed(run, prior.text, finish, usage, 0.0, 0.0, self.settings.worker_id, message, timing)
+        timing = Timing(
+            moderation="retracted" if finish == "content_filter" else "passed"
+        )  # category: in the log
+        done = completed(
+            run, prior.text, finish, usage, 0.0, 0.0, self.settings.worker_id, message, timing
+        )
         await self.producer.publish(RUN_COMPLETED, done, key=run["prompt"]["chat_id"])
         return done

@@ -23,6 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from aiohttp import web
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -55,7 +56,7 @@ from safety.policy import PolicyView
 from topics import codec
 from topics.clock import now_ms
 from topics.errors import PoisonEvent, RetriableError
-from topics.events import PoolStatus
+from topics.events import PoolStatus, RunScheduled
 from topics.pipeline import POOL_STATUS, RUN_CONTROL, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)
@@ -75,20 +76,30 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.engine = engine
-        self.revive = revive  # restarts an engine this process owns; True when it was down and came back
+        self.revive = (
+            revive  # restarts an engine this process owns; True when it was down and came back
+        )
         self.tracer = tracing.setup(f"parley-inference-{settings.pool}")
         self.producer = AsyncProducer(settings.kafka_bootstrap, "inference", settings.namespace)
         self.membership = Membership(settings, self._hand_off)
         self._kafka_outage = Outage(log, f"Kafka (the {settings.pool} pool's consumer)")
-        self.controls = RunControls(settings.kafka_bootstrap, named(RUN_CONTROL, settings.namespace))
+        self.controls = RunControls(
+            settings.kafka_bootstrap, named(RUN_CONTROL, settings.namespace)
+        )
         self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace, "inference")
         self.policies = PolicyView(settings.kafka_bootstrap, settings.namespace, "inference")
         # Output moderation runs beside generation, in this process (docs/decisions/0007-safety.md).
         moderator = Moderator() if settings.output_moderation else None
-        self.runs = RunServer(settings, engine, self.producer, self.controls, self.policies, moderator, self._down)
-        self.dispatch = Dispatch(settings, lambda tier: tier_cap(settings.slots, self.limits.tier(tier).slot_share))
+        self.runs = RunServer(
+            settings, engine, self.producer, self.controls, self.policies, moderator, self._down
+        )
+        self.dispatch = Dispatch(
+            settings, lambda tier: tier_cap(settings.slots, self.limits.tier(tier).slot_share)
+        )
         self._slot_freed = asyncio.Event()
-        self._parking: set[asyncio.Task[None]] = set()  # poison records on their way to the dead-letter topic
+        self._parking: set[asyncio.Task[None]] = (
+            set()
+        )  # poison records on their way to the dead-letter topic
         self.healthy = True
         self._stopping = asyncio.Event()
 
@@ -101,7 +112,9 @@ class Worker:
         cancel = self.controls.watch(flight.run_id)
         relay = asyncio.create_task(self._relay(cancel, flight.stop))
         try:
-            with tracing.consumed_span(self.tracer, f"inference {self.settings.pool}", flight.msg.headers()) as span:
+            with tracing.consumed_span(
+                self.tracer, f"inference {self.settings.pool}", flight.msg.headers()
+            ) as span:
                 span.set_attribute("parley.run_id", flight.run_id)
                 done = await self.runs.serve(flight)
             if done is not None:
@@ -109,7 +122,9 @@ class Worker:
         except Exception as exc:
             if failures.after(exc) == "retry":
                 # Kafka unreachable while publishing: the offset stays uncommitted, the run is read again.
-                log.warning("run %s could not be published (%s); it will be redelivered", flight.run_id, exc)
+                log.warning(
+                    "run %s could not be published (%s); it will be redelivered", flight.run_id, exc
+                )
             else:  # a run its consumer fails on: parked with the reason, as a stage parks an event
                 log.exception("run %s failed on this consumer; dead-lettered", flight.run_id)
                 await self._dead_letter(flight.msg, f"{type(exc).__name__}: {exc}")
@@ -147,7 +162,9 @@ class Worker:
                 ok = await self.revive()
             if ok != self.healthy:
                 state = "healthy again: taking work" if ok else "UNHEALTHY: not taking work"
-                log.warning("engine %s of pool %s is %s", self.engine.name, self.settings.pool, state)
+                log.warning(
+                    "engine %s of pool %s is %s", self.engine.name, self.settings.pool, state
+                )
             self.healthy = ok
             HEALTHY.labels(self.settings.pool).set(1 if ok else 0)
             await asyncio.sleep(self.settings.health_interval_s)
@@ -158,14 +175,20 @@ class Worker:
         consumer is in its pool's group, so it takes work: 503 while it is out) for probes."""
 
         async def metrics(_request: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+            return web.Response(
+                body=generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0]
+            )
 
         async def livez(_request: web.Request) -> web.Response:
             return web.json_response({"status": "ok", "pool": self.settings.pool})
 
         async def readyz(_request: web.Request) -> web.Response:
             ready = self.healthy and self.membership.subscribed
-            body = {"status": "ok" if ready else "not_taking_work", "pool": self.settings.pool, "engine": self.healthy}
+            body = {
+                "status": "ok" if ready else "not_taking_work",
+                "pool": self.settings.pool,
+                "engine": self.healthy,
+            }
             return web.json_response(body, status=200 if ready else 503)
 
         app = web.Application()
@@ -184,12 +207,21 @@ class Worker:
         self.producer.start()
         self.controls.start(loop)
         pool = self.settings.pool
-        for metric in (TTFT, INTER_TOKEN, IN_FLIGHT, CANCEL_LATENCY, HANDED_OFF):  # present from the start
+        for metric in (
+            TTFT,
+            INTER_TOKEN,
+            IN_FLIGHT,
+            CANCEL_LATENCY,
+            HANDED_OFF,
+        ):  # present from the start
             metric.labels(pool)
         HEALTHY.labels(pool).set(1)
         await loop.run_in_executor(None, self.limits.start)
         await loop.run_in_executor(None, self.policies.start)
-        background = [asyncio.create_task(self._watch_health()), asyncio.create_task(self._publish_status())]
+        background = [
+            asyncio.create_task(self._watch_health()),
+            asyncio.create_task(self._publish_status()),
+        ]
         log.info(
             "inference pool=%s model=%s engine=%s worker=%s consuming %s with %d slots",
             self.settings.pool,
@@ -204,21 +236,35 @@ class Worker:
             while not self._stopping.is_set():
                 if not self.healthy:
                     if member.subscribed:
-                        await member.leave()  # our partitions, and their runs, go to the pool's healthy consumers
+                        await (
+                            member.leave()
+                        )  # our partitions, and their runs, go to the pool's healthy consumers
                     await asyncio.sleep(0.5)
                     continue
                 if not member.subscribed:
                     await member.join()
                 if len(self.dispatch) < self.settings.prefetch:
-                    msg = await member.call(member.consumer.poll, 0.05 if len(self.dispatch) else 0.2)
+                    msg = await member.call(
+                        member.consumer.poll, 0.05 if len(self.dispatch) else 0.2
+                    )
                     error = msg.error() if msg is not None else None
                     if msg is not None and error is None:
                         try:
                             self._accept(msg)
-                        except RetriableError as exc:  # a writer schema not seen yet, and the registry is away
+                        except (
+                            RetriableError
+                        ) as exc:  # a writer schema not seen yet, and the registry is away
                             topic, partition, offset = position(msg)
-                            log.warning("%s; reading %s [%d] @%d again in 1 s", exc, topic, partition, offset)
-                            await member.call(member.consumer.seek, TopicPartition(topic, partition, offset))
+                            log.warning(
+                                "%s; reading %s [%d] @%d again in 1 s",
+                                exc,
+                                topic,
+                                partition,
+                                offset,
+                            )
+                            await member.call(
+                                member.consumer.seek, TopicPartition(topic, partition, offset)
+                            )
                             await asyncio.sleep(1.0)
                     elif error is not None and error.code() != KafkaError._PARTITION_EOF:
                         self._kafka_outage.failed(str(error))
@@ -269,7 +315,7 @@ class Worker:
         topic, partition, offset = position(msg)
         scheduled = RUN_SCHEDULED[self.settings.pool]
         try:
-            run = codec.decode(scheduled.schema, msg.value())
+            run = cast(RunScheduled, codec.decode(scheduled.schema, msg.value()))
         except PoisonEvent as exc:
             self.membership.offsets.started(partition, offset)
             parking = asyncio.create_task(self._dead_letter(msg, str(exc)))
@@ -279,10 +325,15 @@ class Worker:
         self.membership.offsets.started(partition, offset)
         # A run read from before this consumer had the partition, or scheduled again after its scheduler failed,
         # may have been started by another consumer: its reply partition says.
-        maybe_started = self.membership.maybe_started(partition, offset) or run.get("rescheduled", False)
+        maybe_started = self.membership.maybe_started(partition, offset) or run.get(
+            "rescheduled", False
+        )
         flight = Flight(msg, run, partition, maybe_started=maybe_started)
         if not self.dispatch.admit(flight):
-            log.info("run %s is already here (scheduled again after a scheduler failed): dropped", flight.run_id)
+            log.info(
+                "run %s is already here (scheduled again after a scheduler failed): dropped",
+                flight.run_id,
+            )
             DUPLICATES.labels(self.settings.pool).inc()
             self.membership.commit(msg)
             return

@@ -1,6 +1,6 @@
 """`parley`: bring the local stack up or down, mint credentials for it, manage its topics, show a run's trace;
-and the commands that read the log and the stores (infra/log_commands.py): inspect a run, replay recorded runs
-under a candidate, run evals, export rated answers, reconcile metered usage."""
+and the commands that read the log and the stores (infra/log_commands.py, infra/eval_commands.py): inspect a run,
+replay recorded runs under a candidate, run evals, export rated answers, reconcile metered usage."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import log_commands
+from infra import eval_commands, log_commands
 from infra.stack import Stack
 from infra.topology import CLUSTER, SINGLE_NODE
 
@@ -28,7 +28,9 @@ def workers(text: str) -> dict[str, int]:
     for part in text.split(","):
         pool, _, count = part.partition("=")
         if pool not in POOLS or not count.isdigit():
-            raise argparse.ArgumentTypeError(f"expected pool=count with a pool in {POOLS}, got {part!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected pool=count with a pool in {POOLS}, got {part!r}"
+            )
         found[pool] = int(count)
     return found
 
@@ -36,7 +38,9 @@ def workers(text: str) -> dict[str, int]:
 def _stack(args: argparse.Namespace) -> Stack:
     """The stack the arguments name. A cluster runs two edge replicas and two consumers per pool unless told."""
     cluster = args.cluster
-    workers = getattr(args, "workers", None)  # commands that start nothing (topics) do not take the sizes
+    workers = getattr(
+        args, "workers", None
+    )  # commands that start nothing (topics) do not take the sizes
     return Stack(
         namespace=args.namespace,
         port_base=args.port_base,
@@ -69,7 +73,10 @@ def sign_in_links(api_url: str) -> str:
 def cmd_up(args: argparse.Namespace) -> None:
     stack = _stack(args)
     stack.up()
-    print(f"Parley is up: {stack.api_url}  (timings: {stack.timings})\n{sign_in_links(stack.api_url)}", flush=True)
+    print(
+        f"Parley is up: {stack.api_url}  (timings: {stack.timings})\n{sign_in_links(stack.api_url)}",
+        flush=True,
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -82,7 +89,9 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # `make run | tee` must not stop us before we clean up
+    signal.signal(
+        signal.SIGPIPE, signal.SIG_IGN
+    )  # `make run | tee` must not stop us before we clean up
     signal.signal(signal.SIGHUP, interrupt)  # a closed terminal stops the stack cleanly too
     try:
         stack.up()
@@ -136,14 +145,27 @@ def cmd_topics(args: argparse.Namespace) -> None:
 
     stack = _stack(args)
     settings = stack.settings.model_copy(
-        update={k: v for k, v in (("chat_partitions", args.chat), ("reply_partitions", args.reply)) if v}
+        update={
+            k: v for k, v in (("chat_partitions", args.chat), ("reply_partitions", args.reply)) if v
+        }
     )
     if args.topics_command == "grow":
         grown = grow_topics(settings.kafka_bootstrap, settings.namespace, settings.layout)
         print(json.dumps({"grown": grown}, indent=2))
-        print("restart the stages, consumers and edges one at a time to read the new partitions now", file=sys.stderr)
+        print(
+            "restart the stages, consumers and edges one at a time to read the new partitions now",
+            file=sys.stderr,
+        )
     else:
-        print(json.dumps({"created": ensure_topics(settings.kafka_bootstrap, settings.namespace, settings.layout)}))
+        print(
+            json.dumps(
+                {
+                    "created": ensure_topics(
+                        settings.kafka_bootstrap, settings.namespace, settings.layout
+                    )
+                }
+            )
+        )
 
 
 def cmd_trace(args: argparse.Namespace) -> None:
@@ -153,7 +175,9 @@ def cmd_trace(args: argparse.Namespace) -> None:
     path = Path(args.file) if args.file else stack.spans_file
     lines = tree(run_trace(path, args.run_id))
     if not lines:
-        raise SystemExit(f"no span of run {args.run_id} in {path} (spans arrive about a second after they end)")
+        raise SystemExit(
+            f"no span of run {args.run_id} in {path} (spans arrive about a second after they end)"
+        )
     print(f"trace of run {args.run_id} (from {path}):\n" + "\n".join(lines))
 
 
@@ -173,14 +197,21 @@ def main(argv: list[str] | None = None) -> None:
         ("status", cmd_status, "which processes run"),
     ):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--namespace", default="", help="topic/keyspace prefix (tests use their own)")
+        p.add_argument(
+            "--namespace", default="", help="topic/keyspace prefix (tests use their own)"
+        )
         p.add_argument("--port-base", type=int, default=8000)
         p.add_argument(
             "--cluster",
             action="store_true",
             help="3 Kafka brokers and 3 Cassandra nodes (127.0.0.11-13) keeping 3 copies; 2 edges, 2 consumers a pool",
         )
-        p.add_argument("--replicas", type=int, default=0, help="edge replicas (ports base, base+100, ...); default 1")
+        p.add_argument(
+            "--replicas",
+            type=int,
+            default=0,
+            help="edge replicas (ports base, base+100, ...); default 1",
+        )
         p.add_argument("--stages", type=int, default=1, help="replicas of each processor stage")
         p.add_argument(
             "--workers",
@@ -189,31 +220,50 @@ def main(argv: list[str] | None = None) -> None:
             help="inference consumers per pool, e.g. small=2,large=1 (each with its own engine); default 1 each",
         )
         if name == "down":
-            p.add_argument("--keep-services", action="store_true", help="leave Kafka and Cassandra running")
+            p.add_argument(
+                "--keep-services", action="store_true", help="leave Kafka and Cassandra running"
+            )
         if name == "status":
-            p.add_argument("--json", action="store_true", help="a JSON list: name, role, pid, address, broker_id")
+            p.add_argument(
+                "--json",
+                action="store_true",
+                help="a JSON list: name, role, pid, address, broker_id",
+            )
         p.set_defaults(fn=fn)
     topics = sub.add_parser("topics", help="the pipeline's Kafka topics").add_subparsers(
         dest="topics_command", required=True
     )
     for name, text in (
-        ("create", "create every topic and dead-letter topic that is missing (partitions and copies from settings)"),
-        ("grow", "raise the partition counts of existing topics to --chat / --reply (or the settings')"),
+        (
+            "create",
+            "create every topic and dead-letter topic that is missing (partitions and copies from settings)",
+        ),
+        (
+            "grow",
+            "raise the partition counts of existing topics to --chat / --reply (or the settings')",
+        ),
     ):
         p = topics.add_parser(name, help=text)
         p.add_argument("--namespace", default="")
         p.add_argument("--port-base", type=int, default=8000)
         p.add_argument("--cluster", action="store_true", help="the local cluster's brokers")
         p.add_argument("--chat", type=int, default=0, help="partitions of every chat-keyed topic")
-        p.add_argument("--reply", type=int, default=0, help="partitions of the reply topics (edge replicas)")
+        p.add_argument(
+            "--reply", type=int, default=0, help="partitions of the reply topics (edge replicas)"
+        )
         p.set_defaults(fn=cmd_topics)
-    trace = sub.add_parser("trace", help="one run's trace, as the local collector received it, as a tree")
+    trace = sub.add_parser(
+        "trace", help="one run's trace, as the local collector received it, as a tree"
+    )
     trace.add_argument("run_id")
     trace.add_argument("--namespace", default="")
     trace.add_argument("--port-base", type=int, default=8000)
-    trace.add_argument("--file", default="", help="an OTLP JSON spans file (default: the local stack's)")
+    trace.add_argument(
+        "--file", default="", help="an OTLP JSON spans file (default: the local stack's)"
+    )
     trace.set_defaults(fn=cmd_trace)
     log_commands.add_commands(sub)
+    eval_commands.add_commands(sub)
     args = parser.parse_args(argv)
     args.fn(args)
 

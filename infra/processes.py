@@ -25,7 +25,12 @@ class Runs(Protocol):
 
 def sh(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     """Progress of the infra scripts goes to stderr, so tools that print JSON keep a clean stdout."""
-    subprocess.run(["bash", str(script), *args], check=True, stdout=sys.stderr, env={**os.environ, **(env or {})})
+    subprocess.run(
+        ["bash", str(script), *args],
+        check=True,
+        stdout=sys.stderr,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def each(nodes: Sequence[Runs], command: str) -> None:

@@ -30,7 +30,12 @@ POOL_SLOTS = {"small": 8, "large": 2}
 
 
 # By module (or program); the rest are stages.
-ROLES = {"api": "edge", "inference": "inference", "registry": "schema-registry", "otelcol": "collector"}
+ROLES = {
+    "api": "edge",
+    "inference": "inference",
+    "registry": "schema-registry",
+    "otelcol": "collector",
+}
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,9 @@ class Stack:
     port_base: int = 8000
     replicas: int = 1  # edge replicas, each on its own port and reply partition
     stages: int = 1  # replicas of each processor stage (metering: one with the embedded engine)
-    workers: dict[str, int] = field(default_factory=lambda: {"small": 1, "large": 1})  # inference consumers per pool
+    workers: dict[str, int] = field(
+        default_factory=lambda: {"small": 1, "large": 1}
+    )  # inference consumers per pool
     topology: Topology = SINGLE_NODE
     state: Path = field(default_factory=state_dir)
     timings: dict[str, float] = field(default_factory=dict)
@@ -97,7 +104,9 @@ class Stack:
             "PARLEY_USAGE_URL": f"chdb://{self.state / 'clickhouse' / self.tag}",
             "PARLEY_SCHEMA_REGISTRY_URL": self.registry or self.registry_url,
             # Spans go to this stack's collector, unless the caller names an OTLP endpoint of their own.
-            "OTEL_EXPORTER_OTLP_ENDPOINT": os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp_url),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": os.environ.get(
+                "OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp_url
+            ),
             "OTEL_BSP_SCHEDULE_DELAY": os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "1000"),
             **self.topology.env(),
             **self.overrides,
@@ -114,7 +123,9 @@ class Stack:
         registry = {**base, "PARLEY_REGISTRY_PORT": str(self.port_base + 81)}
         out = [
             Service("otelcol", ("bash", "-c", run_collector), collector, self.port_base + 19, "/"),
-            Service("schema-registry", (py, "-m", "registry"), registry, self.port_base + 81, "/readyz"),
+            Service(
+                "schema-registry", (py, "-m", "registry"), registry, self.port_base + 81, "/readyz"
+            ),
         ]
         for replica in range(self.stages):
             for offset, stage in enumerate(FAUST_STAGES):
@@ -130,7 +141,9 @@ class Stack:
                         "/readyz",
                     )
                 )
-        port = self.port_base + 20  # each inference consumer: a metrics port and its llama-server's port
+        port = (
+            self.port_base + 20
+        )  # each inference consumer: a metrics port and its llama-server's port
         for pool, count in self.workers.items():
             for index in range(count):
                 out.append(
@@ -176,7 +189,9 @@ class Stack:
         from runtime.llama_server import key_path
 
         port = int(self.engine_url(pool, index).rsplit(":", 1)[1])
-        return {"Authorization": f"Bearer {key_path(self.namespace, pool, port).read_text().strip()}"}
+        return {
+            "Authorization": f"Bearer {key_path(self.namespace, pool, port).read_text().strip()}"
+        }
 
     # -- steps ---------------------------------------------------------------------------------------
     def _step(self, name: str, fn: Callable[[], object]) -> None:
@@ -204,7 +219,9 @@ class Stack:
     @property
     def settings(self) -> StackSettings:
         """The shared settings every process of this stack runs with."""
-        return StackSettings().model_copy(update={"namespace": self.namespace, **self.topology.settings()})
+        return StackSettings().model_copy(
+            update={"namespace": self.namespace, **self.topology.settings()}
+        )
 
     def _tokenizers(self) -> None:
         """Rebuild each pool's tokenizer from its model file once, before the stages that count with it start
@@ -220,7 +237,10 @@ class Stack:
         from runtime.kafka import ensure_topics
 
         settings = self.settings
-        self._step("topics", lambda: ensure_topics(settings.kafka_bootstrap, self.namespace, settings.layout))
+        self._step(
+            "topics",
+            lambda: ensure_topics(settings.kafka_bootstrap, self.namespace, settings.layout),
+        )
 
     def schema(self) -> None:
         from storage.schema import migrate
@@ -288,7 +308,9 @@ class Stack:
         from storage.schema import drop_keyspace
 
         if not self.namespace:
-            raise ValueError("the default namespace is a deployment's own: only a named namespace is forgotten")
+            raise ValueError(
+                "the default namespace is a deployment's own: only a named namespace is forgotten"
+            )
         try:
             delete_topics(self.settings.kafka_bootstrap, self.namespace)
             drop_keyspace(self.settings.cassandra)
@@ -313,12 +335,24 @@ class Stack:
         for service in self.services():
             role = ROLES.get(service.argv[-1], ROLES.get(service.name, "stage"))
             pid = running.get(service.name)
-            rows.append({"name": service.name, "role": role, "pid": pid, "address": f"127.0.0.1:{service.port}"})
+            rows.append(
+                {
+                    "name": service.name,
+                    "role": role,
+                    "pid": pid,
+                    "address": f"127.0.0.1:{service.port}",
+                }
+            )
             if role == "inference":
                 engine = child_of(pid, "llama-server") if pid else None
                 port = int(service.env["PARLEY_LLAMA_PORT"])
                 rows.append(
-                    {"name": f"engine-{service.name}", "role": "engine", "pid": engine, "address": f"127.0.0.1:{port}"}
+                    {
+                        "name": f"engine-{service.name}",
+                        "role": "engine",
+                        "pid": engine,
+                        "address": f"127.0.0.1:{port}",
+                    }
                 )
         return rows
 

@@ -38,7 +38,10 @@ class Node:
 
     def pid(self) -> int | None:
         found = subprocess.run(
-            ["bash", str(self.script), "pid"], env={**os.environ, **self.env}, capture_output=True, text=True
+            ["bash", str(self.script), "pid"],
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         return int(found) if found.isdigit() else None
 
@@ -75,7 +78,10 @@ class Topology:
         }
 
     def env(self) -> dict[str, str]:
-        return {f"PARLEY_{k.upper()}": v if isinstance(v, str) else json.dumps(v) for k, v in self.settings().items()}
+        return {
+            f"PARLEY_{k.upper()}": v if isinstance(v, str) else json.dumps(v)
+            for k, v in self.settings().items()
+        }
 
     def brokers(self, state: Path) -> list[Node]:
         if not self.folder:

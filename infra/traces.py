@@ -15,10 +15,16 @@ def spans(path: Path) -> Iterator[dict[str, Any]]:
     with path.open() as lines:
         for line in lines:
             for resource in json.loads(line).get("resourceSpans", []):
-                service = _flat(resource.get("resource", {}).get("attributes", [])).get("service.name", "?")
+                service = _flat(resource.get("resource", {}).get("attributes", [])).get(
+                    "service.name", "?"
+                )
                 for scope in resource.get("scopeSpans", []):
                     for span in scope.get("spans", []):
-                        yield {**span, "service": service, "attrs": _flat(span.get("attributes", []))}
+                        yield {
+                            **span,
+                            "service": service,
+                            "attrs": _flat(span.get("attributes", [])),
+                        }
 
 
 def _flat(attributes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -49,7 +55,9 @@ def tree(found: list[dict[str, Any]]) -> list[str]:
         for span in children.get(parent, []):
             begin = (int(span["startTimeUnixNano"]) - start) / 1e6
             took = (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e6
-            lines.append(f"{begin:9.1f} ms {took:9.1f} ms  {'  ' * depth}{span['service']}: {span['name']}")
+            lines.append(
+                f"{begin:9.1f} ms {took:9.1f} ms  {'  ' * depth}{span['service']}: {span['name']}"
+            )
             walk(span["spanId"], depth + 1)
 
     walk("", 0)

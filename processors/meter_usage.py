@@ -31,7 +31,9 @@ from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic
 log = logging.getLogger(__name__)
 
 ROWS = Counter("parley_metering_rows_total", "Usage rows", ["outcome"])  # written | already stored
-UNPRICED = Counter("parley_metering_unpriced_runs_total", "Runs of a model missing from the price table", ["model"])
+UNPRICED = Counter(
+    "parley_metering_unpriced_runs_total", "Runs of a model missing from the price table", ["model"]
+)
 LAG = Histogram(
     "parley_metering_lag_seconds",
     "From a run's end (RunCompleted/RunRejected) to its usage row written",
@@ -45,7 +47,9 @@ class Prices:
     """USD per million tokens per model, from a TOML table (processors/prices.toml)."""
 
     def __init__(self, table: dict[str, dict[str, float]]) -> None:
-        self.table = {model: {k: Decimal(str(v)) for k, v in p.items()} for model, p in table.items()}
+        self.table = {
+            model: {k: Decimal(str(v)) for k, v in p.items()} for model, p in table.items()
+        }
 
     @classmethod
     def load(cls, path: str = "") -> Prices:
@@ -69,7 +73,9 @@ class Prices:
 def kind(prompt: PromptAccepted) -> str:
     if prompt.get("summary"):
         return "summary"
-    return "completion" if prompt.get("messages") else "chat"  # the OpenAI route carries its whole conversation
+    return (
+        "completion" if prompt.get("messages") else "chat"
+    )  # the OpenAI route carries its whole conversation
 
 
 def _row(prompt: PromptAccepted, event_id: str, ended_ms: int, **fields: Any) -> dict[str, Any]:
@@ -105,7 +111,12 @@ def completed_row(done: RunCompleted, prices: Prices) -> dict[str, Any]:
         finish_reason=done["finish_reason"],
         moderation=done.get("moderation", "passed"),
         cost_usd=str(
-            prices.cost(done["model"], usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"])
+            prices.cost(
+                done["model"],
+                usage["prompt_tokens"],
+                usage["cached_tokens"],
+                usage["completion_tokens"],
+            )
         ),
     )
 
@@ -151,7 +162,9 @@ def usage_row(topic: Topic[Any], event: Any, prices: Prices) -> tuple[dict[str, 
 class Deps:
     store: UsageStore
     prices: Prices
-    crash_point: Callable[[str], None]  # tests: a process killed between the write and the offsets' commit
+    crash_point: Callable[
+        [str], None
+    ]  # tests: a process killed between the write and the offsets' commit
 
 
 def write(rows: list[dict[str, Any]], ended_ms: list[int], deps: Deps) -> None:
@@ -162,7 +175,11 @@ def write(rows: list[dict[str, Any]], ended_ms: list[int], deps: Deps) -> None:
     for ms in ended_ms:
         LAG.observe(max(0.0, now - ms / 1000))
     if written < len(rows):
-        log.info("usage: %d of %d rows were already stored (redelivered or replayed)", len(rows) - written, len(rows))
+        log.info(
+            "usage: %d of %d rows were already stored (redelivered or replayed)",
+            len(rows) - written,
+            len(rows),
+        )
     deps.crash_point("metering-after-write")
 
 
@@ -176,7 +193,10 @@ async def on_rejected(batch: list[RunRejected], deps: Deps) -> None:
     await in_thread(write, rows, [rejected["rejected_at"] for rejected in batch], deps)
 
 
-HANDLERS: list[Handler[Deps]] = [on_batches(RUN_COMPLETED, on_completed), on_batches(RUN_REJECTED, on_rejected)]
+HANDLERS: list[Handler[Deps]] = [
+    on_batches(RUN_COMPLETED, on_completed),
+    on_batches(RUN_REJECTED, on_rejected),
+]
 
 
 def build(stage: Stage, settings: ProcessorSettings) -> None:

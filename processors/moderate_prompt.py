@@ -28,7 +28,11 @@ def texts_of(prompt: PromptAccepted) -> list[str]:
     """What the user wrote: the OpenAI route sends the whole conversation, and the client wrote every turn
     of it, so its user and assistant turns are checked. Its system turn is the API caller's own instruction
     to the model (setting a role is what a system prompt is for), not an injection into it."""
-    turns = [m["content"] for m in prompt.get("messages") or () if m["role"] not in ("system", "developer")]
+    turns = [
+        m["content"]
+        for m in prompt.get("messages") or ()
+        if m["role"] not in ("system", "developer")
+    ]
     return turns or [prompt["content"]]
 
 

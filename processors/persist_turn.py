@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Stage, on
 from storage import schema
-from storage.conversations import ERASE_WAIT_S, Conversations, Message
+from storage.conversations import ERASE_WAIT_S, Conversations
 from storage.decisions import SafetyDecision, SafetyDecisions
+from storage.rows import Message
 from storage.withdrawals import WITHDRAWN, ids, suspect
 from topics.clock import now_ms
 from topics.events import (
@@ -50,7 +51,9 @@ def _at(ms: int) -> datetime:
 
 
 def user_turn(prompt: PromptAccepted) -> Message:
-    return Message(prompt["message_id"], "user", prompt["content"], _at(prompt["created_at"]), prompt["run_id"])
+    return Message(
+        prompt["message_id"], "user", prompt["content"], _at(prompt["created_at"]), prompt["run_id"]
+    )
 
 
 def assistant_turn(done: RunCompleted) -> Message:
@@ -119,10 +122,14 @@ def output_decision(moderated: OutputModerated) -> SafetyDecision | None:
     if not (action := moderated.get("action")):
         return None
     category = moderated["category"]
-    scores = [w["scores"][category] for w in moderated["windows"] if category and category in w["scores"]]
+    scores = [
+        w["scores"][category] for w in moderated["windows"] if category and category in w["scores"]
+    ]
     at = moderated["retracted_from"]
     excerpt = f"retracted from character {at}" if at is not None else ""
-    return review_row(moderated, "output", action, moderated, max(scores) if scores else None, excerpt)
+    return review_row(
+        moderated, "output", action, moderated, max(scores) if scores else None, excerpt
+    )
 
 
 log = logging.getLogger(__name__)
@@ -153,11 +160,17 @@ async def store(prompt: PromptAccepted, message: Message, deps: Deps) -> None:
         await deps.conversations.put_message(chat_id, message)
         if await deps.conversations.deleted(chat_id):
             await deps.conversations.erase_messages(chat_id)
-            log.info("chat %s was deleted while run %s was stored; erased again", chat_id, prompt["run_id"])
+            log.info(
+                "chat %s was deleted while run %s was stored; erased again",
+                chat_id,
+                prompt["run_id"],
+            )
 
 
 async def forget_question(prompt: PromptAccepted, deps: Deps) -> None:
-    await deps.conversations.unput_message(uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"]))
+    await deps.conversations.unput_message(
+        uuid.UUID(prompt["chat_id"]), uuid.UUID(prompt["message_id"])
+    )
 
 
 async def on_prompt(prompt: PromptAccepted, deps: Deps) -> None:
@@ -175,7 +188,9 @@ async def on_completed(done: RunCompleted, deps: Deps) -> None:
 
 async def on_rejected(rejected: RunRejected, deps: Deps) -> None:
     prompt = rejected["prompt"]
-    if rejected["code"] == WITHDRAWN:  # the edge answered 503: neither the question nor an answer is kept
+    if (
+        rejected["code"] == WITHDRAWN
+    ):  # the edge answered 503: neither the question nor an answer is kept
         await forget_question(prompt, deps)
         log.info("run %s was withdrawn by the edge: its question removed", prompt["run_id"])
         return
@@ -207,7 +222,11 @@ async def on_changed(change: MemoryChanged, deps: Deps) -> None:
         # once the edge has deleted the row (it tells first): a turn written after that erases itself
         gone = await deps.conversations.deleted(chat_id, ERASE_WAIT_S)
         await deps.conversations.erase_messages(chat_id)
-        log.info("chat %s deleted: its messages erased%s", chat_id, "" if gone else " (its row is still there)")
+        log.info(
+            "chat %s deleted: its messages erased%s",
+            chat_id,
+            "" if gone else " (its row is still there)",
+        )
 
 
 HANDLERS: list[Handler[Deps]] = [
@@ -224,5 +243,7 @@ HANDLERS: list[Handler[Deps]] = [
 def build(stage: Stage, settings: ProcessorSettings) -> None:
     session = schema.connect(settings.cassandra)
     keyspace = settings.keyspace_name
-    deps = Deps(Conversations(session, keyspace, stage.name), SafetyDecisions(session, keyspace, stage.name))
+    deps = Deps(
+        Conversations(session, keyspace, stage.name), SafetyDecisions(session, keyspace, stage.name)
+    )
     stage.serve(HANDLERS, deps)

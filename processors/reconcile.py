@@ -27,7 +27,9 @@ from topics import codec
 from topics.errors import PoisonEvent
 from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic, named
 
-SLACK_MS = 5 * 60_000  # events are read from this long before the range: a run's end time precedes its append
+SLACK_MS = (
+    5 * 60_000
+)  # events are read from this long before the range: a run's end time precedes its append
 
 
 @dataclass
@@ -40,7 +42,9 @@ class Drift:
     missing: list[str] = field(default_factory=list)  # run ids in the log, not in ClickHouse
     extra: list[str] = field(default_factory=list)  # run ids in ClickHouse, not in the log
     mismatched: list[dict[str, Any]] = field(default_factory=list)
-    rollup_buckets: list[dict[str, Any]] = field(default_factory=list)  # hours, days: sums unlike the rows
+    rollup_buckets: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # hours, days: sums unlike the rows
     log_tokens: dict[str, int] = field(default_factory=dict)
     stored_tokens: dict[str, int] = field(default_factory=dict)
     repaired: int = 0
@@ -74,7 +78,12 @@ class Drift:
 
 
 def read_log(
-    bootstrap: str, namespace: str, since_ms: int, until_ms: int, prices: Prices, progress: bool = True
+    bootstrap: str,
+    namespace: str,
+    since_ms: int,
+    until_ms: int,
+    prices: Prices,
+    progress: bool = True,
 ) -> tuple[dict[str, dict[str, Any]], int]:
     """The usage rows the log says runs in [since, until) produced, by run id (the first event of a run wins,
     as in ClickHouse), and how many events could not be decoded (those sit in the dead-letter topic)."""
@@ -112,7 +121,11 @@ def read_log(
                 msg = consumer.poll(1.0)
                 if msg is None:
                     continue
-                name, partition, offset = str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0)
+                name, partition, offset = (
+                    str(msg.topic()),
+                    int(msg.partition() or 0),
+                    int(msg.offset() or 0),
+                )
                 error = msg.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
@@ -143,14 +156,20 @@ def tokens(rows: Any) -> dict[str, int]:
     return out
 
 
-def compare(log: dict[str, dict[str, Any]], stored: list[dict[str, Any]], since: int, until: int) -> Drift:
+def compare(
+    log: dict[str, dict[str, Any]], stored: list[dict[str, Any]], since: int, until: int
+) -> Drift:
     """Drift between the rows rebuilt from the log and the stored ones (pure)."""
     drift = Drift(since, until, log_runs=len(log), stored_runs=len(stored))
     held = {r["run_id"]: r for r in stored}
     drift.missing = sorted(set(log) - set(held))
     drift.extra = sorted(set(held) - set(log))
     for run_id in sorted(set(log) & set(held)):
-        diff = {k: (log[run_id][k], held[run_id][k]) for k in COMPARED if str(log[run_id][k]) != str(held[run_id][k])}
+        diff = {
+            k: (log[run_id][k], held[run_id][k])
+            for k in COMPARED
+            if str(log[run_id][k]) != str(held[run_id][k])
+        }
         if diff:
             drift.mismatched.append({"run_id": run_id, "log_vs_stored": diff})
     drift.log_tokens, drift.stored_tokens = tokens(log.values()), tokens(stored)
@@ -169,7 +188,9 @@ def reconcile(
 ) -> Drift:
     log_rows, bad = read_log(bootstrap, namespace, since_ms, until_ms, prices, progress)
     params = {"since": since_ms, "until": until_ms}
-    with httpx.Client(base_url=metering_url, headers=StackSettings().internal_headers(), timeout=120) as http:
+    with httpx.Client(
+        base_url=metering_url, headers=StackSettings().internal_headers(), timeout=120
+    ) as http:
 
         def stored() -> list[dict[str, Any]]:
             response = http.get("/usage-range", params=params)

@@ -31,17 +31,22 @@ from runtime.kafka import partition_count
 from runtime.settings import Pool
 from safety.encoder import Encoder
 from storage import schema
-from storage.conversations import ERASE_WAIT_S, Change, Conversations, Message
+from storage.conversations import ERASE_WAIT_S, Conversations
 from storage.ids import epoch_ms, id_time_us, new_id
 from storage.memory import Memory, Summary
+from storage.rows import Change, Message
 from topics.clock import now_ms
 from topics.events import ChatMessage, MemoryChanged, PromptAccepted, RunCompleted, RunScheduled
 from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)
 
-EMBEDDED = Counter("parley_memory_embedded_total", "Messages embedded into a chat's memory", ["role"])
-SUMMARIES = Counter("parley_memory_summaries_total", "Summary runs", ["outcome"])  # requested|stored|yielded|discarded
+EMBEDDED = Counter(
+    "parley_memory_embedded_total", "Messages embedded into a chat's memory", ["role"]
+)
+SUMMARIES = Counter(
+    "parley_memory_summaries_total", "Summary runs", ["outcome"]
+)  # requested|stored|yielded|discarded
 
 # A summary is background work: an engine starts it only when no reply needs the engine, and stops it when
 # one arrives (it is asked for again); past the engine's patience it runs beside the replies (inference/worker.py).
@@ -53,7 +58,9 @@ INSTRUCTION = (
     "numbers, places, plans), keeping every fact from the earlier summary."
 )
 MESSAGE_TOKENS = 300  # the most of one message a summary run reads
-SUMMARY_OVERHEAD = 400  # a summary run's prompt besides the messages: the earlier summary, instruction, template
+SUMMARY_OVERHEAD = (
+    400  # a summary run's prompt besides the messages: the earlier summary, instruction, template
+)
 
 
 CHANGED = "a message was edited, deleted or the context reset since it began"
@@ -61,14 +68,22 @@ CHANGED = "a message was edited, deleted or the context reset since it began"
 
 def changed_since(chat: Any, prompt: PromptAccepted) -> bool:
     """Whether the user changed the chat's memory after the summary run `prompt` began."""
-    return bool(chat and chat.memory_changed_at and epoch_ms(chat.memory_changed_at) >= prompt["created_at"])
+    return bool(
+        chat and chat.memory_changed_at and epoch_ms(chat.memory_changed_at) >= prompt["created_at"]
+    )
 
 
 def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def fold(messages: list[Message], counts: list[int], after_tokens: int, keep_tokens: int, most_tokens: int) -> int:
+def fold(
+    messages: list[Message],
+    counts: list[int],
+    after_tokens: int,
+    keep_tokens: int,
+    most_tokens: int,
+) -> int:
     """How many of the oldest unsummarised messages to fold into the next summary (0: not yet) (pure).
 
     Nothing happens until the messages pass `after_tokens`; then all but the newest `keep_tokens` go, at most
@@ -91,9 +106,12 @@ def fold(messages: list[Message], counts: list[int], after_tokens: int, keep_tok
     return n
 
 
-def summary_request(previous: str | None, messages: list[Message], counter: tokens.ChatTokenizer) -> list[ChatMessage]:
+def summary_request(
+    previous: str | None, messages: list[Message], counter: tokens.ChatTokenizer
+) -> list[ChatMessage]:
     lines = [
-        f"{m.role.capitalize()}: {counter.truncate(' '.join(m.content.split()), MESSAGE_TOKENS)}" for m in messages
+        f"{m.role.capitalize()}: {counter.truncate(' '.join(m.content.split()), MESSAGE_TOKENS)}"
+        for m in messages
     ]
     earlier = f"Earlier summary: {previous}\n\n" if previous else ""
     return [{"role": "user", "content": earlier + "\n".join(lines) + "\n\n" + INSTRUCTION}]
@@ -171,7 +189,9 @@ class Deps:
     encoder: Encoder
     settings: ProcessorSettings
     counter: tokens.ChatTokenizer
-    pending: dict[str, float] = field(default_factory=dict)  # chat id -> when its summary run was asked for
+    pending: dict[str, float] = field(
+        default_factory=dict
+    )  # chat id -> when its summary run was asked for
     partitions: list[int] = field(default_factory=list)  # of the summary pool's topic, read once
 
     @property
@@ -216,7 +236,9 @@ async def maybe_summarize(
     chat_id = uuid.UUID(chat_key)
     changes: Mapping[str, Change] | None = None
     if known is None:
-        chat, latest = await asyncio.gather(deps.conversations.get_chat(chat_id), deps.memory.latest_summary(chat_id))
+        chat, latest = await asyncio.gather(
+            deps.conversations.get_chat(chat_id), deps.memory.latest_summary(chat_id)
+        )
     else:
         (chat, changes), latest = known, await deps.memory.latest_summary(chat_id)
     if chat is None:
@@ -224,10 +246,20 @@ async def maybe_summarize(
     after = uuid.UUID(latest.through) if latest else None
     if chat.context_from is not None and (after is None or after.time < chat.context_from.time):
         after, latest = chat.context_from, None
-    messages = [m for m in await deps.conversations.messages_after(chat_id, after, 400, changes) if m.content]
+    messages = [
+        m
+        for m in await deps.conversations.messages_after(chat_id, after, 400, changes)
+        if m.content
+    ]
     counts = [deps.counter.count(m.content) for m in messages]
     most = deps.pool.prompt_budget - deps.settings.summary_max_tokens - SUMMARY_OVERHEAD
-    n = fold(messages, counts, deps.settings.summarize_after_tokens, deps.settings.summarize_keep_tokens, most)
+    n = fold(
+        messages,
+        counts,
+        deps.settings.summarize_after_tokens,
+        deps.settings.summarize_keep_tokens,
+        most,
+    )
     if n == 0:
         return
     run = summary_run(prompt, latest, messages[:n], deps.counter, deps.settings)
@@ -235,11 +267,17 @@ async def maybe_summarize(
     if not deps.partitions:
         name = named(RUN_SCHEDULED[deps.settings.memory_pool], deps.settings.namespace)
         loop = asyncio.get_running_loop()
-        deps.partitions.append(await loop.run_in_executor(None, partition_count, deps.settings.kafka_bootstrap, name))
+        deps.partitions.append(
+            await loop.run_in_executor(None, partition_count, deps.settings.kafka_bootstrap, name)
+        )
     partition = home_partition(chat_key, deps.partitions[0])
-    await deps.publish(RUN_SCHEDULED[deps.settings.memory_pool], run, key=chat_key, partition=partition)
+    await deps.publish(
+        RUN_SCHEDULED[deps.settings.memory_pool], run, key=chat_key, partition=partition
+    )
     SUMMARIES.labels("requested").inc()
-    log.info("chat %s: summary of %d messages requested (run %s)", chat_key, n, run["prompt"]["run_id"])
+    log.info(
+        "chat %s: summary of %d messages requested (run %s)", chat_key, n, run["prompt"]["run_id"]
+    )
 
 
 async def store_summary(done: RunCompleted, deps: Deps) -> None:
@@ -248,13 +286,17 @@ async def store_summary(done: RunCompleted, deps: Deps) -> None:
     chat_key = prompt["chat_id"]
     chat_id = uuid.UUID(chat_key)
     deps.pending.pop(chat_key, None)
-    chat, latest = await asyncio.gather(deps.conversations.get_chat(chat_id), deps.memory.latest_summary(chat_id))
+    chat, latest = await asyncio.gather(
+        deps.conversations.get_chat(chat_id), deps.memory.latest_summary(chat_id)
+    )
     text = " ".join(done["content"].split())
     yielded = done["finish_reason"] == "cancelled"  # stopped for a reply (inference/worker.py)
     reason = discarded(done, chat, latest)
     if not reason:
         text = deps.counter.truncate(text, deps.settings.summary_tokens)
-        summary = Summary(request["version"], request["through"], text, deps.counter.count(text), prompt["run_id"])
+        summary = Summary(
+            request["version"], request["through"], text, deps.counter.count(text), prompt["run_id"]
+        )
         await deps.memory.put_summary(chat_id, summary)
         chat = await reread(chat_id, deps)
         if chat is None:
@@ -266,12 +308,16 @@ async def store_summary(done: RunCompleted, deps: Deps) -> None:
             reason = CHANGED
         else:
             SUMMARIES.labels("stored").inc()
-            log.info("chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens)
+            log.info(
+                "chat %s: summary v%d stored (%d tokens)", chat_key, summary.version, summary.tokens
+            )
     if reason:
         SUMMARIES.labels("yielded" if yielded else "discarded").inc()
         log.info("chat %s: summary v%d discarded: %s", chat_key, request["version"], reason)
     if not reason or yielded:
-        await maybe_summarize(prompt, deps)  # more may have piled up meanwhile, or it gave way: ask again now
+        await maybe_summarize(
+            prompt, deps
+        )  # more may have piled up meanwhile, or it gave way: ask again now
     # otherwise (failed, filtered, stale) the chat's next turn asks again: no loop of failing runs
 
 
@@ -283,7 +329,9 @@ async def on_completed(done: RunCompleted, deps: Deps) -> None:
     if not prompt.get("store", True) or prompt.get("messages"):
         return  # stateless runs (OpenAI route) are not chat messages
     chat_id = uuid.UUID(prompt["chat_id"])
-    chat, changes = await asyncio.gather(deps.conversations.get_chat(chat_id), deps.conversations.changes(chat_id))
+    chat, changes = await asyncio.gather(
+        deps.conversations.get_chat(chat_id), deps.conversations.changes(chat_id)
+    )
     if chat is None:
         return  # deleted meanwhile: nothing of it is remembered
     written = [(prompt["message_id"], "user", prompt["content"])]
@@ -316,12 +364,21 @@ async def on_changed(change: MemoryChanged, deps: Deps) -> None:
         message_id = uuid.UUID(change["message_id"])
         text = change["content"] or ""
         if action == "edited" and text.strip():  # the new text replaces the old row (same key)
-            await remember(chat_id, [(change["message_id"], change["role"] or "user", text, at_us)], deps)
+            await remember(
+                chat_id, [(change["message_id"], change["role"] or "user", text, at_us)], deps
+            )
         else:
             await deps.memory.forget(chat_id, message_id, at_us)
         await deps.memory.drop_summaries_covering(chat_id, message_id)
-    deps.pending.pop(change["chat_id"], None)  # a summary begun before it is discarded when it lands
-    log.info("chat %s: deps.memory %s (%s)", change["chat_id"], action, change["message_id"] or "whole chat")
+    deps.pending.pop(
+        change["chat_id"], None
+    )  # a summary begun before it is discarded when it lands
+    log.info(
+        "chat %s: deps.memory %s (%s)",
+        change["chat_id"],
+        action,
+        change["message_id"] or "whole chat",
+    )
 
 
 HANDLERS: list[Handler[Deps]] = [on(RUN_COMPLETED, on_completed), on(MEMORY_CHANGED, on_changed)]

@@ -27,7 +27,14 @@ from typing import Any
 from prometheus_client import Counter
 
 from admission.limits import Limits, LimitsView
-from admission.placement import EngineLoad, Placement, PoolView, capacity_message, home_partition, place
+from admission.placement import (
+    EngineLoad,
+    Placement,
+    PoolView,
+    capacity_message,
+    home_partition,
+    place,
+)
 from conversation.context import TooLong
 from conversation.gather import ContextGuard, assemble_chat_run, assemble_given
 from processors.settings import ProcessorSettings
@@ -42,8 +49,22 @@ from storage.memory import Memory
 from storage.withdrawals import TAKEN, WITHDRAWN, ids, suspect
 from topics.clock import now_ms
 from topics.codec import token_delta
-from topics.events import PromptAccepted, PromptModerated, RunCompleted, RunRejected, RunScheduled, TokenDelta
-from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED, TOKEN_DELTA, named
+from topics.events import (
+    PromptAccepted,
+    PromptModerated,
+    RunCompleted,
+    RunRejected,
+    RunScheduled,
+    TokenDelta,
+)
+from topics.pipeline import (
+    PROMPT_MODERATED,
+    RUN_COMPLETED,
+    RUN_REJECTED,
+    RUN_SCHEDULED,
+    TOKEN_DELTA,
+    named,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +72,19 @@ log = logging.getLogger(__name__)
 ADMISSION = Counter(
     "parley_scheduler_admissions_total", "Admission decisions", ["tier", "pool", "outcome"]
 )  # outcome: admitted | degraded | over_capacity | token_budget_exceeded | concurrency_limit_exceeded | ...
-SETTLED = Counter("parley_scheduler_settled_total", "Runs whose charge was settled with the actual usage", ["outcome"])
+SETTLED = Counter(
+    "parley_scheduler_settled_total",
+    "Runs whose charge was settled with the actual usage",
+    ["outcome"],
+)
 
 
 def reject(
-    prompt: PromptAccepted, code: str, message: str, category: str | None = None, retry_after_s: int | None = None
+    prompt: PromptAccepted,
+    code: str,
+    message: str,
+    category: str | None = None,
+    retry_after_s: int | None = None,
 ) -> RunRejected:
     return {
         "event_id": str(uuid.uuid4()),
@@ -84,7 +113,11 @@ def queued(run: RunScheduled, wait_s: float) -> TokenDelta:
 def smaller_pools(run: RunScheduled, settings: ProcessorSettings) -> list[str]:
     """Pools smaller than the run's that still hold it, largest first: where it may go under pressure (pure)."""
     mine = settings.pools[run["pool"]].context
-    fits = [(p.context, name) for name, p in settings.pools.items() if run["estimate_tokens"] <= p.context < mine]
+    fits = [
+        (p.context, name)
+        for name, p in settings.pools.items()
+        if run["estimate_tokens"] <= p.context < mine
+    ]
     return [name for _, name in sorted(fits, reverse=True)]
 
 
@@ -110,16 +143,26 @@ def place_run(
     recognise it). Refused when no pool can start it within its tier's bound."""
     prompt = run["prompt"]
     tier, chat_id = prompt["tier"], prompt["chat_id"]
-    placement = place(run["pool"], smaller_pools(run, settings), loads, chat_id, tier, tiers, partitions)
+    placement = place(
+        run["pool"], smaller_pools(run, settings), loads, chat_id, tier, tiers, partitions
+    )
     run = {**run, "priority": tiers[tier].priority}
     if before is not None:
         pool = before.pool if before.pool in partitions else run["pool"]
-        partition = before.partition if before.partition is not None else home_partition(chat_id, partitions[pool])
+        partition = (
+            before.partition
+            if before.partition is not None
+            else home_partition(chat_id, partitions[pool])
+        )
         degraded_from = run["pool"] if pool != run["pool"] else None
         placement = Placement(pool, placement.wait_s, partition, degraded_from=degraded_from)
         run = {**run, "rescheduled": True}
     if placement.pool is None:
-        return Refusal("over_capacity", capacity_message(run["model"], placement.wait_s), placement.retry_after_s)
+        return Refusal(
+            "over_capacity",
+            capacity_message(run["model"], placement.wait_s),
+            placement.retry_after_s,
+        )
     if placement.degraded_from:
         model = settings.pools[placement.pool].model
         run = {**run, "degraded_from": run["pool"], "pool": placement.pool, "model": model}
@@ -141,8 +184,17 @@ class Deps:
 
 async def refuse(prompt: PromptAccepted, code: str, message: str, deps: Deps, **extra: Any) -> None:
     ADMISSION.labels(prompt["tier"], "", code).inc()
-    log.info("run %s of %s (%s) rejected: %s: %s", prompt["run_id"], prompt["user_id"], prompt["tier"], code, message)
-    await deps.publish(RUN_REJECTED, reject(prompt, code, message, **extra), partition=prompt["reply_partition"])
+    log.info(
+        "run %s of %s (%s) rejected: %s: %s",
+        prompt["run_id"],
+        prompt["user_id"],
+        prompt["tier"],
+        code,
+        message,
+    )
+    await deps.publish(
+        RUN_REJECTED, reject(prompt, code, message, **extra), partition=prompt["reply_partition"]
+    )
 
 
 async def told_queued(prompt: PromptAccepted, since_ms: int, settings: ProcessorSettings) -> bool:
@@ -163,21 +215,32 @@ async def told_queued(prompt: PromptAccepted, since_ms: int, settings: Processor
 
 async def on_moderated(moderated: PromptModerated, deps: Deps) -> None:
     prompt = moderated["prompt"]
-    if suspect(prompt, now_ms()) and await deps.conversations.settle_fate(*ids(prompt), TAKEN) != TAKEN:
+    if (
+        suspect(prompt, now_ms())
+        and await deps.conversations.settle_fate(*ids(prompt), TAKEN) != TAKEN
+    ):
         # the edge gave up on it first and answered 503 (storage/withdrawals.py): nothing of it is served
-        await refuse(prompt, WITHDRAWN, "The request was refused when it was sent; it is not served.", deps)
+        await refuse(
+            prompt, WITHDRAWN, "The request was refused when it was sent; it is not served.", deps
+        )
         return
     if moderated["decision"] == "blocked":
         category = moderated["category"]
         await refuse(
-            prompt, "content_filter", "This request was declined by the content policy.", deps, category=category
+            prompt,
+            "content_filter",
+            "This request was declined by the content policy.",
+            deps,
+            category=category,
         )
         return
     try:
         if prompt.get("messages"):
             run = assemble_given(prompt, deps.settings)
         else:
-            run = await assemble_chat_run(prompt, deps.conversations, deps.memory, deps.context, deps.settings)
+            run = await assemble_chat_run(
+                prompt, deps.conversations, deps.memory, deps.context, deps.settings
+            )
     except TooLong as exc:
         await refuse(prompt, "context_length_exceeded", str(exc), deps)
         return
@@ -186,7 +249,9 @@ async def on_moderated(moderated: PromptModerated, deps: Deps) -> None:
     # likely, and the account the first compare-and-set decides on is as fresh as it can be.
     account, before = await deps.ledger.look(user, prompt["run_id"])
     if before is not None and before.scheduled:
-        log.info("run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"])
+        log.info(
+            "run %s was scheduled before (a redelivered prompt): nothing to do", prompt["run_id"]
+        )
         return
     tiers = deps.limits.tiers_for(user, tier)
     placed = place_run(run, before, tiers, deps.pools.loads(), deps.pools.partitions, deps.settings)
@@ -205,22 +270,30 @@ async def on_moderated(moderated: PromptModerated, deps: Deps) -> None:
         account if before is None else None,
     )
     if not decision.admitted:
-        await refuse(prompt, decision.code, decision.message, deps, retry_after_s=decision.retry_after_s)
+        await refuse(
+            prompt, decision.code, decision.message, deps, retry_after_s=decision.retry_after_s
+        )
         return
     # admitted now (assembly and the deps.ledger's wait came before), or when it was admitted before a crash
     run = {**run, "scheduled_at": (before and before.decided_at) or now_ms()}
     deps.pools.admitted(prompt["run_id"], run["pool"], tier, placement.partition)
     ADMISSION.labels(tier, run["pool"], "degraded" if run["degraded_from"] else "admitted").inc()
     tell = before is None or not await told_queued(prompt, run["scheduled_at"], deps.settings)
-    scheduled = deps.publish(RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"], partition=placement.partition)
+    scheduled = deps.publish(
+        RUN_SCHEDULED[run["pool"]], run, key=prompt["chat_id"], partition=placement.partition
+    )
     if tell:
         # Both at once: one wait for the broker's acks instead of two in a row. `queued` is sent first and
         # nearly always lands first; one that lands after the run's first record is not shown (api/answers.py).
-        told = deps.publish(TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"])
+        told = deps.publish(
+            TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"]
+        )
         await asyncio.gather(told, scheduled)
     else:
         await scheduled
-    deps.crash_point("scheduling-after-publish")  # tests: the window a redelivered prompt must not reopen
+    deps.crash_point(
+        "scheduling-after-publish"
+    )  # tests: the window a redelivered prompt must not reopen
     await deps.ledger.mark_scheduled(user, prompt["run_id"])
 
 
@@ -232,10 +305,15 @@ async def on_completed(done: RunCompleted, deps: Deps) -> None:
     changed = await deps.ledger.settle(prompt["user_id"], prompt["run_id"], actual, mine)
     SETTLED.labels("settled" if changed else "unchanged").inc()
     if prompt.get("store", True) and not prompt.get("summary") and done["content"]:
-        await deps.context.screen(prompt["run_id"], done["content"], prompt["tier"])  # the next turn finds it cached
+        await deps.context.screen(
+            prompt["run_id"], done["content"], prompt["tier"]
+        )  # the next turn finds it cached
 
 
-HANDLERS: list[Handler[Deps]] = [on(PROMPT_MODERATED, on_moderated), on(RUN_COMPLETED, on_completed)]
+HANDLERS: list[Handler[Deps]] = [
+    on(PROMPT_MODERATED, on_moderated),
+    on(RUN_COMPLETED, on_completed),
+]
 
 
 def build(stage: Stage, settings: ProcessorSettings) -> None:

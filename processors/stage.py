@@ -36,7 +36,9 @@ D = TypeVar("D")  # a stage's dependencies
 log = logging.getLogger(__name__)
 
 
-EVENTS = Counter("parley_stage_events_total", "Events handled by a stage", ["stage", "topic", "outcome"])
+EVENTS = Counter(
+    "parley_stage_events_total", "Events handled by a stage", ["stage", "topic", "outcome"]
+)
 LATENCY = Histogram(
     "parley_stage_event_seconds",
     "Time to handle one event (or one batch)",
@@ -44,7 +46,9 @@ LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 RETRIES = Counter(
-    "parley_stage_retries_total", "Events tried again because a store or the log was away", ["stage", "error"]
+    "parley_stage_retries_total",
+    "Events tried again because a store or the log was away",
+    ["stage", "error"],
 )
 
 
@@ -103,7 +107,9 @@ class Stage:
             broker_commit_interval=0.5,
         )
         self._topics: dict[str, TopicT] = {}
-        self.outage = Outage(log, f"{name}: a store or the log (events wait, none is dead-lettered)")
+        self.outage = Outage(
+            log, f"{name}: a store or the log (events wait, none is dead-lettered)"
+        )
 
         @self.app.page("/metrics")
         async def metrics(web: Any, request: Any) -> Any:
@@ -126,7 +132,9 @@ class Stage:
             return web.json(body, status=200 if assigned else 503)
 
     def topic(self, topic: Topic[Any]) -> TopicT:
-        return self._raw(named(topic, self.settings.namespace), self.settings.layout.partitions(topic))
+        return self._raw(
+            named(topic, self.settings.namespace), self.settings.layout.partitions(topic)
+        )
 
     def dlq(self, topic: Topic[Any]) -> TopicT:
         return self._raw(dead_letter_name(topic, self.settings.namespace), 1)
@@ -148,8 +156,12 @@ class Stage:
         """An internal page (anything but /metrics, /livez and /readyz): the caller presents the stack's internal
         token, or gets a 401; a local process cannot write usage rows or read anyone's usage by asking."""
         given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, self.settings.internal_headers()["Authorization"].encode()):
-            raise NotAuthenticated("This page is internal to the stack: present its internal token.")
+        if not hmac.compare_digest(
+            given, self.settings.internal_headers()["Authorization"].encode()
+        ):
+            raise NotAuthenticated(
+                "This page is internal to the stack: present its internal token."
+            )
 
     def crash_point(self, name: str) -> None:
         """Tests only: exit at once, as a killed process would, when `faults_dir/name` exists (it is removed
@@ -193,13 +205,17 @@ class Stage:
         EVENTS.labels(self.name, topic.name, "dead_letter").inc()
         log.warning("%s: dead-lettered %s: %s", self.name, source, error)
 
-    def serve(self, handlers: Sequence[Handler[D]], deps: D, batch: tuple[int, float] = (200, 0.5)) -> None:
+    def serve(
+        self, handlers: Sequence[Handler[D]], deps: D, batch: tuple[int, float] = (200, 0.5)
+    ) -> None:
         """Consume each handler's topic and hand its events to the handler with the stage's dependencies;
         batch: the most events a batch handler gets at once, and how long a batch waits to fill."""
         for handler in handlers:
             handle = handler.handle
 
-            def bound(event: Any, handle: Callable[[Any, D], Awaitable[None]] = handle) -> Awaitable[None]:
+            def bound(
+                event: Any, handle: Callable[[Any, D], Awaitable[None]] = handle
+            ) -> Awaitable[None]:
                 return handle(event, deps)
 
             if handler.batch:
@@ -235,24 +251,32 @@ class Stage:
         agent.__name__ = f"{self.name}_{topic.schema}_batch"
         self.app.agent(self.topic(topic), name=f"{self.name}.{topic.schema}")(agent)
 
-    async def _handle_one(self, topic: Topic[E], event: EventT[Any], handle: Callable[[E], Awaitable[None]]) -> None:
+    async def _handle_one(
+        self, topic: Topic[E], event: EventT[Any], handle: Callable[[E], Awaitable[None]]
+    ) -> None:
         msg = event.message
         started = time.perf_counter()
         where = f"{msg.topic}[{msg.partition}]@{msg.offset}"
         with tracing.consumed_span(self.tracer, f"{self.name} {topic.name}", msg.headers) as span:
             span.set_attribute("messaging.kafka.offset", msg.offset)
 
-            async def attempt() -> None:  # decoding too: a writer schema not seen yet waits for the registry
+            async def attempt() -> (
+                None
+            ):  # decoding too: a writer schema not seen yet waits for the registry
                 await handle(cast(E, codec.decode(topic.schema, msg.value)))
 
             try:
-                await self._with_retries(where, attempt)  # retries what runtime/failures.py calls retriable
+                await self._with_retries(
+                    where, attempt
+                )  # retries what runtime/failures.py calls retriable
             except PoisonEvent as exc:
                 await self.dead_letter(topic, event, str(exc))
                 return
             except Exception as exc:
                 # A valid record the stage cannot process is parked too, so one bad event never stalls a partition.
-                log.exception("%s: failed on %s trace=%s", self.name, where, tracing.trace_id(msg.headers))
+                log.exception(
+                    "%s: failed on %s trace=%s", self.name, where, tracing.trace_id(msg.headers)
+                )
                 await self.dead_letter(topic, event, f"{type(exc).__name__}: {exc}")
                 return
         EVENTS.labels(self.name, topic.name, "ok").inc()
@@ -267,7 +291,9 @@ class Stage:
                 return
             except RETRIABLE as exc:
                 RETRIES.labels(self.name, type(exc).__name__).inc()
-                self.outage.failed(f"{type(exc).__name__} on {where}; retrying, every {delay:.1f}s at most")
+                self.outage.failed(
+                    f"{type(exc).__name__} on {where}; retrying, every {delay:.1f}s at most"
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -288,7 +314,9 @@ class Stage:
                 await self.dead_letter(topic, event, str(exc))
         if good:
             with tracing.consumed_batch(self.tracer, f"{self.name} {topic.name}", carried):
-                await handle(good)  # raises on storage failure: the worker stops without acking, nothing is lost
+                await handle(
+                    good
+                )  # raises on storage failure: the worker stops without acking, nothing is lost
         EVENTS.labels(self.name, topic.name, "ok").inc(len(good))
         LATENCY.labels(self.name, topic.name).observe(time.perf_counter() - started)
 

@@ -59,7 +59,12 @@ def add(stage: Stage, store: UsageStore) -> None:
         """?since=&until= (epoch ms)[&user_id=][&source=rollup|usage]: what the dashboard draws."""
         stage.require_internal(request)
         q = request.query
-        args = (int(q["since"]), int(q["until"]), q.get("user_id") or None, q.get("source", "rollup"))
+        args = (
+            int(q["since"]),
+            int(q["until"]),
+            q.get("user_id") or None,
+            q.get("source", "rollup"),
+        )
         return web.json(await run(store.report, *args))
 
     @stage.app.page("/eval-results")
@@ -77,7 +82,9 @@ def add(stage: Stage, store: UsageStore) -> None:
             body = await request.json()
             written = await run(store.write_evals, body["rows"])
             log.info(
-                "evals: %d case results stored for label %s", written, body["rows"][0]["label"] if written else "-"
+                "evals: %d case results stored for label %s",
+                written,
+                body["rows"][0]["label"] if written else "-",
             )
             return self.json({"written": written})
 

@@ -13,14 +13,18 @@ from runtime.settings import StackSettings
 
 class RegistrySettings(StackSettings):
     registry_port: int = 8081
-    registry_topic: str = Field("_schemas", description="The compacted topic the registry keeps its schemas in.")
+    registry_topic: str = Field(
+        "_schemas", description="The compacted topic the registry keeps its schemas in."
+    )
 
 
 def main() -> None:
     settings = RegistrySettings()
     logs.configure(settings.log_level, settings.log_format)
     schemas = SchemaLog(settings.kafka_bootstrap, settings.registry_topic, settings.layout)
-    uvicorn.run(create_app(schemas), host=settings.host, port=settings.registry_port, log_level="warning")
+    uvicorn.run(
+        create_app(schemas), host=settings.host, port=settings.registry_port, log_level="warning"
+    )
 
 
 if __name__ == "__main__":

@@ -34,13 +34,17 @@ class Failure(Exception):
 
 def create_app(schemas: SchemaLog) -> FastAPI:
     store = Store()
-    lock = asyncio.Lock()  # one registration at a time in this replica: versions are counted, not guessed
+    lock = (
+        asyncio.Lock()
+    )  # one registration at a time in this replica: versions are counted, not guessed
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, schemas.start, store)
-        log.info("schema registry ready: %d schemas, %d subjects", len(store.by_id), len(store.versions))
+        log.info(
+            "schema registry ready: %d schemas, %d subjects", len(store.by_id), len(store.versions)
+        )
         yield
         await loop.run_in_executor(None, schemas.stop)
 
@@ -48,7 +52,9 @@ def create_app(schemas: SchemaLog) -> FastAPI:
 
     @app.exception_handler(Failure)
     async def failed(request: Request, exc: Failure) -> JSONResponse:
-        return JSONResponse({"error_code": exc.code, "message": exc.message}, status_code=exc.status)
+        return JSONResponse(
+            {"error_code": exc.code, "message": exc.message}, status_code=exc.status
+        )
 
     async def body_schema(request: Request) -> str:
         try:
@@ -68,14 +74,21 @@ def create_app(schemas: SchemaLog) -> FastAPI:
 
     def version_index(subject: str, version: str) -> int:
         ids = subject_ids(subject)
-        number = len(ids) if version in ("latest", "-1") else int(version) if version.isdigit() else 0
+        number = (
+            len(ids) if version in ("latest", "-1") else int(version) if version.isdigit() else 0
+        )
         if not 1 <= number <= len(ids):
             raise Failure(404, 40402, f"Version {version} not found.")
         return number
 
     def described(subject: str, number: int) -> dict[str, Any]:
         schema_id = store.versions[subject][number - 1]
-        return {"subject": subject, "version": number, "id": schema_id, "schema": store.by_id[schema_id]}
+        return {
+            "subject": subject,
+            "version": number,
+            "id": schema_id,
+            "schema": store.by_id[schema_id],
+        }
 
     @app.get("/livez")
     async def livez() -> dict[str, str]:
@@ -151,8 +164,13 @@ def create_app(schemas: SchemaLog) -> FastAPI:
         except (ValueError, KeyError, AttributeError) as exc:
             raise Failure(422, 42203, 'expected {"compatibility": LEVEL}') from exc
         if level not in LEVELS:
-            raise Failure(422, 42203, f"Invalid compatibility level {level!r}; one of {', '.join(LEVELS)}")
-        key, value = {"keytype": "CONFIG", "subject": subject or None}, {"compatibilityLevel": level}
+            raise Failure(
+                422, 42203, f"Invalid compatibility level {level!r}; one of {', '.join(LEVELS)}"
+            )
+        key, value = (
+            {"keytype": "CONFIG", "subject": subject or None},
+            {"compatibilityLevel": level},
+        )
         await asyncio.get_running_loop().run_in_executor(None, schemas.write, key, value)
         store.apply(key, value)
         return {"compatibility": level}

@@ -14,7 +14,9 @@ try:
     import httpx2
 
     TRANSPORT: tuple[type[Exception], ...] = (httpx.TransportError, httpx2.TransportError)
-except ImportError:  # pragma: no cover - httpx2 comes with confluent-kafka's schemaregistry extra today
+except (
+    ImportError
+):  # pragma: no cover - httpx2 comes with confluent-kafka's schemaregistry extra today
     TRANSPORT = (httpx.TransportError,)
 
 
@@ -31,7 +33,9 @@ class HttpRegistry:
         except SchemaRegistryError as exc:
             if exc.http_status_code >= 500:
                 raise ConnectionError(f"{self.url}: {exc}") from exc
-            raise RuntimeError(f"the schema registry refused {subject}: {exc.error_message}") from exc
+            raise RuntimeError(
+                f"the schema registry refused {subject}: {exc.error_message}"
+            ) from exc
 
     def fetch(self, schema_id: int) -> str | None:
         try:

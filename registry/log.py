@@ -10,7 +10,14 @@ import time
 from functools import partial
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from registry.store import Store
@@ -24,17 +31,27 @@ class SchemaLog:
     def __init__(self, bootstrap: str, topic: str, layout: Layout) -> None:
         self.bootstrap, self.topic, self.layout = bootstrap, topic, layout
         self.producer = Producer(producer_config(bootstrap, **{"linger.ms": 0}))
-        self._consumer = Consumer(consumer_config(bootstrap, f"registry-{id(self)}", **{"enable.partition.eof": False}))
+        self._consumer = Consumer(
+            consumer_config(bootstrap, f"registry-{id(self)}", **{"enable.partition.eof": False})
+        )
         self._follower: ConsumerThread | None = None
         self._store: Store | None = None
         self._lock = threading.Lock()
 
     def _create(self) -> None:
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        if self.topic in until_ready("registry topic", partial(admin.list_topics, timeout=10)).topics:
+        if (
+            self.topic
+            in until_ready("registry topic", partial(admin.list_topics, timeout=10)).topics
+        ):
             return
         config = {**self.layout.config(), "cleanup.policy": "compact"}
-        topic = NewTopic(self.topic, num_partitions=1, replication_factor=self.layout.replication_factor, config=config)
+        topic = NewTopic(
+            self.topic,
+            num_partitions=1,
+            replication_factor=self.layout.replication_factor,
+            config=config,
+        )
         try:
             admin.create_topics([topic])[self.topic].result()
         except KafkaException as exc:
@@ -46,7 +63,9 @@ class SchemaLog:
         self._create()
         self._store = store
         partition = TopicPartition(self.topic, 0, OFFSET_BEGINNING)
-        _, end = until_ready("registry end", partial(self._consumer.get_watermark_offsets, partition, timeout=10))
+        _, end = until_ready(
+            "registry end", partial(self._consumer.get_watermark_offsets, partition, timeout=10)
+        )
         self._consumer.assign([partition])
         position = 0
         deadline = time.monotonic() + 120

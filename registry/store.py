@@ -14,7 +14,15 @@ from typing import Any
 import avro.schema
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 
-LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE")
+LEVELS = (
+    "NONE",
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
+)
 DEFAULT_LEVEL = "BACKWARD"
 
 
@@ -59,9 +67,9 @@ def compatible(new: str, old: str, level: str) -> list[str]:
     for reader, writer in pairs:
         result = checker.get_compatibility(reader, writer)
         if result.compatibility is not SchemaCompatibilityType.compatible:
-            problems += [f"{loc}: {msg}" for msg, loc in zip(result.messages, result.locations, strict=False)] or [
-                str(result.messages)
-            ]
+            problems += [
+                f"{loc}: {msg}" for msg, loc in zip(result.messages, result.locations, strict=False)
+            ] or [str(result.messages)]
     return problems
 
 
@@ -69,7 +77,9 @@ def compatible(new: str, old: str, level: str) -> list[str]:
 class Store:
     by_id: dict[int, str] = field(default_factory=dict)  # id -> canonical schema
     versions: dict[str, list[int]] = field(default_factory=dict)  # subject -> ids, version 1 first
-    levels: dict[str, str] = field(default_factory=dict)  # subject ("" : global) -> compatibility level
+    levels: dict[str, str] = field(
+        default_factory=dict
+    )  # subject ("" : global) -> compatibility level
 
     # -- the log ----------------------------------------------------------------------------------------
     def apply(self, key: dict[str, Any], value: dict[str, Any] | None) -> None:
@@ -101,7 +111,9 @@ class Store:
         ids = self.versions.get(subject, [])
         if level == "NONE" or not ids:
             return []
-        chosen = against if against is not None else (ids if level.endswith("TRANSITIVE") else ids[-1:])
+        chosen = (
+            against if against is not None else (ids if level.endswith("TRANSITIVE") else ids[-1:])
+        )
         return [p for i in chosen for p in compatible(text, self.by_id[i], level)]
 
     def new_id(self, text: str) -> int:
@@ -120,10 +132,18 @@ class Store:
             return self.versions[subject][number - 1], None
         problems = self.problems(subject, text)
         if problems:
-            raise Incompatible(f"incompatible with {subject} ({self.level(subject)}): {'; '.join(problems)}")
+            raise Incompatible(
+                f"incompatible with {subject} ({self.level(subject)}): {'; '.join(problems)}"
+            )
         schema_id = self.new_id(text)
         version = len(self.versions.get(subject, [])) + 1
-        return schema_id, {"subject": subject, "version": version, "id": schema_id, "schema": text, "deleted": False}
+        return schema_id, {
+            "subject": subject,
+            "version": version,
+            "id": schema_id,
+            "schema": text,
+            "deleted": False,
+        }
 
 
 def schema_key(record: dict[str, Any]) -> dict[str, Any]:

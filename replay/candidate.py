@@ -27,7 +27,13 @@ from topics.events import PromptAccepted
 from topics.pipeline import LIMITS, POOLS, SAFETY_POLICIES
 
 THROUGH = ("moderation", "pipeline")
-SEEDED = ("chats", "runs", "messages", "summaries", "memory")  # a chat's rows, copied into a replay's keyspace
+SEEDED = (
+    "chats",
+    "runs",
+    "messages",
+    "summaries",
+    "memory",
+)  # a chat's rows, copied into a replay's keyspace
 
 
 class CandidateError(ValueError):
@@ -49,11 +55,18 @@ class Candidate:
     def __post_init__(self) -> None:
         if self.through not in THROUGH:
             raise CandidateError(f"--through is one of {', '.join(THROUGH)}")
-        if self.through == "moderation" and (self.limits or self.settings or self.model or self.max_tokens):
-            raise CandidateError("limits, settings, model and sampling act past moderation: use --through pipeline")
+        if self.through == "moderation" and (
+            self.limits or self.settings or self.model or self.max_tokens
+        ):
+            raise CandidateError(
+                "limits, settings, model and sampling act past moderation: use --through pipeline"
+            )
         if self.temperature is not None and self.through == "moderation":
             raise CandidateError("sampling acts past moderation: use --through pipeline")
-        if not any((self.policy, self.limits, self.settings, self.model, self.max_tokens)) and self.temperature is None:
+        if (
+            not any((self.policy, self.limits, self.settings, self.model, self.max_tokens))
+            and self.temperature is None
+        ):
             raise CandidateError(
                 "say what to change: --policy, --limits, --set KEY=VALUE, --system-prompt, --model/--pool, "
                 "--temperature or --max-tokens"
@@ -95,7 +108,9 @@ def load_policy(path: str) -> dict[str, Any]:
     try:
         return Policy(**body).model_dump()
     except (TypeError, ValueError) as exc:
-        raise CandidateError(f"{path} is not a policy ({{version, rules, on_error}}): {exc}") from None
+        raise CandidateError(
+            f"{path} is not a policy ({{version, rules, on_error}}): {exc}"
+        ) from None
 
 
 def load_limits(path: str) -> dict[str, Any]:
@@ -108,8 +123,12 @@ def load_limits(path: str) -> dict[str, Any]:
             unknown = set(fields) - set(Limits.model_fields)
             try:
                 if unknown:
-                    raise ValueError(f"unknown fields {sorted(unknown)}; known: {', '.join(Limits.model_fields)}")
-                Limits(**{**DEFAULT_TIERS["pro"].model_dump(), **fields})  # the fields named, type-checked
+                    raise ValueError(
+                        f"unknown fields {sorted(unknown)}; known: {', '.join(Limits.model_fields)}"
+                    )
+                Limits(
+                    **{**DEFAULT_TIERS["pro"].model_dump(), **fields}
+                )  # the fields named, type-checked
             except (TypeError, ValueError) as exc:
                 raise CandidateError(f"{path}: limits of {name!r}: {exc}") from None
     return body
@@ -127,7 +146,9 @@ def setting(text: str) -> tuple[str, str]:
 
 def publish_tables(settings: StackSettings, namespace: str, candidate: Candidate) -> None:
     """The replay's policy and limits tables: production's rows, then the candidate's on top."""
-    producer = Publisher(settings.kafka_bootstrap, "api", namespace)  # the replay writes what the edge would
+    producer = Publisher(
+        settings.kafka_bootstrap, "api", namespace
+    )  # the replay writes what the edge would
     with Window(settings.kafka_bootstrap, settings.namespace) as window:
         rows = list(window.read([Read(SAFETY_POLICIES, 0, 2**62), Read(LIMITS, 0, 2**62)]))
     for row in rows:
@@ -148,7 +169,11 @@ def publish_tables(settings: StackSettings, namespace: str, candidate: Candidate
 
 
 def prepare(
-    settings: StackSettings, namespace: str, candidate: Candidate, chats: dict[str, int], replayed: set[str]
+    settings: StackSettings,
+    namespace: str,
+    candidate: Candidate,
+    chats: dict[str, int],
+    replayed: set[str],
 ) -> None:
     """Topics, tables and (whole pipeline) the keyspace seeded with each chat's rows up to the given time
     (epoch ms: the chat's latest selected run)."""
@@ -162,7 +187,9 @@ def replay_settings(settings: StackSettings, namespace: str) -> StackSettings:
     return settings.model_copy(update={"namespace": namespace})
 
 
-def seed(production: StackSettings, replay: StackSettings, chats: dict[str, int], replayed: set[str]) -> None:
+def seed(
+    production: StackSettings, replay: StackSettings, chats: dict[str, int], replayed: set[str]
+) -> None:
     """Copy each chat's rows into the replay's keyspace (migrated first), as they stood at its time: no row
     written after it, and runs not yet finished (the replay serves them again)."""
     from storage.schema import migrate
@@ -175,7 +202,8 @@ def seed(production: StackSettings, replay: StackSettings, chats: dict[str, int]
             insert = None
             for chat_id, until_ms in chats.items():
                 rows = session.execute(
-                    f"SELECT * FROM {production.keyspace_name}.{table} WHERE chat_id = %s", (uuid.UUID(chat_id),)
+                    f"SELECT * FROM {production.keyspace_name}.{table} WHERE chat_id = %s",
+                    (uuid.UUID(chat_id),),
                 )
                 for row in rows:
                     values = row._asdict()
@@ -229,7 +257,11 @@ Launch = Callable[[Processes], Running]
 
 
 def processes(
-    settings: StackSettings, namespace: str, candidate: Candidate, port_base: int, serving: bool = False
+    settings: StackSettings,
+    namespace: str,
+    candidate: Candidate,
+    port_base: int,
+    serving: bool = False,
 ) -> Processes:
     """The candidate's processes: the moderation stage, and for the whole pipeline the scheduler and one
     inference consumer (with its engine) per pool. A replay stores nothing, so persistence, metering and

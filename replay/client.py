@@ -59,7 +59,9 @@ class Run:
         """The answer as the chat app shows it (retracted text cut), or an OpenAI stream's content."""
         if any(e.get("event") for e in self.events):
             return shown(self.events)
-        return "".join(e["data"]["choices"][0]["delta"]["content"] for e in self.events if is_token(e))
+        return "".join(
+            e["data"]["choices"][0]["delta"]["content"] for e in self.events if is_token(e)
+        )
 
     @property
     def tokens(self) -> int:
@@ -79,7 +81,11 @@ class Run:
         """The run's usage: run.completed's, or an OpenAI stream's usage chunk (stream_options.include_usage)."""
         if (done := self.completed) is not None:
             return dict(done.get("usage") or {})
-        data = [e["data"] for e in self.events if isinstance(e.get("data"), dict) and e["data"].get("usage")]
+        data = [
+            e["data"]
+            for e in self.events
+            if isinstance(e.get("data"), dict) and e["data"].get("usage")
+        ]
         return dict(data[-1]["usage"]) if data else None
 
     @property
@@ -87,7 +93,11 @@ class Run:
         """Why it was not served: the refusal's error code, or a stream's closing `error` event's."""
         if isinstance(self.error, dict):
             return str((self.error.get("error") or {}).get("code") or "") or None
-        errors = [e["data"] for e in self.events if e.get("event") == "error" and isinstance(e.get("data"), dict)]
+        errors = [
+            e["data"]
+            for e in self.events
+            if e.get("event") == "error" and isinstance(e.get("data"), dict)
+        ]
         return errors[-1].get("code") if errors else None
 
     @property
@@ -155,7 +165,9 @@ def _json_or_text(response: httpx.Response) -> Any:
 
 
 class ChatClient(_Requests):
-    def __init__(self, http: httpx.Client, base: str = "", headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, http: httpx.Client, base: str = "", headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(base, headers)
         self.http = http
 
@@ -165,13 +177,23 @@ class ChatClient(_Requests):
         return str(response.json()["id"])
 
     def send(
-        self, chat_id: str, content: str, *, when: When = first_token, then: Then | None = None, **body: Any
+        self,
+        chat_id: str,
+        content: str,
+        *,
+        when: When = first_token,
+        then: Then | None = None,
+        **body: Any,
     ) -> Run:
         """Post a message (with max_tokens, model, ... as the API takes them) and read its stream."""
-        return self._stream("POST", self.chat(chat_id, "messages"), when, then, json={"content": content, **body})
+        return self._stream(
+            "POST", self.chat(chat_id, "messages"), when, then, json={"content": content, **body}
+        )
 
     def regenerate(self, chat_id: str, run_id: str, **body: Any) -> Run:
-        return self._stream("POST", self.chat(chat_id, "runs", run_id, "regenerate"), never, None, json=body)
+        return self._stream(
+            "POST", self.chat(chat_id, "runs", run_id, "regenerate"), never, None, json=body
+        )
 
     def resume(
         self,
@@ -184,24 +206,39 @@ class ChatClient(_Requests):
     ) -> Run:
         """The run's events after the cursor (all of them without one), from any edge replica."""
         cursor = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        return self._stream("GET", self.chat(chat_id, "runs", run_id, "events"), when, then, extra=cursor)
+        return self._stream(
+            "GET", self.chat(chat_id, "runs", run_id, "events"), when, then, extra=cursor
+        )
 
     def cancel(self, chat_id: str, run_id: str) -> httpx.Response:
         return self.http.post(self.chat(chat_id, "runs", run_id, "cancel"), headers=self.headers)
 
     def complete(
-        self, messages: Sequence[dict[str, str]], *, when: When = never, then: Then | None = None, **body: Any
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        when: When = never,
+        then: Then | None = None,
+        **body: Any,
     ) -> Run:
         """A streamed OpenAI-style chat completion (the edge's /v1/chat/completions, or an engine's)."""
         request = self.completion(messages, body)
         return self._stream("POST", self.url("/v1/chat/completions"), when, then, json=request)
 
     def _stream(
-        self, method: str, url: str, when: When, then: Then | None, extra: dict[str, str] | None = None, **kw: Any
+        self,
+        method: str,
+        url: str,
+        when: When,
+        then: Then | None,
+        extra: dict[str, str] | None = None,
+        **kw: Any,
     ) -> Run:
         started = time.perf_counter()
         with self.http.stream(method, url, headers=self.with_headers(extra), **kw) as response:
-            run = Run(response.status_code, response.headers, started, time.perf_counter() - started)
+            run = Run(
+                response.status_code, response.headers, started, time.perf_counter() - started
+            )
             if response.status_code != 200:
                 response.read()
                 run.error = _json_or_text(response)
@@ -217,34 +254,55 @@ class ChatClient(_Requests):
 
 
 class AsyncChatClient(_Requests):
-    def __init__(self, http: httpx.AsyncClient, base: str = "", headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, base: str = "", headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(base, headers)
         self.http = http
 
     async def new_chat(self, **body: Any) -> str:
-        response = await self.http.post(self.url("/v1/chats"), json=body or None, headers=self.headers)
+        response = await self.http.post(
+            self.url("/v1/chats"), json=body or None, headers=self.headers
+        )
         response.raise_for_status()
         return str(response.json()["id"])
 
     async def send(
-        self, chat_id: str, content: str, *, when: When = first_token, then: Then | None = None, **body: Any
+        self,
+        chat_id: str,
+        content: str,
+        *,
+        when: When = first_token,
+        then: Then | None = None,
+        **body: Any,
     ) -> Run:
         request = {"content": content, **body}
         return await self._stream("POST", self.chat(chat_id, "messages"), when, then, json=request)
 
     async def cancel(self, chat_id: str, run_id: str) -> httpx.Response:
-        return await self.http.post(self.chat(chat_id, "runs", run_id, "cancel"), headers=self.headers)
+        return await self.http.post(
+            self.chat(chat_id, "runs", run_id, "cancel"), headers=self.headers
+        )
 
     async def complete(
-        self, messages: Sequence[dict[str, str]], *, when: When = never, then: Then | None = None, **body: Any
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        when: When = never,
+        then: Then | None = None,
+        **body: Any,
     ) -> Run:
         request = self.completion(messages, body)
-        return await self._stream("POST", self.url("/v1/chat/completions"), when, then, json=request)
+        return await self._stream(
+            "POST", self.url("/v1/chat/completions"), when, then, json=request
+        )
 
     async def _stream(self, method: str, url: str, when: When, then: Then | None, **kw: Any) -> Run:
         started = time.perf_counter()
         async with self.http.stream(method, url, headers=self.headers, **kw) as response:
-            run = Run(response.status_code, response.headers, started, time.perf_counter() - started)
+            run = Run(
+                response.status_code, response.headers, started, time.perf_counter() - started
+            )
             if response.status_code != 200:
                 await response.aread()
                 run.error = _json_or_text(response)

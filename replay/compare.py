@@ -20,7 +20,9 @@ def verdict(moderated: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: moderated.get(k) for k in keys} | {"scores": moderated.get("scores") or {}}
 
 
-def served(scheduled: Mapping[str, Any] | None, done: Mapping[str, Any] | None, ended: str | None) -> dict[str, Any]:
+def served(
+    scheduled: Mapping[str, Any] | None, done: Mapping[str, Any] | None, ended: str | None
+) -> dict[str, Any]:
     """What a run's answer was (pure): pool, prompt tokens, the answer, its tokens, TTFT, how it ended."""
     context = (scheduled or {}).get("context") or {}
     usage = (done or {}).get("usage") or {}
@@ -38,7 +40,9 @@ def served(scheduled: Mapping[str, Any] | None, done: Mapping[str, Any] | None, 
 COMPARED = ("pool", "prompt_tokens", "completion_tokens", "ended")
 
 
-def compared(run: Recorded, now: Mapping[str, Any] | None, replayed: Recorded | None = None) -> dict[str, Any]:
+def compared(
+    run: Recorded, now: Mapping[str, Any] | None, replayed: Recorded | None = None
+) -> dict[str, Any]:
     """One run's result (pure): the verdict then and now and, when the run went through the whole pipeline
     (`replayed`), what it was served then and now; `changed` names every field that differs."""
     then, new = verdict(run.moderated), verdict(now)
@@ -88,8 +92,14 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         served = {
             "fields_changed": dict(Counter(w for r in results for w in r["what"])),
             "answer_similarity_mean": round(sum(sims) / len(sims), 3),
-            "completion_tokens": {"then": total("then", "completion_tokens"), "now": total("now", "completion_tokens")},
-            "prompt_tokens": {"then": total("then", "prompt_tokens"), "now": total("now", "prompt_tokens")},
+            "completion_tokens": {
+                "then": total("then", "completion_tokens"),
+                "now": total("now", "completion_tokens"),
+            },
+            "prompt_tokens": {
+                "then": total("then", "prompt_tokens"),
+                "now": total("now", "prompt_tokens"),
+            },
             "ttft_ms_median": {"then": median("then", "ttft_ms"), "now": median("now", "ttft_ms")},
             "pools": {
                 "then": dict(Counter(r["then"].get("pool") for r in results)),

@@ -45,8 +45,12 @@ class Checks(BaseModel):
     regex: str | None = None  # a regular expression that matches somewhere in the answer
     max_tokens: int | None = Field(None, ge=0)  # the answer's completion tokens at most this
     json_valid: bool | None = None  # the answer (or its first {...} / [...] block) parses as JSON
-    recalls: str | None = None  # a fact planted in an earlier turn, found in the answer (case-insensitive)
-    max_ttft_ms: float | None = Field(None, gt=0)  # time to first token at most this, as the client saw it
+    recalls: str | None = (
+        None  # a fact planted in an earlier turn, found in the answer (case-insensitive)
+    )
+    max_ttft_ms: float | None = Field(
+        None, gt=0
+    )  # time to first token at most this, as the client saw it
 
     @model_validator(mode="after")
     def _some(self) -> Checks:
@@ -90,7 +94,9 @@ def load(path: str) -> Suite:
         raise SuiteError(f"{found} is not a suite: {exc}") from None
     ids = [c.id for c in suite.cases]
     if len(ids) != len(set(ids)):
-        raise SuiteError(f"{found}: case ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+        raise SuiteError(
+            f"{found}: case ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}"
+        )
     return suite
 
 
@@ -146,7 +152,9 @@ def judged(checks: Checks, turn: Turn) -> dict[str, bool]:
     return out
 
 
-def send(client: httpx.Client, chat_id: str, content: str, max_tokens: int, model: str | None = None) -> Turn:
+def send(
+    client: httpx.Client, chat_id: str, content: str, max_tokens: int, model: str | None = None
+) -> Turn:
     """One turn through the chat API's stream."""
     body: dict[str, Any] = {"max_tokens": max_tokens} | ({"model": model} if model else {})
     run = ChatClient(client).send(chat_id, content, **body)
@@ -234,7 +242,9 @@ def add_verdicts(window: Window, results: list[Result], since_ms: int) -> None:
             found.policy_version = record.event["policy_version"]
 
 
-def compare(a: list[dict[str, Any]], b: list[dict[str, Any]], label_a: str, label_b: str) -> dict[str, Any]:
+def compare(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], label_a: str, label_b: str
+) -> dict[str, Any]:
     """What flipped between two labels' latest result per (suite, case) (pure)."""
 
     def latest(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -251,7 +261,10 @@ def compare(a: list[dict[str, Any]], b: list[dict[str, Any]], label_a: str, labe
             "case": c,
             label_a: bool(int(la[(s, c)]["pass"])),
             label_b: bool(int(lb[(s, c)]["pass"])),
-            "checks": {label_a: json.loads(la[(s, c)]["checks"]), label_b: json.loads(lb[(s, c)]["checks"])},
+            "checks": {
+                label_a: json.loads(la[(s, c)]["checks"]),
+                label_b: json.loads(lb[(s, c)]["checks"]),
+            },
         }
         for s, c in both
         if int(la[(s, c)]["pass"]) != int(lb[(s, c)]["pass"])

@@ -55,22 +55,34 @@ def runs_of(window: Window, run_ids: set[str]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def lines(window: Window, since_ms: int, until_ms: int, pairs_only: bool = False) -> Iterator[dict[str, Any]]:
+def lines(
+    window: Window, since_ms: int, until_ms: int, pairs_only: bool = False
+) -> Iterator[dict[str, Any]]:
     rated = ratings(window, since_ms, until_ms)
     if not rated:
         return
     runs = runs_of(window, set(rated))
     by_question: dict[tuple[str, str], list[str]] = {}
     for run_id, run in runs.items():
-        by_question.setdefault((run["prompt"]["chat_id"], run["prompt"]["message_id"]), []).append(run_id)
+        by_question.setdefault((run["prompt"]["chat_id"], run["prompt"]["message_id"]), []).append(
+            run_id
+        )
     for run_id, rating in rated.items():
         answered = runs.get(run_id)
         if answered is None or "RunCompleted" not in answered or pairs_only:
             continue
         yield row(run_id, answered, rating)
     for (chat_id, question), answers in by_question.items():
-        ups = [a for a in answers if rated.get(a, {}).get("rating") == "up" and "RunCompleted" in runs[a]]
-        downs = [a for a in answers if rated.get(a, {}).get("rating") == "down" and "RunCompleted" in runs[a]]
+        ups = [
+            a
+            for a in answers
+            if rated.get(a, {}).get("rating") == "up" and "RunCompleted" in runs[a]
+        ]
+        downs = [
+            a
+            for a in answers
+            if rated.get(a, {}).get("rating") == "down" and "RunCompleted" in runs[a]
+        ]
         for chosen in ups:
             for rejected in downs:
                 yield {

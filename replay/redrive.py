@@ -140,8 +140,12 @@ class Replay:
             for r in pending:
                 at = minted_ms(r.prompt["run_id"])
                 chats[r.prompt["chat_id"]] = max(chats.get(r.prompt["chat_id"], 0), at)
-            cand.prepare(settings, plan.namespace, candidate, chats, {r.prompt["run_id"] for r in pending})
-            stack = self.launch(cand.processes(settings, plan.namespace, candidate, free_port_base()))
+            cand.prepare(
+                settings, plan.namespace, candidate, chats, {r.prompt["run_id"] for r in pending}
+            )
+            stack = self.launch(
+                cand.processes(settings, plan.namespace, candidate, free_port_base())
+            )
             try:
                 stack.start()
                 self._go_on()
@@ -175,12 +179,14 @@ class Replay:
         """Write the prompts. Through moderation all at once; through the pipeline each user's runs one after
         another in their recorded order (the next when the last has ended), as the user sent them: sent at
         once they would meet the user's concurrency limit, which they never did live."""
-        self._producer = Publisher(self.settings.kafka_bootstrap, "api", self.plan.namespace)  # as the edge would
+        self._producer = Publisher(
+            self.settings.kafka_bootstrap, "api", self.plan.namespace
+        )  # as the edge would
         self._queues: dict[str, list[Recorded]] = {}
         for run in runs:
-            self._queues.setdefault(run.prompt["user_id"] if self.candidate.through == "pipeline" else "", []).append(
-                run
-            )
+            self._queues.setdefault(
+                run.prompt["user_id"] if self.candidate.through == "pipeline" else "", []
+            ).append(run)
         for user in list(self._queues):
             self._next(user)
 
@@ -204,7 +210,10 @@ class Replay:
             topics += [*RUN_SCHEDULED.values(), RUN_COMPLETED, RUN_REJECTED]
         by_name = {named(t, self.plan.namespace): t for t in topics}
         consumer = Consumer(
-            {"bootstrap.servers": self.settings.kafka_bootstrap, "group.id": f"{self.plan.namespace}.collect"}
+            {
+                "bootstrap.servers": self.settings.kafka_bootstrap,
+                "group.id": f"{self.plan.namespace}.collect",
+            }
         )
         assign = []
         for name in by_name:
@@ -216,7 +225,9 @@ class Replay:
         try:
             with (
                 self.plan.results_file.open("a") as out,
-                tqdm(total=len(pending), unit="run", desc="replaying", disable=not self.progress) as bar,
+                tqdm(
+                    total=len(pending), unit="run", desc="replaying", disable=not self.progress
+                ) as bar,
             ):
                 while pending and time.monotonic() - last < quiet_s:
                     self._go_on()
@@ -231,7 +242,9 @@ class Replay:
                     run_id = str(run_of(event))
                     if run_id not in pending:
                         continue
-                    replayed = now.setdefault(run_id, Recorded(cast(PromptAccepted, event.get("prompt") or {})))
+                    replayed = now.setdefault(
+                        run_id, Recorded(cast(PromptAccepted, event.get("prompt") or {}))
+                    )
                     replayed.add(topic.schema, event)
                     if not settled(replayed, pipeline):
                         continue
@@ -260,10 +273,14 @@ def settled(replayed: Recorded, pipeline: bool) -> bool:
         return False
     if not pipeline:
         return True
-    return replayed.ended is not None and (replayed.completed is None or replayed.scheduled is not None)
+    return replayed.ended is not None and (
+        replayed.completed is None or replayed.scheduled is not None
+    )
 
 
-def new_plan(settings: StackSettings, candidate: Candidate, selection: Selection, runs: list[Recorded]) -> Plan:
+def new_plan(
+    settings: StackSettings, candidate: Candidate, selection: Selection, runs: list[Recorded]
+) -> Plan:
     plan = Plan(
         id=uuid.uuid4().hex[:10],
         production=settings.namespace,

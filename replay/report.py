@@ -38,7 +38,9 @@ def bars(title: str, series: dict[str, dict[str, float]]) -> str:
     colours = ("#8a8f98", "#2f6fde", "#d9822b")
     group = len(series) * BAR_W + BAR_GAP * 2
     width = max(240, len(keys) * group + 40)
-    out = [f'<svg width="{width}" height="{PLOT_H + 60}" role="img" aria-label="{escape.escape(title)}">']
+    out = [
+        f'<svg width="{width}" height="{PLOT_H + 60}" role="img" aria-label="{escape.escape(title)}">'
+    ]
     for gi, key in enumerate(keys):
         x0 = 20 + gi * group
         for si, (name, values) in enumerate(series.items()):
@@ -50,8 +52,12 @@ def bars(title: str, series: dict[str, dict[str, float]]) -> str:
                 f"<title>{escape.escape(name)} {escape.escape(key)}: {value}</title></rect>"
                 f'<text x="{x + 2}" y="{y - 2:.1f}" font-size="10">{value:g}</text>'
             )
-        out.append(f'<text x="{x0}" y="{PLOT_H + 26}" font-size="11">{escape.escape(str(key))[:24]}</text>')
-    legend = " ".join(f'<tspan fill="{colours[i % 3]}">■ {escape.escape(n)}</tspan>' for i, n in enumerate(series))
+        out.append(
+            f'<text x="{x0}" y="{PLOT_H + 26}" font-size="11">{escape.escape(str(key))[:24]}</text>'
+        )
+    legend = " ".join(
+        f'<tspan fill="{colours[i % 3]}">■ {escape.escape(n)}</tspan>' for i, n in enumerate(series)
+    )
     out.append(f'<text x="20" y="{PLOT_H + 50}" font-size="12">{legend}</text></svg>')
     return f"<figure><figcaption>{escape.escape(title)}</figcaption>{''.join(out)}</figure>"
 
@@ -68,17 +74,27 @@ def html(found: dict[str, Any]) -> str:
     s = found["summary"]
     figures = [bars("Moderation actions", {"then": s["then"], "now": s["now"]})]
     if "answer_similarity_mean" in s:
-        figures.append(bars("Pools", {"then": _named(s["pools"]["then"]), "now": _named(s["pools"]["now"])}))
+        figures.append(
+            bars("Pools", {"then": _named(s["pools"]["then"]), "now": _named(s["pools"]["now"])})
+        )
         figures.append(
             bars(
                 "Tokens",
                 {
-                    "then": {"prompt": s["prompt_tokens"]["then"], "completion": s["completion_tokens"]["then"]},
-                    "now": {"prompt": s["prompt_tokens"]["now"], "completion": s["completion_tokens"]["now"]},
+                    "then": {
+                        "prompt": s["prompt_tokens"]["then"],
+                        "completion": s["completion_tokens"]["then"],
+                    },
+                    "now": {
+                        "prompt": s["prompt_tokens"]["now"],
+                        "completion": s["completion_tokens"]["now"],
+                    },
                 },
             )
         )
-        figures.append(bars("Answer similarity (runs per bucket)", {"runs": histogram(_similarities(found))}))
+        figures.append(
+            bars("Answer similarity (runs per bucket)", {"runs": histogram(_similarities(found))})
+        )
     rows = "".join(
         "<tr>"
         + "".join(

@@ -12,7 +12,14 @@ from runtime.window import Read, Window
 from storage.history import ENDED_WITHIN_MS, FIND_MS, GRACE_MS, minted_ms, run_of
 from topics.clock import now_ms
 from topics.events import PromptAccepted
-from topics.pipeline import FEEDBACK, PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_COMPLETED, RUN_REJECTED, RUN_SCHEDULED
+from topics.pipeline import (
+    FEEDBACK,
+    PROMPT_ACCEPTED,
+    PROMPT_MODERATED,
+    RUN_COMPLETED,
+    RUN_REJECTED,
+    RUN_SCHEDULED,
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,10 @@ def select(window: Window, selection: Selection) -> list[Recorded]:
             runs[event["run_id"]] = Recorded(cast(PromptAccepted, event))
         else:
             later.append((schema, event))
-    for schema, event in later:  # a chat's events are in order per partition; topics are read interleaved
+    for (
+        schema,
+        event,
+    ) in later:  # a chat's events are in order per partition; topics are read interleaved
         run = runs.get(event["message_id"] if schema == "Feedback" else str(run_of(event)))
         if run is None:
             continue

@@ -53,7 +53,9 @@ class ConsumerThread:
         self.consumer.close()
 
 
-DELIVERY_TIMEOUT_MS = 30_000  # a record not acknowledged by then fails (librdkafka's default is 5 minutes)
+DELIVERY_TIMEOUT_MS = (
+    30_000  # a record not acknowledged by then fails (librdkafka's default is 5 minutes)
+)
 
 
 def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
@@ -87,7 +89,9 @@ def consumer_config(bootstrap: str, group: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def ensure_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic[Any], ...] = TOPICS) -> list[str]:
+def ensure_topics(
+    bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic[Any], ...] = TOPICS
+) -> list[str]:
     """Create every pipeline topic and its dead-letter topic if missing, with the layout's partitions and
     replication; returns the names created."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -100,7 +104,12 @@ def ensure_topics(bootstrap: str, namespace: str, layout: Layout, topics: tuple[
         ):
             if name not in existing:
                 wanted.append(
-                    NewTopic(name, num_partitions=parts, replication_factor=layout.replication_factor, config=config)
+                    NewTopic(
+                        name,
+                        num_partitions=parts,
+                        replication_factor=layout.replication_factor,
+                        config=config,
+                    )
                 )
     created = []
     for name, future in admin.create_topics(wanted).items() if wanted else ():
@@ -135,12 +144,16 @@ def led(admin: AdminClient, names: list[str], timeout_s: float = 60.0) -> None:
         pending = {
             n
             for n in pending
-            if n not in topics or not topics[n].partitions or any(p.leader < 0 for p in topics[n].partitions.values())
+            if n not in topics
+            or not topics[n].partitions
+            or any(p.leader < 0 for p in topics[n].partitions.values())
         }
         if not pending:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"topics without a leader after {timeout_s:.0f}s: {sorted(pending)[:5]}")
+            raise TimeoutError(
+                f"topics without a leader after {timeout_s:.0f}s: {sorted(pending)[:5]}"
+            )
         time.sleep(0.2)
 
 
@@ -156,10 +169,13 @@ def grow_topics(
     wanted = {
         named(t, namespace): layout.partitions(t)
         for t in topics
-        if named(t, namespace) in current and len(current[named(t, namespace)].partitions) < layout.partitions(t)
+        if named(t, namespace) in current
+        and len(current[named(t, namespace)].partitions) < layout.partitions(t)
     }
     for name, future in (
-        admin.create_partitions([NewPartitions(n, c) for n, c in wanted.items()]).items() if wanted else ()
+        admin.create_partitions([NewPartitions(n, c) for n, c in wanted.items()]).items()
+        if wanted
+        else ()
     ):
         future.result()
         log.info("%s: %d partitions", name, wanted[name])
@@ -242,7 +258,9 @@ class AsyncProducer(StageProducer):
         while self._running:
             await loop.run_in_executor(None, self.producer.poll, 0.05)
 
-    async def publish(self, topic: Topic[E], record: E, *, key: str | None = None, partition: int = -1) -> None:
+    async def publish(
+        self, topic: Topic[E], record: E, *, key: str | None = None, partition: int = -1
+    ) -> None:
         """Encode and send one record and wait for the broker's ack."""
         name, value = self._encoded(topic, record)
         await self._send(name, value, key=key, partition=partition)
@@ -251,7 +269,9 @@ class AsyncProducer(StageProducer):
         """Remove a table row (a compacted topic keeps no record for the key) and wait for the broker's ack."""
         await self._send(self._topic(topic), None, key=key, partition=-1)
 
-    async def _send(self, topic: str, value: bytes | None, *, key: str | None, partition: int) -> None:
+    async def _send(
+        self, topic: str, value: bytes | None, *, key: str | None, partition: int
+    ) -> None:
         loop = asyncio.get_running_loop()
         acked: asyncio.Future[None] = loop.create_future()
 
@@ -267,7 +287,12 @@ class AsyncProducer(StageProducer):
             loop.call_soon_threadsafe(settle, err)
 
         self.producer.produce(
-            topic, value=value, key=key, partition=partition, headers=tracing.inject(), on_delivery=on_delivery
+            topic,
+            value=value,
+            key=key,
+            partition=partition,
+            headers=tracing.inject(),
+            on_delivery=on_delivery,
         )
         await acked
 
@@ -296,5 +321,7 @@ def until_ready(what: str, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
         except KafkaException as exc:
             if time.monotonic() > deadline:
                 raise
-            log.info("%s: Kafka not ready yet (%s); retrying", what, exc.args[0] if exc.args else exc)
+            log.info(
+                "%s: Kafka not ready yet (%s); retrying", what, exc.args[0] if exc.args else exc
+            )
             time.sleep(0.5)

@@ -40,8 +40,12 @@ def default_binary() -> Path:
     cache = Path(os.environ.get("PARLEY_CACHE", Path.home() / ".cache" / "parley"))
     found = list(cache.glob("llama-server-*/bin/llama-server"))
     if not found:
-        raise FileNotFoundError(f"no llama-server under {cache}: run infra/local/build-llama-server.sh")
-    return max(found, key=lambda p: p.stat().st_mtime)  # the newest build (a version or build-flag change)
+        raise FileNotFoundError(
+            f"no llama-server under {cache}: run infra/local/build-llama-server.sh"
+        )
+    return max(
+        found, key=lambda p: p.stat().st_mtime
+    )  # the newest build (a version or build-flag change)
 
 
 def _die_with_parent() -> None:
@@ -138,7 +142,11 @@ class LlamaServer:
         out = self.log_path.open("ab")
         log.info("starting %s", " ".join(self.args))
         self.process = subprocess.Popen(
-            self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            self.args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
 
     def alive(self) -> bool:
@@ -149,7 +157,9 @@ class LlamaServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.process.returncode}; see {self.log_path}")
+                raise RuntimeError(
+                    f"llama-server exited with {self.process.returncode}; see {self.log_path}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
                     log.info("llama-server ready on %s", self.url)

@@ -13,7 +13,9 @@ import time
 
 
 class Outage:
-    def __init__(self, log: logging.Logger, what: str, every_s: float = 60.0, quiet_s: float = 30.0) -> None:
+    def __init__(
+        self, log: logging.Logger, what: str, every_s: float = 60.0, quiet_s: float = 30.0
+    ) -> None:
         self.log, self.what, self.every_s, self.quiet_s = log, what, every_s, quiet_s
         self._lock = threading.Lock()
         self._began = self._said = self._last = 0.0

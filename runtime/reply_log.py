@@ -13,14 +13,20 @@ from topics.codec import Event
 from topics.errors import PoisonEvent
 from topics.pipeline import TOKEN_DELTA
 
-CLOCK_SKEW_MS = 60_000  # records are looked up by producer timestamp; hosts' clocks may differ this much
+CLOCK_SKEW_MS = (
+    60_000  # records are looked up by producer timestamp; hosts' clocks may differ this much
+)
 
 
-def published(bootstrap: str, topic: str, partition: int, run_id: str, since_ms: int, group: str) -> list[Event]:
+def published(
+    bootstrap: str, topic: str, partition: int, run_id: str, since_ms: int, group: str
+) -> list[Event]:
     """The run's TokenDelta records in its reply partition, from `since_ms` up to the partition's end now."""
     consumer = Consumer(consumer_config(bootstrap, group, **{"enable.partition.eof": True}))
     try:
-        start = consumer.offsets_for_times([TopicPartition(topic, partition, since_ms - CLOCK_SKEW_MS)], timeout=10)
+        start = consumer.offsets_for_times(
+            [TopicPartition(topic, partition, since_ms - CLOCK_SKEW_MS)], timeout=10
+        )
         _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
         offset = start[0].offset
         if offset < 0 or offset >= high:

@@ -112,24 +112,37 @@ class StackSettings(BaseSettings):
     keyspace: str = "parley"
     cassandra_datacenter: str = Field("datacenter1", description="This process's local datacenter.")
     cassandra_replication: dict[str, int] = Field(
-        default_factory=lambda: {"datacenter1": 3}, description="Copies of every row per datacenter."
+        default_factory=lambda: {"datacenter1": 3},
+        description="Copies of every row per datacenter.",
     )
     cassandra_consistency: str = "LOCAL_QUORUM"
     cassandra_serial_consistency: str = "LOCAL_SERIAL"  # the ledger's compare-and-set
-    cassandra_username: str = Field("", description="Set both when the cluster requires password authentication.")
-    cassandra_password: SecretStr = Field(SecretStr(""), description="Its password: set it from a secret.")
+    cassandra_username: str = Field(
+        "", description="Set both when the cluster requires password authentication."
+    )
+    cassandra_password: SecretStr = Field(
+        SecretStr(""), description="Its password: set it from a secret."
+    )
     log_level: str = "INFO"
-    log_format: Literal["text", "json"] = Field("text", description="json: one object a line with trace and run ids.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="json: one object a line with trace and run ids."
+    )
     host: str = Field(
         "127.0.0.1",
         description="The address this process's servers bind (its API, metrics and health pages): 0.0.0.0 in a "
         "container, so other services and the scraper reach it.",
     )
     # Usage rows (metering writes them; the migration makes a server's tables).
-    usage_url: str = Field("", description="chdb:///path (the embedded engine) or http://host:8123 (a server).")
+    usage_url: str = Field(
+        "", description="chdb:///path (the embedded engine) or http://host:8123 (a server)."
+    )
     usage_database: str = "parley"
-    usage_user: str = Field("", description="The ClickHouse server's user (else the URL's, else default).")
-    usage_password: SecretStr = Field(SecretStr(""), description="Its password: set it from a secret.")
+    usage_user: str = Field(
+        "", description="The ClickHouse server's user (else the URL's, else default)."
+    )
+    usage_password: SecretStr = Field(
+        SecretStr(""), description="Its password: set it from a secret."
+    )
     pools: dict[str, Pool] = Field(default_factory=lambda: dict(DEFAULT_POOLS))
     default_pool: str = "small"
 
@@ -154,7 +167,10 @@ class StackSettings(BaseSettings):
     @property
     def layout(self) -> Layout:
         return Layout(
-            self.chat_partitions, self.reply_partitions, self.kafka_replication_factor, self.kafka_min_insync_replicas
+            self.chat_partitions,
+            self.reply_partitions,
+            self.kafka_replication_factor,
+            self.kafka_min_insync_replicas,
         )
 
     @property
@@ -173,7 +189,11 @@ class StackSettings(BaseSettings):
 
     @property
     def keyspace_name(self) -> str:
-        return f"{self.keyspace}_{self.namespace}".replace("-", "_") if self.namespace else self.keyspace
+        return (
+            f"{self.keyspace}_{self.namespace}".replace("-", "_")
+            if self.namespace
+            else self.keyspace
+        )
 
     def internal_headers(self) -> dict[str, str]:
         """How one of the stack's processes (or its CLI) calls another's internal pages."""

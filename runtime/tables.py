@@ -40,7 +40,11 @@ class TopicTable:
         self.name = named(topic, namespace)
         self.since_s = since_s
         self._consumer = Consumer(
-            consumer_config(bootstrap, f"{namespace or 'parley'}.table-reader", **{"enable.partition.eof": False})
+            consumer_config(
+                bootstrap,
+                f"{namespace or 'parley'}.table-reader",
+                **{"enable.partition.eof": False},
+            )
         )
         self._rows: dict[str, Event] = {}
         self._reader = ConsumerThread(self._consumer, f"table-{topic.schema}", self._poll)
@@ -49,16 +53,24 @@ class TopicTable:
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Assign every partition and return once the rows present at start have been read."""
-        metadata = until_ready(f"table {self.name}", lambda: self._consumer.list_topics(self.name, timeout=10))
+        metadata = until_ready(
+            f"table {self.name}", lambda: self._consumer.list_topics(self.name, timeout=10)
+        )
         partitions = sorted(metadata.topics[self.name].partitions)
         since_ms = int((time.time() - self.since_s) * 1000) if self.since_s is not None else None
         assignment = []
         for p in partitions:
-            ends = partial(self._consumer.get_watermark_offsets, TopicPartition(self.name, p), timeout=10)
+            ends = partial(
+                self._consumer.get_watermark_offsets, TopicPartition(self.name, p), timeout=10
+            )
             low, high = until_ready(f"table {self.name}", ends)
             start = low
             if since_ms is not None:
-                at = partial(self._consumer.offsets_for_times, [TopicPartition(self.name, p, since_ms)], timeout=10)
+                at = partial(
+                    self._consumer.offsets_for_times,
+                    [TopicPartition(self.name, p, since_ms)],
+                    timeout=10,
+                )
                 found = until_ready(f"table {self.name}", at)[0]
                 start = found.offset if found.offset >= 0 else high
             if start < high:
@@ -68,7 +80,11 @@ class TopicTable:
             self._caught_up.set()
         self._reader.start(assignment)
         if not self._caught_up.wait(timeout_s):
-            log.warning("table %s: not caught up after %.0fs; going on with what was read", self.name, timeout_s)
+            log.warning(
+                "table %s: not caught up after %.0fs; going on with what was read",
+                self.name,
+                timeout_s,
+            )
 
     def _poll(self) -> None:
         msg = self._consumer.poll(0.1)

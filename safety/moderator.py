@@ -25,16 +25,24 @@ from safety.policy import Decision, Policy, Stage, decide
 log = logging.getLogger(__name__)
 
 INTERVENTIONS = Counter(
-    "parley_safety_interventions_total", "Moderation decisions that matched a rule", ["stage", "category", "action"]
+    "parley_safety_interventions_total",
+    "Moderation decisions that matched a rule",
+    ["stage", "category", "action"],
 )
-ERRORS = Counter("parley_safety_errors_total", "Classifier failures, by stage and how they failed", ["stage", "mode"])
+ERRORS = Counter(
+    "parley_safety_errors_total",
+    "Classifier failures, by stage and how they failed",
+    ["stage", "mode"],
+)
 CHECK = Histogram(
     "parley_safety_check_seconds",
     "Time to score one text (a prompt, an output window, a context segment)",
     ["stage"],
     buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-INPUT_WINDOWS = 16  # a prompt is read in up to this many 256-token windows (the first ones and the last)
+INPUT_WINDOWS = (
+    16  # a prompt is read in up to this many 256-token windows (the first ones and the last)
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,9 @@ def read(texts: Sequence[str], plain: bool) -> list[str]:
     return present
 
 
-def with_rules(scores: dict[str, float], texts: Sequence[str], categories: Sequence[str]) -> dict[str, float]:
+def with_rules(
+    scores: dict[str, float], texts: Sequence[str], categories: Sequence[str]
+) -> dict[str, float]:
     """The heads' scores, with every category a rule finds in one of the texts set to 1.0."""
     hits = {hit for text in texts for hit in heads_mod.rule_hits(text, tuple(categories))}
     return {**scores, **dict.fromkeys(hits, 1.0)}
@@ -78,13 +88,17 @@ class Moderator:
         `plain`, each text's plain readings (leetspeak undone, look-alike letters folded, encoded payloads
         decoded: safety/obfuscation.py) are scored too, so an obfuscated request scores as if written plainly."""
         present = read(texts, plain)
-        if not present or not categories:  # nothing to read, or a policy with no rules here: no model call
+        if (
+            not present or not categories
+        ):  # nothing to read, or a policy with no rules here: no model call
             return {c: 0.0 for c in categories}
         embeddings = np.concatenate([self.encoder.windows(t, windows) for t in present])
         scores = {c: self.heads[c].score(embeddings) for c in categories if c in self.heads}
         return with_rules(scores, present, categories)
 
-    def check(self, policy: Policy, stage: Stage, texts: Sequence[str], windows: int = INPUT_WINDOWS) -> Verdict:
+    def check(
+        self, policy: Policy, stage: Stage, texts: Sequence[str], windows: int = INPUT_WINDOWS
+    ) -> Verdict:
         """Score the texts for the stage's categories and apply the policy. A classifier failure is decided
         by the policy's on_error: open lets the text through, closed blocks it; both are recorded."""
         started = time.perf_counter()
@@ -96,12 +110,19 @@ class Moderator:
             decision = decide(policy, stage, scores)
             error = None
         except Exception as exc:
-            log.exception("%s moderation failed; failing %s per policy %s", stage, policy.on_error, policy.version)
+            log.exception(
+                "%s moderation failed; failing %s per policy %s",
+                stage,
+                policy.on_error,
+                policy.version,
+            )
             ERRORS.labels(stage, policy.on_error).inc()
             scores = {}
             error = f"{type(exc).__name__}: {exc} (failed {policy.on_error})"
             blocked = policy.on_error == "closed"
-            decision = Decision("block" if blocked else None, "classifier_error" if blocked else None, None)
+            decision = Decision(
+                "block" if blocked else None, "classifier_error" if blocked else None, None
+            )
         elapsed = time.perf_counter() - started
         CHECK.labels(stage).observe(elapsed)
         if decision.action:

@@ -25,18 +25,24 @@ from anyascii import anyascii
 # Leetspeak: a digit or symbol standing for a letter, undone only inside a word that also holds letters.
 LEET = str.maketrans({"4": "a", "@": "a", "8": "b", "3": "e", "6": "g", "9": "g", "1": "i", "!": "i", "|": "l",
                       "0": "o", "5": "s", "$": "s", "7": "t", "+": "t", "2": "z"})  # fmt: skip
-_LEET_WORD = re.compile(r"(?<![\w@$!|+])[\w@$!|+]{2,20}(?![\w@$!|+])")  # longer runs: codes, not words
+_LEET_WORD = re.compile(
+    r"(?<![\w@$!|+])[\w@$!|+]{2,20}(?![\w@$!|+])"
+)  # longer runs: codes, not words
 _HAS_LEET = re.compile(r"[A-Za-z][0-9@$!|+]|[0-9@$!|+][A-Za-z]")
 # A number with its ordinal or a unit ("3rd", "21st", "10am", "5km") is a word as written, not leetspeak ("erd"):
 # read as leetspeak, every text with a date or a distance in it cost a second encoder pass for nothing. An
 # ordinal counts only with its own suffix, so "4nd" (leetspeak "and") is still undone.
 _ORDINAL = re.compile(r"(?:\d*[02-9])?(?:1st|2nd|3rd)|\d*(?:1\d|[04-9])th")
 # Units of two letters or more only: a number and one letter is leetspeak as often ("53x", "45k", "4m").
-_UNIT = re.compile(r"\d+(?:am|pm|kg|km|cm|mm|mg|ml|gb|mb|kb|tb|k?hz|[mg]hz|px|fps|mph|kph|kwh?)", re.I)
+_UNIT = re.compile(
+    r"\d+(?:am|pm|kg|km|cm|mm|mg|ml|gb|mb|kb|tb|k?hz|[mg]hz|px|fps|mph|kph|kwh?)", re.I
+)
 _WORD = re.compile(r"\w+")
 _BASE64 = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _HEX = re.compile(r"\b(?:[0-9a-fA-F]{2}[\s:]?){8,}")
-MAX_DECODED = 4  # encoded runs decoded per text (a long text of random tokens is not decoded at length)
+MAX_DECODED = (
+    4  # encoded runs decoded per text (a long text of random tokens is not decoded at length)
+)
 
 
 def _printable(text: str) -> bool:
@@ -57,7 +63,9 @@ def plain(text: str) -> str:
     """The text with compatibility forms folded (NFKC: fullwidth and mathematical letters), invisible
     characters removed, look-alike letters in mixed-script words transliterated and leetspeak undone."""
     text = unicodedata.normalize("NFKC", text)
-    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")  # zero-width and other format chars
+    text = "".join(
+        ch for ch in text if unicodedata.category(ch) != "Cf"
+    )  # zero-width and other format chars
     text = _WORD.sub(_fold_word, text)
     return _LEET_WORD.sub(_unleet, text)
 

@@ -50,7 +50,9 @@ class OutputGuard:
         self.retract_from: int | None = None
         self.warned: Verdict | None = None
         self.error: str | None = None
-        self._suspect_from: int | None = None  # where the windows the policy warned on in a row began
+        self._suspect_from: int | None = (
+            None  # where the windows the policy warned on in a row began
+        )
         self._tokens_at_check = 0
         self._pending: asyncio.Task[None] | None = None
 
@@ -68,9 +70,16 @@ class OutputGuard:
         if end <= start:
             return
         window = self.text[max(0, start - CONTEXT_CHARS) : end]
-        verdict = await self.moderator.check_async(self.policy, "output", [window], WINDOWS_PER_CHECK)
+        verdict = await self.moderator.check_async(
+            self.policy, "output", [window], WINDOWS_PER_CHECK
+        )
         self.windows.append(
-            {"start": start, "end": end, "scores": dict(verdict.scores), "check_ms": round(verdict.check_ms, 2)}
+            {
+                "start": start,
+                "end": end,
+                "scores": dict(verdict.scores),
+                "check_ms": round(verdict.check_ms, 2),
+            }
         )
         if verdict.error:
             self.error = verdict.error
@@ -117,7 +126,9 @@ class OutputGuard:
         prompt = run["prompt"]
         decided = self.blocked or self.warned
         return {
-            "event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"parley:output-moderated:{prompt['run_id']}")),
+            "event_id": str(
+                uuid.uuid5(uuid.NAMESPACE_URL, f"parley:output-moderated:{prompt['run_id']}")
+            ),
             "run_id": prompt["run_id"],
             "chat_id": prompt["chat_id"],
             "user_id": prompt["user_id"],

@@ -72,7 +72,9 @@ BUILTIN = Policy(
 
 @dataclass(frozen=True)
 class Decision:
-    action: str | None  # the strictest action whose rule matched: block | warn | log; None: nothing matched
+    action: (
+        str | None
+    )  # the strictest action whose rule matched: block | warn | log; None: nothing matched
     category: str | None
     score: float | None
 
@@ -98,7 +100,10 @@ def decide(policy: Policy, stage: Stage, scores: dict[str, float]) -> Decision:
 
 
 def from_record(record: Event) -> Policy:
-    rules = tuple(Rule(**{k: r[k] for k in ("stage", "category", "threshold", "action")}) for r in record["rules"])
+    rules = tuple(
+        Rule(**{k: r[k] for k in ("stage", "category", "threshold", "action")})
+        for r in record["rules"]
+    )
     return Policy(version=record["version"], rules=rules, on_error=record["on_error"])
 
 

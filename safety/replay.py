@@ -31,7 +31,11 @@ def replayed(policy: Policy, schema: str, record: Event) -> tuple[str, str | Non
     """(run id, the recorded action, the new policy's decision) for one event (pure). An output event is
     decided window by window, as it was live: the first window the new policy blocks decides."""
     if schema == "PromptModerated":
-        return record["prompt"]["run_id"], record.get("action"), decide(policy, "input", record.get("scores") or {})
+        return (
+            record["prompt"]["run_id"],
+            record.get("action"),
+            decide(policy, "input", record.get("scores") or {}),
+        )
     strictest = Decision(None, None, None)
     for window in record["windows"]:
         decision = decide(policy, "output", window["scores"])
@@ -42,7 +46,9 @@ def replayed(policy: Policy, schema: str, record: Event) -> tuple[str, str | Non
     return record["run_id"], record.get("action"), strictest
 
 
-def events(bootstrap: str, topic: Topic[Any], namespace: str, timeout_s: float = 120.0) -> list[Event]:
+def events(
+    bootstrap: str, topic: Topic[Any], namespace: str, timeout_s: float = 120.0
+) -> list[Event]:
     """Every decodable record of the topic, from its start to its end when called (or what was read by
     timeout_s)."""
     name = named(topic, namespace)
@@ -89,7 +95,9 @@ def main() -> None:
             before[then or "none"] += 1
             after[now.action or "none"] += 1
             if (then or None) != now.action:
-                changed.append({"run_id": run_id, "then": then, "now": now.action, "category": now.category})
+                changed.append(
+                    {"run_id": run_id, "then": then, "now": now.action, "category": now.category}
+                )
         report[topic.schema] = {
             "events": sum(before.values()),
             "then": dict(before),

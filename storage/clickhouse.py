@@ -47,7 +47,10 @@ class ChdbBackend:
         self._lock = threading.Lock()  # one chdb session, used from executor threads
         # JSON output quotes 64-bit integers and decimals as strings unless told not to (a server's client
         # returns them as numbers)
-        for setting in ("output_format_json_quote_64bit_integers", "output_format_json_quote_decimals"):
+        for setting in (
+            "output_format_json_quote_64bit_integers",
+            "output_format_json_quote_decimals",
+        ):
             self._session.query(f"SET {setting} = 0")  # type: ignore[no-untyped-call]
 
     def command(self, sql: str) -> None:

@@ -13,14 +13,25 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
-from storage.ids import MIN_ID, new_id, now, utc
+from storage.ids import MIN_ID, new_id, now
+from storage.rows import (
+    Change,
+    Chat,
+    Message,
+    active_at,
+    change_of,
+    chat_of,
+    deletions,
+    message_of,
+    message_row,
+    overlay,
+)
 from storage.session import Store, create_tables
 
 # How long a stage erasing a deleted chat waits for the edge to delete the chat's row (milliseconds, normally).
@@ -75,43 +86,6 @@ def create_schema(session: Session, keyspace: str) -> None:
     create_tables(session, keyspace, SCHEMA, COLUMNS_ADDED)
 
 
-@dataclass
-class Message:
-    id: str
-    role: str
-    content: str
-    created_at: datetime
-    run_id: str | None = None
-    model: str | None = None
-    finish_reason: str | None = None
-    pool: str | None = None
-    feedback: str | None = None  # the user's rating of an answer; never written by put_message
-
-
-@dataclass(frozen=True)
-class Change:
-    """A user's edit (the new content) or delete (content None) of a stored message."""
-
-    content: str | None
-    at: datetime
-
-
-def overlay(rows: list[Message], changes: Mapping[str, Change]) -> list[Message]:
-    """The messages as the user left them (pure): edited ones with their new text, deleted ones gone."""
-    out = []
-    for m in rows:
-        change = changes.get(m.id)
-        if change is None:
-            out.append(m)
-        elif change.content is not None:
-            out.append(replace(m, content=change.content))
-    return out
-
-
-def deleted(changes: Mapping[str, Change]) -> int:
-    return sum(1 for c in changes.values() if c.content is None)
-
-
 class Conversations(Store):
     """Reads and writes of chats, their runs and their messages; one per process, built at start-up."""
 
@@ -119,7 +93,8 @@ class Conversations(Store):
         "chats": "api",
         "chats_by_activity": "api",
         "runs": "api",
-        "run_fates": ("api", "scheduling"),  # two writers, by compare-and-set only: the fence between them
+        # two writers, by compare-and-set only: the fence between them (storage/withdrawals.py)
+        "run_fates": ("api", "scheduling"),
         "message_changes": "api",
         "messages": "persistence",
     }
@@ -141,23 +116,41 @@ class Conversations(Store):
             f"SELECT chat_id, user_id, title, created_at, last_run_id, last_active_at, context_from, memory_changed_at "
             f"FROM {ks}.chats WHERE chat_id = ?"
         )
-        self._set_context_from = p(f"UPDATE {ks}.chats SET context_from = ?, memory_changed_at = ? WHERE chat_id = ?")
-        self._set_memory_changed = p(f"UPDATE {ks}.chats SET memory_changed_at = ? WHERE chat_id = ?")
-        self._get_chats = p(f"SELECT chat_id, title, last_active_at FROM {ks}.chats WHERE chat_id IN ?")
-        self._set_active = p(f"UPDATE {ks}.chats SET last_active_at = ?, last_run_id = ? WHERE chat_id = ?")
+        self._set_context_from = p(
+            f"UPDATE {ks}.chats SET context_from = ?, memory_changed_at = ? WHERE chat_id = ?"
+        )
+        self._set_memory_changed = p(
+            f"UPDATE {ks}.chats SET memory_changed_at = ? WHERE chat_id = ?"
+        )
+        self._get_chats = p(
+            f"SELECT chat_id, title, last_active_at FROM {ks}.chats WHERE chat_id IN ?"
+        )
+        self._set_active = p(
+            f"UPDATE {ks}.chats SET last_active_at = ?, last_run_id = ? WHERE chat_id = ?"
+        )
         self._set_title = p(f"UPDATE {ks}.chats SET title = ? WHERE chat_id = ?")
         self._delete_chat = p(f"DELETE FROM {ks}.chats WHERE chat_id = ?")
         self._delete_messages = p(f"DELETE FROM {ks}.messages WHERE chat_id = ?")
         self._delete_message = p(f"DELETE FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
         self._delete_changes = p(f"DELETE FROM {ks}.message_changes WHERE chat_id = ?")
         self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE chat_id = ?")
-        self._insert_run = p(f"INSERT INTO {ks}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)")
-        self._get_run = p(f"SELECT reply_partition, finish_reason FROM {ks}.runs WHERE chat_id = ? AND run_id = ?")
-        self._withdraw_run = p(f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?")
-        self._settle_fate = p(f"INSERT INTO {ks}.run_fates (chat_id, run_id, fate) VALUES (?, ?, ?) IF NOT EXISTS")
+        self._insert_run = p(
+            f"INSERT INTO {ks}.runs (chat_id, run_id, reply_partition) VALUES (?, ?, ?)"
+        )
+        self._get_run = p(
+            f"SELECT reply_partition, finish_reason FROM {ks}.runs WHERE chat_id = ? AND run_id = ?"
+        )
+        self._withdraw_run = p(
+            f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?"
+        )
+        self._settle_fate = p(
+            f"INSERT INTO {ks}.run_fates (chat_id, run_id, fate) VALUES (?, ?, ?) IF NOT EXISTS"
+        )
         self._get_fate = p(f"SELECT fate FROM {ks}.run_fates WHERE chat_id = ? AND run_id = ?")
         self._delete_fates = p(f"DELETE FROM {ks}.run_fates WHERE chat_id = ?")
-        self._run_end = p(f"SELECT finish_reason FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
+        self._run_end = p(
+            f"SELECT finish_reason FROM {ks}.messages WHERE chat_id = ? AND message_id = ?"
+        )
         self._list_chats = p(
             f"SELECT active_at, chat_id, title, created_at FROM {ks}.chats_by_activity WHERE user_id = ? LIMIT ?"
         )
@@ -169,18 +162,30 @@ class Conversations(Store):
             f"INSERT INTO {ks}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
             "finish_reason, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        columns = "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback"
-        self._list_messages = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? LIMIT ?")
+        columns = (
+            "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback"
+        )
+        self._list_messages = p(
+            f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? LIMIT ?"
+        )
         self._messages_after = p(
             f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? ORDER BY message_id DESC LIMIT ?"
         )
-        self._get_message = p(f"SELECT message_id FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
-        self._one_message = p(f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id = ?")
-        self._set_feedback = p(f"UPDATE {ks}.messages SET feedback = ? WHERE chat_id = ? AND message_id = ?")
+        self._get_message = p(
+            f"SELECT message_id FROM {ks}.messages WHERE chat_id = ? AND message_id = ?"
+        )
+        self._one_message = p(
+            f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id = ?"
+        )
+        self._set_feedback = p(
+            f"UPDATE {ks}.messages SET feedback = ? WHERE chat_id = ? AND message_id = ?"
+        )
         self._put_change = p(
             f"INSERT INTO {ks}.message_changes (chat_id, message_id, content, changed_at) VALUES (?, ?, ?, ?)"
         )
-        self._changes = p(f"SELECT message_id, content, changed_at FROM {ks}.message_changes WHERE chat_id = ?")
+        self._changes = p(
+            f"SELECT message_id, content, changed_at FROM {ks}.message_changes WHERE chat_id = ?"
+        )
         self._change = p(
             f"SELECT message_id, content, changed_at FROM {ks}.message_changes WHERE chat_id = ? AND message_id = ?"
         )
@@ -196,8 +201,9 @@ class Conversations(Store):
         )
         return chat_id, at
 
-    async def get_chat(self, chat_id: uuid.UUID) -> Any:
-        return (await self._run(self._get_chat, (chat_id,))).one()
+    async def get_chat(self, chat_id: uuid.UUID) -> Chat | None:
+        row = (await self._run(self._get_chat, (chat_id,))).one()
+        return None if row is None else chat_of(row)
 
     async def deleted(self, chat_id: uuid.UUID, wait_s: float = 0.0) -> bool:
         """Whether the chat's row is gone, waited for up to `wait_s` (a stage erasing a deleted chat: the edge
@@ -210,14 +216,14 @@ class Conversations(Store):
             await asyncio.sleep(0.05)
         return True
 
-    async def rename_chat(self, chat: Any, title: str) -> None:
-        active = _active_at(chat)
+    async def rename_chat(self, chat: Chat, title: str) -> None:
+        active = active_at(chat)
         await self._all(  # the list shows the chat row's title; the activity row's is a copy
             (self._set_title, (title, chat.chat_id)),
             (self._insert_activity, (chat.user_id, active, chat.chat_id, title, chat.created_at)),
         )
 
-    async def delete_chat(self, chat: Any) -> None:
+    async def delete_chat(self, chat: Chat) -> None:
         """The chat, its runs (so its streams can no longer be resumed) and the user's changes; its messages and
         memory are erased by the persistence and memory stages, told first (api/routes/chats.py). Its content
         goes first and the chat itself last: a delete cut short leaves the chat listed, and deleting it again
@@ -227,20 +233,26 @@ class Conversations(Store):
             (self._delete_runs, (chat.chat_id,)),
             (self._delete_fates, (chat.chat_id,)),
         )
-        await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
+        await self._run(self._delete_activity, (chat.user_id, active_at(chat), chat.chat_id))
         await self._run(self._delete_chat, (chat.chat_id,))
 
-    async def list_chats(self, user_id: str, limit: int, after: tuple[datetime, uuid.UUID] | None) -> list[Any]:
+    async def list_chats(
+        self, user_id: str, limit: int, after: tuple[datetime, uuid.UUID] | None
+    ) -> list[Any]:
         """A page of the user's chats, most recently active first; stale activity rows are skipped."""
         found: list[Any] = []
         while len(found) < limit:
             if after is None:
                 rows = list(await self._run(self._list_chats, (user_id, limit)))
             else:
-                rows = list(await self._run(self._list_chats_after, (user_id, after[0], after[1], limit)))
+                rows = list(
+                    await self._run(self._list_chats_after, (user_id, after[0], after[1], limit))
+                )
             if not rows:
                 break
-            current = {r.chat_id: r for r in await self._run(self._get_chats, ([r.chat_id for r in rows],))}
+            current = {
+                r.chat_id: r for r in await self._run(self._get_chats, ([r.chat_id for r in rows],))
+            }
             for row in rows:
                 chat = current.get(row.chat_id)
                 if chat is not None and chat.last_active_at == row.active_at:
@@ -251,7 +263,7 @@ class Conversations(Store):
         return found[:limit]
 
     # -- runs --------------------------------------------------------------------------------------
-    async def open_run(self, chat: Any, run_id: uuid.UUID, reply_partition: int) -> datetime:
+    async def open_run(self, chat: Chat, run_id: uuid.UUID, reply_partition: int) -> datetime:
         """Record a new run of the chat (where its stream lives), make it the chat's latest and the chat active;
         returns when (the chat's new last activity). The chat's old place in the list is left to
         `leave_old_place`, which the caller runs off the path to the first token."""
@@ -265,11 +277,11 @@ class Conversations(Store):
         await self._run(self._set_active, (at, str(run_id), chat.chat_id))
         return at
 
-    async def leave_old_place(self, chat: Any) -> None:
+    async def leave_old_place(self, chat: Chat) -> None:
         """After `open_run`: the chat's old activity row, stale from then on (a list skips it until it goes)."""
-        await self._run(self._delete_activity, (chat.user_id, _active_at(chat), chat.chat_id))
+        await self._run(self._delete_activity, (chat.user_id, active_at(chat), chat.chat_id))
 
-    async def withdraw_run(self, chat: Any, run_id: uuid.UUID, opened_at: datetime) -> None:
+    async def withdraw_run(self, chat: Chat, run_id: uuid.UUID, opened_at: datetime) -> None:
         """A run opened whose prompt never reached the log: ended (`not_accepted`), and the chat's latest run the
         one before it again (the chat keeps its new place in the list)."""
         await self._run(self._withdraw_run, ("not_accepted", chat.chat_id, run_id))
@@ -298,32 +310,47 @@ class Conversations(Store):
     async def changes(self, chat_id: uuid.UUID) -> dict[str, Change]:
         """The user's edits and deletes of the chat's messages, by message id."""
         rows = await self._run(self._changes, (chat_id,))
-        return {str(r.message_id): _change(r) for r in rows}
+        return {str(r.message_id): change_of(r) for r in rows}
 
-    async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
+    async def list_messages(
+        self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None
+    ) -> list[Message]:
         """A page of the chat's messages as the user left them, oldest first."""
         changes = await self.changes(chat_id)
-        rows = await self._run(self._list_messages, (chat_id, after or MIN_ID, limit + deleted(changes)))
-        return overlay([_message(r) for r in rows], changes)[:limit]
+        rows = await self._run(
+            self._list_messages, (chat_id, after or MIN_ID, limit + deletions(changes))
+        )
+        return overlay([message_of(r) for r in rows], changes)[:limit]
 
     async def messages_after(
-        self, chat_id: uuid.UUID, after: uuid.UUID | None, limit: int, changes: Mapping[str, Change] | None = None
+        self,
+        chat_id: uuid.UUID,
+        after: uuid.UUID | None,
+        limit: int,
+        changes: Mapping[str, Change] | None = None,
     ) -> list[Message]:
         """The newest `limit` messages later than `after` (all of the chat's when None) as the user left them,
         oldest first; `changes` when the caller has read them already."""
         if changes is None:
             changes = await self.changes(chat_id)
-        rows = await self._run(self._messages_after, (chat_id, after or MIN_ID, limit + deleted(changes)))
-        return overlay([_message(r) for r in reversed(list(rows))], changes)[-limit:]
+        rows = await self._run(
+            self._messages_after, (chat_id, after or MIN_ID, limit + deletions(changes))
+        )
+        return overlay([message_of(r) for r in reversed(list(rows))], changes)[-limit:]
 
     async def get_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
         rows, changes = await asyncio.gather(
-            self._run(self._one_message, (chat_id, message_id)), self._run(self._change, (chat_id, message_id))
+            self._run(self._one_message, (chat_id, message_id)),
+            self._run(self._change, (chat_id, message_id)),
         )
-        found = overlay([_message(r) for r in rows], {str(r.message_id): _change(r) for r in changes})
+        found = overlay(
+            [message_of(r) for r in rows], {str(r.message_id): change_of(r) for r in changes}
+        )
         return found[0] if found else None
 
-    async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str | None) -> datetime:
+    async def edit_message(
+        self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str | None
+    ) -> datetime:
         """A user's edit (None: a delete); returns its time. The change is marked first: a summary begun before
         it is discarded even if the edit itself fails."""
         at = now()
@@ -353,48 +380,14 @@ class Conversations(Store):
 
     async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
         """Idempotent: the message id comes from the event, so a redelivered event rewrites the same row."""
-        await self._run(
-            self._insert_message,
-            (
-                chat_id,
-                uuid.UUID(message.id),
-                message.role,
-                message.content,
-                message.created_at,
-                message.run_id,
-                message.model,
-                message.finish_reason,
-                message.pool,
-            ),
-        )
+        await self._run(self._insert_message, (chat_id, *message_row(message)))
 
-    async def set_feedback(self, chat_id: uuid.UUID, message_id: uuid.UUID, rating: str | None) -> bool:
+    async def set_feedback(
+        self, chat_id: uuid.UUID, message_id: uuid.UUID, rating: str | None
+    ) -> bool:
         """Record the user's rating of a stored message (None clears it); False when there is no such message
         (an update would create a row holding only the rating) or the user deleted it."""
         if await self.get_message(chat_id, message_id) is None:
             return False
         await self._run(self._set_feedback, (rating, chat_id, message_id))
         return True
-
-
-def _active_at(chat: Any) -> datetime:
-    active: datetime = chat.last_active_at or chat.created_at
-    return active
-
-
-def _change(row: Any) -> Change:
-    return Change(row.content, utc(row.changed_at))
-
-
-def _message(row: Any) -> Message:
-    return Message(
-        str(row.message_id),
-        row.role,
-        row.content,
-        utc(row.created_at),
-        row.run_id,
-        row.model,
-        row.finish_reason,
-        row.pool,
-        row.feedback,
-    )

@@ -66,7 +66,9 @@ class SafetyDecisions(Store):
         for back in range(days):
             if len(found) >= limit:
                 break
-            rows = await self._run(self._list, (_day(now - timedelta(days=back)), limit - len(found)))
+            rows = await self._run(
+                self._list, (_day(now - timedelta(days=back)), limit - len(found))
+            )
             found += [SafetyDecision(row.decision_id, utc(row.at), *row[2:]) for row in rows]
         return found
 

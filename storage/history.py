@@ -54,7 +54,11 @@ def minted_ms(run_id: str) -> int:
 
 
 def iso(ms: int | float) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
 
 def _ms(value: Any) -> int | None:
@@ -86,7 +90,16 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "reply_partition",
         "store",
     ),
-    "PromptModerated": ("decision", "action", "category", "reason", "policy_version", "scores", "error", "check_ms"),
+    "PromptModerated": (
+        "decision",
+        "action",
+        "category",
+        "reason",
+        "policy_version",
+        "scores",
+        "error",
+        "check_ms",
+    ),
     "RunScheduled": (
         "pool",
         "model",
@@ -116,7 +129,16 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "content",
     ),
     "RunControl": ("action", "reason"),
-    "TokenDelta": ("seq", "kind", "pool", "model", "estimated_wait_ms", "finish_reason", "error_code", "category"),
+    "TokenDelta": (
+        "seq",
+        "kind",
+        "pool",
+        "model",
+        "estimated_wait_ms",
+        "finish_reason",
+        "error_code",
+        "category",
+    ),
 }
 
 
@@ -125,7 +147,9 @@ def detail(record: Record) -> dict[str, Any]:
     e, schema = record.event, record.topic.schema
     out = {k: e.get(k) for k in FIELDS.get(schema, ())}
     if schema == "PromptAccepted":
-        out["messages"] = len(e.get("messages") or ())  # the OpenAI route's conversation: its size here
+        out["messages"] = len(
+            e.get("messages") or ()
+        )  # the OpenAI route's conversation: its size here
     elif schema == "OutputModerated":
         peaks: dict[str, float] = {}
         for window in e["windows"]:
@@ -236,7 +260,9 @@ def find(window: Window, run_id: str) -> History:
     prompt = _prompt(first.event)
     chat, reply = first.partition, prompt["reply_partition"]
     since = min(first.timestamp_ms, at) - 1_000
-    reads = [Read(t, since, since + LONGEST_RUN_MS, (chat,)) for t in (PROMPT_ACCEPTED, *_chat_topics())]
+    reads = [
+        Read(t, since, since + LONGEST_RUN_MS, (chat,)) for t in (PROMPT_ACCEPTED, *_chat_topics())
+    ]
     # The scheduler may place a run on another partition of its pool's topic than its chat's (a consumer that
     # is down or full), so those are read whole over the window.
     reads += [Read(t, since, since + LONGEST_RUN_MS) for t in RUN_SCHEDULED.values()]
@@ -247,7 +273,9 @@ def find(window: Window, run_id: str) -> History:
         if run_of(record.event) != run_id:
             continue
         history.records.append(record)
-        if record.topic is PROMPT_ACCEPTED or (history.trace_id == "-" and record.topic.schema == "RunScheduled"):
+        if record.topic is PROMPT_ACCEPTED or (
+            history.trace_id == "-" and record.topic.schema == "RunScheduled"
+        ):
             history.trace_id = tracing.trace_id(record.headers)
         if record.topic in (RUN_COMPLETED, RUN_REJECTED) and not ended:
             ended.append(record.timestamp_ms)
@@ -268,7 +296,11 @@ def stored(history: History, settings: Any, metering_url: str) -> dict[str, Any]
             (uuid.UUID(history.chat_id), ValueSequence([uuid.UUID(m) for m in history.stored_ids])),
         )
         out["messages"] = [
-            {**row._asdict(), "message_id": str(row.message_id), "created_at": iso(_ms(row.created_at) or 0)}
+            {
+                **row._asdict(),
+                "message_id": str(row.message_id),
+                "created_at": iso(_ms(row.created_at) or 0),
+            }
             for row in rows
         ]
     finally:
@@ -276,7 +308,11 @@ def stored(history: History, settings: Any, metering_url: str) -> dict[str, Any]
     try:
         url = f"{metering_url}/usage-rows/{history.run_id}"
         response = httpx.get(url, headers=settings.internal_headers(), timeout=10)
-        out["usage"] = response.json()["data"] if response.status_code == 200 else f"metering: {response.status_code}"
+        out["usage"] = (
+            response.json()["data"]
+            if response.status_code == 200
+            else f"metering: {response.status_code}"
+        )
     except httpx.HTTPError as exc:
         out["usage"] = f"metering unreachable: {exc}"
     return out
@@ -291,11 +327,15 @@ def text(history: History) -> str:
     start = datetime.fromisoformat(events[0]["time"].replace("Z", "+00:00"))
     lines = [f"run {history.run_id}  chat {history.chat_id}  trace {history.trace_id}"]
     for e in events:
-        offset = (datetime.fromisoformat(e["time"].replace("Z", "+00:00")) - start).total_seconds() * 1000
+        offset = (
+            datetime.fromisoformat(e["time"].replace("Z", "+00:00")) - start
+        ).total_seconds() * 1000
         where = f"{e['topic']}[{e['partition']}]@{e['offset']}"
         lines.append(f"{offset:+9.0f} ms  {where:42} {e['type']:16} {_summary(e)}")
     for row in data["stored"].get("messages", []):
-        lines.append(f"  stored {row['role']:9} {row['message_id']}  {(row['content'] or '')[:80]!r}")
+        lines.append(
+            f"  stored {row['role']:9} {row['message_id']}  {(row['content'] or '')[:80]!r}"
+        )
     usage = data["stored"].get("usage")
     if isinstance(usage, list):
         for row in usage:
@@ -335,5 +375,7 @@ def _summary(e: dict[str, Any]) -> str:
     if kind == "RunRejected":
         return f"{e['code']}: {e['message']}"
     if kind == "OutputModerated":
-        return f"{e['action'] or 'passed'} over {e['windows']} windows, policy {e['policy_version']}"
+        return (
+            f"{e['action'] or 'passed'} over {e['windows']} windows, policy {e['policy_version']}"
+        )
     return ""

@@ -13,7 +13,9 @@ MIN_ID = uuid.UUID(int=0x00000000_0000_1000_8000_000000000000)  # the smallest t
 
 def new_id() -> uuid.UUID:
     """A time-ordered id (version 1 with a random node, so no MAC address leaks)."""
-    return uuid.uuid1(node=uuid.getnode() ^ int.from_bytes(uuid.uuid4().bytes[:6], "big") | 0x010000000000)
+    return uuid.uuid1(
+        node=uuid.getnode() ^ int.from_bytes(uuid.uuid4().bytes[:6], "big") | 0x010000000000
+    )
 
 
 UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 -> 1970-01-01 in the 100 ns units of a version-1 uuid

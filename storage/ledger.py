@@ -58,7 +58,9 @@ class Decision:
     message: str = ""
     retry_after_s: int | None = None
     scheduled: bool = False  # admitted before and already handed to its pool (a redelivered event)
-    pool: str | None = None  # admitted before: where it was placed (None for a row written before this was kept)
+    pool: str | None = (
+        None  # admitted before: where it was placed (None for a row written before this was kept)
+    )
     partition: int | None = None
     decided_at: int | None = None  # ms
 
@@ -79,7 +81,9 @@ def live_runs(account: Account, now_ms: int, deadline_ms: int) -> dict[str, int]
     return {run: at for run, at in account.in_flight.items() if now_ms - at < deadline_ms}
 
 
-def decide(account: Account, limits: Limits, estimate: int, now_ms: int, deadline_ms: int) -> Decision:
+def decide(
+    account: Account, limits: Limits, estimate: int, now_ms: int, deadline_ms: int
+) -> Decision:
     """Admit a run costing `estimate` tokens, or say why not and when to retry (pure)."""
     if estimate > limits.budget_tokens:
         return Decision(
@@ -112,7 +116,13 @@ def decide(account: Account, limits: Limits, estimate: int, now_ms: int, deadlin
 def recorded(row: Any) -> Decision:
     """An admission as its run's row holds it."""
     scheduled = bool(row.scheduled)
-    return Decision(True, scheduled=scheduled, pool=row.pool, partition=row.pool_partition, decided_at=row.decided_at)
+    return Decision(
+        True,
+        scheduled=scheduled,
+        pool=row.pool,
+        partition=row.pool_partition,
+        decided_at=row.decided_at,
+    )
 
 
 ERRORS = Counter(
@@ -151,13 +161,19 @@ class Ledger:
 
     WRITERS = {"budgets": "scheduling"}
 
-    def __init__(self, session: Session, keyspace: str, writer: str, run_deadline_s: float = 300.0) -> None:
+    def __init__(
+        self, session: Session, keyspace: str, writer: str, run_deadline_s: float = 300.0
+    ) -> None:
         self.session = session
         self.writer = writer
         self.deadline_ms = int(run_deadline_s * 1000)
         ks = keyspace
-        p = idempotent(session)  # all but the compare-and-set batch's statements: run twice, it would conflict
-        self._account = p(f"SELECT used, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1")
+        p = idempotent(
+            session
+        )  # all but the compare-and-set batch's statements: run twice, it would conflict
+        self._account = p(
+            f"SELECT used, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1"
+        )
         self._run = p(
             f"SELECT estimate, settled, scheduled, pool, pool_partition, decided_at FROM {ks}.budgets "
             "WHERE user_id = ? AND run_id = ?"
@@ -187,14 +203,18 @@ class Ledger:
         row = (await wait(self.session.execute_async(self._account, (user_id,)))).one()
         if row is None or row.version is None:
             return Account()
-        return Account(row.used or 0.0, row.refilled_at or 0, row.version, dict(row.in_flight or {}))
+        return Account(
+            row.used or 0.0, row.refilled_at or 0, row.version, dict(row.in_flight or {})
+        )
 
     @counted
     async def standing(self, user_id: str, limits: Limits) -> tuple[int, list[str]]:
         """(tokens the user can spend now, their runs in flight)."""
         account = await self.account(user_id)
         now = now_ms()
-        return int(available(account, limits, now)), sorted(live_runs(account, now, self.deadline_ms))
+        return int(available(account, limits, now)), sorted(
+            live_runs(account, now, self.deadline_ms)
+        )
 
     async def _run_row(self, user_id: str, run_id: str) -> Any:
         return (await wait(self.session.execute_async(self._run, (user_id, run_id)))).one()
@@ -241,7 +261,9 @@ class Ledger:
             if attempt == 0 and known is not None:
                 account, row = known, None
             else:
-                account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
+                account, row = await asyncio.gather(
+                    self.account(user_id), self._run_row(user_id, run_id)
+                )
             if row is not None:
                 return recorded(row)  # decided before (redelivered): charged once
             now = now_ms()
@@ -253,7 +275,9 @@ class Ledger:
             insert = (self._insert_run, (user_id, run_id, estimate, now, pool, partition))
             if await self._write(user_id, account, used, in_flight, now, insert):
                 return decision
-            await asyncio.sleep(0.002 * (attempt + 1))  # another replica wrote this user's bucket first
+            await asyncio.sleep(
+                0.002 * (attempt + 1)
+            )  # another replica wrote this user's bucket first
         raise TimeoutError(f"budget of {user_id} is contended; giving up for now")
 
     @counted
@@ -267,12 +291,16 @@ class Ledger:
         """Replace the run's estimate with its actual tokens and free its slot; False when there was nothing to
         settle (a run never charged here, or one settled before)."""
         for attempt in range(50):
-            account, row = await asyncio.gather(self.account(user_id), self._run_row(user_id, run_id))
+            account, row = await asyncio.gather(
+                self.account(user_id), self._run_row(user_id, run_id)
+            )
             if row is None or row.settled:
                 return False
             now = now_ms()
             used = max(0.0, outstanding(account, limits, now) - (row.estimate or 0) + actual)
-            in_flight = {r: at for r, at in live_runs(account, now, self.deadline_ms).items() if r != run_id}
+            in_flight = {
+                r: at for r, at in live_runs(account, now, self.deadline_ms).items() if r != run_id
+            }
             update = (self._settle_run, (actual, user_id, run_id))
             if await self._write(user_id, account, used, in_flight, now, update):
                 return True

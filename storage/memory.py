@@ -71,7 +71,9 @@ class Memory(Store):
             f"INSERT INTO {ks}.memory (chat_id, message_id, role, content, embedding) VALUES (?, ?, ?, ?, ?) "
             "USING TIMESTAMP ?"
         )
-        self._forget = p(f"DELETE FROM {ks}.memory USING TIMESTAMP ? WHERE chat_id = ? AND message_id = ?")
+        self._forget = p(
+            f"DELETE FROM {ks}.memory USING TIMESTAMP ? WHERE chat_id = ? AND message_id = ?"
+        )
         self._recall = p(
             f"SELECT message_id, role, content, embedding FROM {ks}.memory "
             "WHERE chat_id = ? AND message_id > ? AND message_id < ? ORDER BY embedding ANN OF ? LIMIT ?"
@@ -90,7 +92,13 @@ class Memory(Store):
 
     # -- embeddings --------------------------------------------------------------------------------
     async def remember(
-        self, chat_id: uuid.UUID, message_id: uuid.UUID, role: str, content: str, embedding: list[float], at_us: int
+        self,
+        chat_id: uuid.UUID,
+        message_id: uuid.UUID,
+        role: str,
+        content: str,
+        embedding: list[float],
+        at_us: int,
     ) -> None:
         """Idempotent: keyed by the message's id, written at the time of its text."""
         await self._run(self._put, (chat_id, message_id, role, content, embedding, at_us))
@@ -100,7 +108,12 @@ class Memory(Store):
         await self._run(self._forget, (at_us, chat_id, message_id))
 
     async def recall(
-        self, chat_id: uuid.UUID, embedding: list[float], k: int, after: uuid.UUID, before: uuid.UUID
+        self,
+        chat_id: uuid.UUID,
+        embedding: list[float],
+        k: int,
+        after: uuid.UUID,
+        before: uuid.UUID,
     ) -> list[Recalled]:
         """The k messages strictly between `after` and `before` nearest the embedding (cosine), nearest first,
         with their embeddings (the caller scores and chooses among them: conversation/context.py `relevant`)."""
@@ -112,7 +125,14 @@ class Memory(Store):
         """The newest versions first."""
         rows = await self._run(self._summaries, (chat_id, limit))
         return [
-            Summary(r.version, str(r.through), r.content, r.tokens, r.run_id, r.created_at and utc(r.created_at))
+            Summary(
+                r.version,
+                str(r.through),
+                r.content,
+                r.tokens,
+                r.run_id,
+                r.created_at and utc(r.created_at),
+            )
             for r in rows
         ]
 

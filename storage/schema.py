@@ -91,7 +91,9 @@ def migrate_usage(settings: StackSettings) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m storage.schema", description=__doc__)
-    parser.add_argument("--topics", action="store_true", help="declare every topic and dead-letter topic first")
+    parser.add_argument(
+        "--topics", action="store_true", help="declare every topic and dead-letter topic first"
+    )
     args = parser.parse_args()
     settings = StackSettings()
     logs.configure(settings.log_level, settings.log_format)

@@ -13,7 +13,14 @@ from typing import Any, ClassVar
 
 from cassandra import ConsistencyLevel, InvalidRequest
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, ResponseFuture, Session
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    ResponseFuture,
+    Session,
+)
 from cassandra.policies import (
     ConstantSpeculativeExecutionPolicy,
     DCAwareRoundRobinPolicy,
@@ -28,7 +35,9 @@ from runtime.settings import CassandraSettings
 log = logging.getLogger(__name__)
 
 RECONNECT_MAX_S = 5.0
-SPECULATE_AFTER_S = 1.0  # a statement's answer takes milliseconds; a second is a node that died or stalls
+SPECULATE_AFTER_S = (
+    1.0  # a statement's answer takes milliseconds; a second is a node that died or stalls
+)
 
 
 async def wait(future: ResponseFuture) -> Any:
@@ -66,7 +75,9 @@ def check_writer(writers: Mapping[str, str | tuple[str, ...]], table: str, write
     allowed = writers[table]
     if isinstance(allowed, tuple):
         if writer not in allowed:
-            raise NotTheWriter(f"{writer} may not write {table}: its writers are {' and '.join(allowed)}")
+            raise NotTheWriter(
+                f"{writer} may not write {table}: its writers are {' and '.join(allowed)}"
+            )
     elif writer != allowed:
         raise NotTheWriter(f"{writer} may not write {table}: its one writer is {allowed}")
 
@@ -81,7 +92,9 @@ class Store:
     using it (`writer`), and running a write statement on a table that process does not own raises
     NotTheWriter, before anything is sent. The table a statement writes is read from its text."""
 
-    WRITERS: ClassVar[Mapping[str, str | tuple[str, ...]]] = {}  # table -> the one process that writes it
+    WRITERS: ClassVar[
+        Mapping[str, str | tuple[str, ...]]
+    ] = {}  # table -> the one process that writes it
 
     def __init__(self, session: Session, keyspace: str, writer: str) -> None:
         self.session = session
@@ -95,7 +108,9 @@ class Store:
         if match := WRITE.match(query):
             table = match.group(1)
             if table not in self.WRITERS:
-                raise ValueError(f"{type(self).__name__} writes {table}, which its WRITERS do not name")
+                raise ValueError(
+                    f"{type(self).__name__} writes {table}, which its WRITERS do not name"
+                )
             self._writes[id(statement)] = table
         return statement
 
@@ -120,7 +135,10 @@ class Store:
 
 
 def create_tables(
-    session: Session, keyspace: str, schema: tuple[str, ...], columns: tuple[tuple[str, str, str], ...]
+    session: Session,
+    keyspace: str,
+    schema: tuple[str, ...],
+    columns: tuple[tuple[str, str, str], ...],
 ) -> None:
     """A store's tables and the columns added to them since they first shipped: the migration's work."""
     for statement in schema:
@@ -140,13 +158,25 @@ def ensure_keyspace(session: Session, settings: CassandraSettings) -> None:
     (Cassandra then needs `nodetool repair` on each node to copy existing rows to their new replicas)."""
     wanted = replication(settings)
     literal = ", ".join(f"'{k}': '{v}'" for k, v in wanted.items())
-    session.execute(f"CREATE KEYSPACE IF NOT EXISTS {settings.keyspace} WITH replication = {{{literal}}}", timeout=60)
+    session.execute(
+        f"CREATE KEYSPACE IF NOT EXISTS {settings.keyspace} WITH replication = {{{literal}}}",
+        timeout=60,
+    )
     row = session.execute(
-        "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = %s", (settings.keyspace,), timeout=60
+        "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = %s",
+        (settings.keyspace,),
+        timeout=60,
     ).one()
     if row is not None and dict(row.replication) != wanted:
-        log.warning("keyspace %s: replication %s -> %s; run a repair", settings.keyspace, row.replication, wanted)
-        session.execute(f"ALTER KEYSPACE {settings.keyspace} WITH replication = {{{literal}}}", timeout=60)
+        log.warning(
+            "keyspace %s: replication %s -> %s; run a repair",
+            settings.keyspace,
+            row.replication,
+            wanted,
+        )
+        session.execute(
+            f"ALTER KEYSPACE {settings.keyspace} WITH replication = {{{literal}}}", timeout=60
+        )
 
 
 class FailoverRetry(RetryPolicy):  # type: ignore[misc]
@@ -180,12 +210,16 @@ def connect_session(settings: CassandraSettings, timeout_s: float = 90.0) -> Ses
     the local datacenter's copies, so it survives losing one), compare-and-set at LOCAL_SERIAL. An idempotent
     statement with no answer after SPECULATE_AFTER_S is sent once more, to the next replica in its plan."""
     profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.datacenter)),
+        load_balancing_policy=TokenAwarePolicy(
+            DCAwareRoundRobinPolicy(local_dc=settings.datacenter)
+        ),
         consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
         serial_consistency_level=ConsistencyLevel.name_to_value[settings.serial_consistency],
         retry_policy=FailoverRetry(),
         request_timeout=10,
-        speculative_execution_policy=ConstantSpeculativeExecutionPolicy(SPECULATE_AFTER_S, max_attempts=1),
+        speculative_execution_policy=ConstantSpeculativeExecutionPolicy(
+            SPECULATE_AFTER_S, max_attempts=1
+        ),
     )
     deadline = time.monotonic() + timeout_s
     while True:
@@ -196,8 +230,12 @@ def connect_session(settings: CassandraSettings, timeout_s: float = 90.0) -> Ses
             protocol_version=5,
             execution_profiles={EXEC_PROFILE_DEFAULT: profile},
             # A node that comes back is used again within seconds (the driver's default backs off to 600 s).
-            reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=RECONNECT_MAX_S),
-            auth_provider=PlainTextAuthProvider(settings.username, settings.password) if settings.username else None,
+            reconnection_policy=ExponentialReconnectionPolicy(
+                base_delay=0.5, max_delay=RECONNECT_MAX_S
+            ),
+            auth_provider=PlainTextAuthProvider(settings.username, settings.password)
+            if settings.username
+            else None,
         )
         try:
             return cluster.connect()
@@ -232,12 +270,16 @@ def add_columns(session: Session, keyspace: str, columns: tuple[tuple[str, str, 
             try:
                 session.execute(f"ALTER TABLE {keyspace}.{table} ADD {column} {kind}", timeout=60)
             except InvalidRequest as exc:  # another stage starting beside this one added it first
-                if "exist" not in str(exc).lower():  # "already exists", "conflicts with an existing column"
+                if (
+                    "exist" not in str(exc).lower()
+                ):  # "already exists", "conflicts with an existing column"
                     raise
         _usable(session, keyspace, table, column)
 
 
-def _usable(session: Session, keyspace: str, table: str, column: str, timeout_s: float = 30.0) -> None:
+def _usable(
+    session: Session, keyspace: str, table: str, column: str, timeout_s: float = 30.0
+) -> None:
     """Wait until a column just added can be queried: while another stage's ALTER is still being applied, the
     schema tables already list it but a statement naming it fails "Undefined column name"."""
     deadline = time.monotonic() + timeout_s

@@ -58,7 +58,15 @@ EVAL_COLUMNS = (
     "at",
 )
 # What reconciliation compares between a row rebuilt from Kafka and the stored one.
-COMPARED = ("user_id", "tier", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason")
+COMPARED = (
+    "user_id",
+    "tier",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "finish_reason",
+)
 
 # Columns added after the first release, for tables created before them (ADD COLUMN IF NOT EXISTS).
 ADDED = (
@@ -74,7 +82,9 @@ ADDED = (
 # hourly by tier, model, kind, finish reason and moderation outcome (the dashboards' time series), and daily
 # per user, tier and model (per-user views and top users). Latency quantiles are t-digest states of the runs
 # that produced a token (a rejected run or one cancelled before its first token has no latency).
-_LATENCY_STATES = ", ".join(f"{c} AggregateFunction(quantilesTDigest({QUANTILES}), Float64)" for c in LATENCIES)
+_LATENCY_STATES = ", ".join(
+    f"{c} AggregateFunction(quantilesTDigest({QUANTILES}), Float64)" for c in LATENCIES
+)
 _SUMS = (
     "runs SimpleAggregateFunction(sum, UInt64), prompt_tokens SimpleAggregateFunction(sum, UInt64), "
     "cached_tokens SimpleAggregateFunction(sum, UInt64), completion_tokens SimpleAggregateFunction(sum, UInt64), "
@@ -84,7 +94,9 @@ _SUM_SELECT = (
     "count() AS runs, sum(toUInt64(prompt_tokens)) AS prompt_tokens, sum(toUInt64(cached_tokens)) AS cached_tokens, "
     "sum(toUInt64(completion_tokens)) AS completion_tokens, sum(toDecimal128(cost_usd, 9)) AS cost_usd"
 )
-_STATE_SELECT = ", ".join(f"quantilesTDigestStateIf({QUANTILES})({c}_ms, ttft_ms > 0) AS {c}" for c in LATENCIES)
+_STATE_SELECT = ", ".join(
+    f"quantilesTDigestStateIf({QUANTILES})({c}_ms, ttft_ms > 0) AS {c}" for c in LATENCIES
+)
 HOURLY_KEY = "hour, tier, model, kind, finish_reason, moderation"
 DAILY_KEY = "user_id, day, tier, model"
 ROLLUPS = {
@@ -155,7 +167,9 @@ class UsageStore:
                 backend.command(statement)
 
     @classmethod
-    def open(cls, url: str, database: str, user: str = "", password: str = "", create: bool = False) -> UsageStore:
+    def open(
+        cls, url: str, database: str, user: str = "", password: str = "", create: bool = False
+    ) -> UsageStore:
         """`chdb:///path/to/dir` for the embedded engine, `http://host:8123` for a server. A server's tables are
         made by the migration (`create`, storage/schema.py), never by a stage at start-up; the embedded engine is
         opened by one process only, so that process makes its own."""
@@ -175,7 +189,9 @@ class UsageStore:
         if not batch:
             return 0
         keys = ", ".join(f"({quote(u)}, {quote(r)})" for u, r in batch)
-        stored = self.backend.query(f"SELECT user_id, run_id FROM {self.db}.usage WHERE (user_id, run_id) IN ({keys})")
+        stored = self.backend.query(
+            f"SELECT user_id, run_id FROM {self.db}.usage WHERE (user_id, run_id) IN ({keys})"
+        )
         for row in stored:
             batch.pop((row["user_id"], row["run_id"]), None)
         if batch:
@@ -187,7 +203,8 @@ class UsageStore:
         if rows:
             cols = EVAL_COLUMNS
             self.backend.insert_json(
-                f"{self.db}.eval_results", [{k: r[k] for k in cols} | {"at": iso(r["at"])} for r in rows]
+                f"{self.db}.eval_results",
+                [{k: r[k] for k in cols} | {"at": iso(r["at"])} for r in rows],
             )
         return len(rows)
 
@@ -206,7 +223,9 @@ class UsageStore:
 
     def rows(self, where: str = "1") -> list[dict[str, Any]]:
         cols = ", ".join(USAGE_COLUMNS)
-        return self.backend.query(f"SELECT {cols} FROM {self.db}.usage FINAL WHERE {where} ORDER BY created_at")
+        return self.backend.query(
+            f"SELECT {cols} FROM {self.db}.usage FINAL WHERE {where} ORDER BY created_at"
+        )
 
     def between(self, since_ms: int, until_ms: int) -> list[dict[str, Any]]:
         """The stored rows created in [since, until): what reconciliation compares with the log."""
@@ -221,7 +240,8 @@ class UsageStore:
         )
         row = self.backend.query(sql)[0]
         out: dict[str, Any] = {
-            k: int(row[k] or 0) for k in ("runs", "prompt_tokens", "completion_tokens", "cached_tokens")
+            k: int(row[k] or 0)
+            for k in ("runs", "prompt_tokens", "completion_tokens", "cached_tokens")
         }
         out["cost_usd"] = float(row["cost_usd"] or 0.0)
         return out
@@ -257,7 +277,8 @@ class UsageStore:
             )
             where = f" WHERE {in_buckets(bucket, f'{bucket}(created_at)', since_ms, until_ms)}"
             self.backend.command(
-                f"INSERT INTO {self.db}.{name} " + rollup_select(name, f"{self.db}.usage FINAL", where)
+                f"INSERT INTO {self.db}.{name} "
+                + rollup_select(name, f"{self.db}.usage FINAL", where)
             )
 
     def report(
@@ -275,4 +296,6 @@ class UsageStore:
 def open_usage(settings: StackSettings, create: bool = False) -> UsageStore:
     """The usage store the settings name (PARLEY_USAGE_TARGET: chdb:///dir or a server's URL)."""
     password = settings.usage_password.get_secret_value()
-    return UsageStore.open(settings.usage_target, settings.usage_db, settings.usage_user, password, create=create)
+    return UsageStore.open(
+        settings.usage_target, settings.usage_db, settings.usage_user, password, create=create
+    )

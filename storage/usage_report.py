@@ -15,14 +15,22 @@ class Report:
     """The dashboard's queries, written once for two sources: the rollups (aggregate states) or the rows."""
 
     def __init__(
-        self, backend: Backend, db: str, since_ms: int, until_ms: int, user_id: str | None, source: str
+        self,
+        backend: Backend,
+        db: str,
+        since_ms: int,
+        until_ms: int,
+        user_id: str | None,
+        source: str,
     ) -> None:
         self.backend, self.db = backend, db
         self.since, self.until = since_ms, until_ms
         self.hours = (until_ms - since_ms) / 3_600_000
         self.rows = user_id is not None or source == "usage"
         # hour-aligned like the hourly rollup, so both sources answer for the same runs
-        where = f"created_at >= toStartOfHour({moment(since_ms)}) AND created_at < {moment(until_ms)}"
+        where = (
+            f"created_at >= toStartOfHour({moment(since_ms)}) AND created_at < {moment(until_ms)}"
+        )
         if user_id is not None:
             where += f" AND user_id = {quote(user_id)}"
         self.user_id = user_id
@@ -69,7 +77,9 @@ class Report:
             "t",
         )
         for point in series:
-            for c in LATENCIES:  # [p50, p95, p99]; nan or null when no run in the bucket produced a token
+            for c in (
+                LATENCIES
+            ):  # [p50, p95, p99]; nan or null when no run in the bucket produced a token
                 point[c] = [None if v is None or v != v else round(float(v), 1) for v in point[c]]
         report: dict[str, Any] = {
             "since": self.since,
@@ -79,9 +89,15 @@ class Report:
             "bucket": "hour" if step == "toStartOfHour" else "day",
             "totals": (self.query(self.sums()) or [{}])[0],
             "series": series,
-            "by_tier_model": self.query(f"tier, model, {self.sums()}", "tier, model", "sum(prompt_tokens) DESC"),
-            "outcomes": self.query(f"finish_reason, {self.runs()} AS runs", "finish_reason", f"{self.runs()} DESC"),
-            "safety": self.query(f"moderation, {self.runs()} AS runs", "moderation", f"{self.runs()} DESC"),
+            "by_tier_model": self.query(
+                f"tier, model, {self.sums()}", "tier, model", "sum(prompt_tokens) DESC"
+            ),
+            "outcomes": self.query(
+                f"finish_reason, {self.runs()} AS runs", "finish_reason", f"{self.runs()} DESC"
+            ),
+            "safety": self.query(
+                f"moderation, {self.runs()} AS runs", "moderation", f"{self.runs()} DESC"
+            ),
         }
         if self.user_id is None:
             report["top_users"] = self.top_users()

@@ -27,7 +27,9 @@ from runtime.kafka import DELIVERY_TIMEOUT_MS
 
 WITHDRAWN, TAKEN = "withdrawn", "taken"
 SUSPECT_AFTER_MS = DELIVERY_TIMEOUT_MS // 2
-WITHDRAW_TIMEOUT_S = 10.0  # the most the edge spends settling a run's fate (past it, the store is down too)
+WITHDRAW_TIMEOUT_S = (
+    10.0  # the most the edge spends settling a run's fate (past it, the store is down too)
+)
 
 
 def suspect(prompt: Mapping[str, Any], now_ms: int) -> bool:

@@ -135,7 +135,9 @@ class Schemas:
 
     def writer(self, schema_id: int) -> Schema:
         if schema_id not in self._writers:
-            text = self._retrying(f"fetch schema {schema_id}", lambda: self.registry.fetch(schema_id))
+            text = self._retrying(
+                f"fetch schema {schema_id}", lambda: self.registry.fetch(schema_id)
+            )
             if text is None:
                 raise PoisonEvent(f"unknown schema id {schema_id}: the registry has no such schema")
             self._writers[schema_id] = fastavro.parse_schema(plain(json.loads(text)))
@@ -191,7 +193,9 @@ def token_delta(run: Event, seq: int, kind: str, **fields: Any) -> TokenDelta:
         "emitted_at": now_ms(),
         **fields,
     }
-    return cast(TokenDelta, record)  # the fields given are the caller's: the codec checks them at encode
+    return cast(
+        TokenDelta, record
+    )  # the fields given are the caller's: the codec checks them at encode
 
 
 def encode(schema_name: str, record: Event) -> bytes:
@@ -216,8 +220,12 @@ def decode(schema_name: str, payload: bytes | None) -> Event:
     buf.seek(HEADER.size)
     try:
         record = fastavro.schemaless_reader(buf, writer, schemas()[schema_name])
-    except Exception as exc:  # fastavro raises many types on garbage input or schemas that cannot resolve
-        raise PoisonEvent(f"undecodable {schema_name}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+    except (
+        Exception
+    ) as exc:  # fastavro raises many types on garbage input or schemas that cannot resolve
+        raise PoisonEvent(
+            f"undecodable {schema_name}: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from exc
     if buf.tell() != len(payload) or not isinstance(record, dict):
         raise PoisonEvent(f"trailing or malformed bytes in {schema_name}")
     return record

@@ -16,7 +16,14 @@ from typing import Any
 from topics.codec import SCHEMA_DIR
 
 TARGET = Path(__file__).resolve().parent / "events.py"
-PRIMITIVES = {"string": "str", "int": "int", "long": "int", "double": "float", "float": "float", "boolean": "bool"}
+PRIMITIVES = {
+    "string": "str",
+    "int": "int",
+    "long": "int",
+    "double": "float",
+    "float": "float",
+    "boolean": "bool",
+}
 
 
 def short(name: str) -> str:
@@ -24,7 +31,9 @@ def short(name: str) -> str:
 
 
 def render(directory: Path = SCHEMA_DIR) -> str:
-    classes: dict[str, list[str]] = {}  # record name -> its class's lines, each record once (first definition)
+    classes: dict[
+        str, list[str]
+    ] = {}  # record name -> its class's lines, each record once (first definition)
     order: list[str] = []
 
     def kind(node: Any) -> str:
@@ -56,12 +65,16 @@ def render(directory: Path = SCHEMA_DIR) -> str:
         lines = [f"class {name}(TypedDict):"]
         doc = schema.get("doc")
         if doc:
-            lines += textwrap.wrap(f'"""{doc}"""', 112, initial_indent="    ", subsequent_indent="    ")
+            lines += textwrap.wrap(
+                f'"""{doc}"""', 112, initial_indent="    ", subsequent_indent="    "
+            )
             lines.append("")
         for field in schema["fields"]:
             typed = kind(field["type"])
             typed = f"ReadOnly[{typed}]"
-            lines.append(f"    {field['name']}: {f'NotRequired[{typed}]' if 'default' in field else typed}")
+            lines.append(
+                f"    {field['name']}: {f'NotRequired[{typed}]' if 'default' in field else typed}"
+            )
         classes[name] = lines
         order.append(name)
 

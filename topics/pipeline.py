@@ -34,7 +34,9 @@ E = TypeVar("E")  # a topic's event type (topics/events.py)
 class Topic(Generic[E]):
     name: str
     event: type[E]  # its record type: what its producers publish and its consumers are handed
-    producers: tuple[str, ...]  # every stage that writes it: publishing from any other fails (UndeclaredPublish)
+    producers: tuple[
+        str, ...
+    ]  # every stage that writes it: publishing from any other fails (UndeclaredPublish)
     # Every stage that consumes it (a consumer group, committing what it has handled) or, for a table, reads it
     # whole into memory: reading it from any other fails (UndeclaredConsume).
     consumers: tuple[str, ...]
@@ -72,7 +74,10 @@ class Layout:
 
     def config(self, topic: Topic[Any] | None = None) -> dict[str, str]:
         """Broker settings of a topic (None: a dead-letter topic): durability first, then the topic's own."""
-        durable = {"min.insync.replicas": str(self.min_insync_replicas), "unclean.leader.election.enable": "false"}
+        durable = {
+            "min.insync.replicas": str(self.min_insync_replicas),
+            "unclean.leader.election.enable": "false",
+        }
         return {**durable, **dict(topic.config if topic else ())}
 
 
@@ -110,7 +115,10 @@ def _scheduled(pool: str) -> Topic[events.RunScheduled]:
         CHAT,
         "chat_id",
         EVENTS,
-        readers=("scheduling", "api"),  # admission/placement.PoolView: runs placed that no status shows yet
+        readers=(
+            "scheduling",
+            "api",
+        ),  # admission/placement.PoolView: runs placed that no status shows yet
     )
 
 
@@ -248,7 +256,9 @@ class Process:
     name: str
     module: str  # what `python -m` runs; a faust stage's module declares its HANDLERS and builds its deps
     port: int = 0  # a faust stage's own web server (health, /metrics), unless PARLEY_WEB_PORT says otherwise
-    scales: bool = True  # more than one replica may run (metering with the embedded ClickHouse engine: one)
+    scales: bool = (
+        True  # more than one replica may run (metering with the embedded ClickHouse engine: one)
+    )
 
     @property
     def consumes(self) -> tuple[Topic[Any], ...]:
@@ -287,7 +297,9 @@ class UndeclaredPublish(RuntimeError):
 def check_publish(stage: str, topic: Topic[Any]) -> None:
     """Every publisher calls this before it sends: the declaration is the contract, not a comment."""
     if stage not in topic.producers:
-        raise UndeclaredPublish(f"{stage} may not publish to {topic.name}: its producers are {topic.producers}")
+        raise UndeclaredPublish(
+            f"{stage} may not publish to {topic.name}: its producers are {topic.producers}"
+        )
 
 
 class UndeclaredConsume(RuntimeError):

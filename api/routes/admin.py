@@ -38,7 +38,9 @@ class LimitsPatch(BaseModel):
     degrade: bool | None = Field(None, strict=True)
 
 
-async def publish(deps: Services, key: str, record: E | None, topic: Topic[E], view: TopicTable | None = None) -> None:
+async def publish(
+    deps: Services, key: str, record: E | None, topic: Topic[E], view: TopicTable | None = None
+) -> None:
     """Write a table row (None: remove it) and wait (bounded) until this replica's view has it, so a read right
     after sees it."""
     view = view or deps.limits
@@ -50,7 +52,9 @@ async def publish(deps: Services, key: str, record: E | None, topic: Topic[E], v
     while time.monotonic() < deadline:
         row = view.get(key)
         written = None if record is None else cast(dict[str, Any], record)["event_id"]
-        if (record is None and row is None) or (record is not None and row and row["event_id"] == written):
+        if (record is None and row is None) or (
+            record is not None and row and row["event_id"] == written
+        ):
             return
         await asyncio.sleep(0.02)
 

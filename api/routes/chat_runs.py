@@ -39,7 +39,9 @@ async def run_events(
     if last_event_id is not None:
         after = parse_cursor(last_event_id.strip())
         if after is None or after[1] != partition:
-            raise ApiError(400, "Last-Event-ID is not a cursor of this run's stream.", "invalid_last_event_id")
+            raise ApiError(
+                400, "Last-Event-ID is not a cursor of this run's stream.", "invalid_last_event_id"
+            )
     replies = streams.from_log(deps, partition, str(uuid.UUID(run_id)), after)
     return EventSourceResponse(sse_stream(deps, run_id, replies, live=False), ping=15)
 
@@ -51,7 +53,11 @@ async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -
     if finish_reason is not None:
         raise ApiError(409, f"The run already finished ({finish_reason}).", "run_already_finished")
     await streams.request_cancel(
-        deps, run_id=str(uuid.UUID(run_id)), chat_id=str(chat.chat_id), user_id=user.user_id, reason="user"
+        deps,
+        run_id=str(uuid.UUID(run_id)),
+        chat_id=str(chat.chat_id),
+        user_id=user.user_id,
+        reason="user",
     )
     return {"id": run_id, "object": "run", "status": "cancelling"}
 
@@ -81,7 +87,9 @@ async def regenerate(
     recent = await deps.conversations.messages_after(parsed, None, 4)  # the newest, oldest first
     asked = [i for i, m in enumerate(recent) if m.role == "user" and m.run_id == old]
     if not asked:
-        raise ApiError(409, "The question of this answer is no longer stored.", "question_not_found")
+        raise ApiError(
+            409, "The question of this answer is no longer stored.", "question_not_found"
+        )
     at = asked[-1]
     earlier = recent[at - 1].id if at > 0 else None
     question = Question(recent[at].id, recent[at].content, earlier)

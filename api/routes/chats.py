@@ -58,18 +58,28 @@ async def create_chat(deps: Deps, user: CurrentUser, body: NewChat | None = None
     title = body.title if body else "New chat"
     chat_id, created = await deps.conversations.create_chat(user.user_id, title)
     iso = created.isoformat()
-    return {"id": str(chat_id), "object": "chat", "title": title, "created_at": iso, "last_active_at": iso}
+    return {
+        "id": str(chat_id),
+        "object": "chat",
+        "title": title,
+        "created_at": iso,
+        "last_active_at": iso,
+    }
 
 
 @router.get("")
-async def list_chats(deps: Deps, user: CurrentUser, cursor: str | None = None, limit: Limit = 20) -> dict[str, Any]:
+async def list_chats(
+    deps: Deps, user: CurrentUser, cursor: str | None = None, limit: Limit = 20
+) -> dict[str, Any]:
     """The caller's chats, most recently active first (a new message moves a chat to the top)."""
     rows = await deps.conversations.list_chats(user.user_id, limit + 1, activity_cursor(cursor))
     page = rows[:limit]
     next_cursor = None
     if len(rows) > limit:
         last = page[-1]
-        next_cursor = encode_cursor({"at": int(utc(last.active_at).timestamp() * 1000), "after": str(last.chat_id)})
+        next_cursor = encode_cursor(
+            {"at": int(utc(last.active_at).timestamp() * 1000), "after": str(last.chat_id)}
+        )
     return {"data": [chat_json(r) for r in page], "next_cursor": next_cursor}
 
 
@@ -100,12 +110,21 @@ async def export_chats(deps: Deps, user: CurrentUser) -> dict[str, Any]:
 async def get_chat(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str, Any]:
     """The chat, with `active_run_id` while its latest run is still answering (a reloaded page resumes it)."""
     parsed, chat = await owned_chat(deps, user, chat_id)
-    run = await deps.conversations.get_run(parsed, uuid.UUID(chat.last_run_id)) if chat.last_run_id else None
-    return {**chat_json(chat), "active_run_id": chat.last_run_id if run and run[1] is None else None}
+    run = (
+        await deps.conversations.get_run(parsed, uuid.UUID(chat.last_run_id))
+        if chat.last_run_id
+        else None
+    )
+    return {
+        **chat_json(chat),
+        "active_run_id": chat.last_run_id if run and run[1] is None else None,
+    }
 
 
 @router.patch("/{chat_id}")
-async def rename_chat(deps: Deps, user: CurrentUser, chat_id: str, body: ChatPatch) -> dict[str, Any]:
+async def rename_chat(
+    deps: Deps, user: CurrentUser, chat_id: str, body: ChatPatch
+) -> dict[str, Any]:
     _, chat = await owned_chat(deps, user, chat_id)
     await deps.conversations.rename_chat(chat, body.title)
     return {**chat_json(chat), "title": body.title}

@@ -24,7 +24,11 @@ class NewKey(BaseModel):
 
 def signed_in(user: Principal) -> None:
     if user.via_key:
-        raise ApiError(403, "API keys are managed with a signed-in credential, not with an API key.", "key_not_allowed")
+        raise ApiError(
+            403,
+            "API keys are managed with a signed-in credential, not with an API key.",
+            "key_not_allowed",
+        )
 
 
 def key_json(key: ApiKey) -> dict[str, Any]:
@@ -43,14 +47,19 @@ def key_json(key: ApiKey) -> dict[str, Any]:
 async def create_key(deps: Deps, user: CurrentUser, body: NewKey | None = None) -> dict[str, Any]:
     signed_in(user)
     key, digest = new_key()
-    stored = await deps.keys.create_key(user.user_id, user.tier, body.name if body else "default", digest, key[:7])
+    stored = await deps.keys.create_key(
+        user.user_id, user.tier, body.name if body else "default", digest, key[:7]
+    )
     return {**key_json(stored), "key": key}  # the only time the key itself is ever returned
 
 
 @router.get("")
 async def list_keys(deps: Deps, user: CurrentUser) -> dict[str, Any]:
     signed_in(user)
-    return {"object": "list", "data": [key_json(k) for k in await deps.keys.list_keys(user.user_id)]}
+    return {
+        "object": "list",
+        "data": [key_json(k) for k in await deps.keys.list_keys(user.user_id)],
+    }
 
 
 @router.delete("/{key_id}", status_code=204)

@@ -63,7 +63,9 @@ async def list_messages(
 
 
 @router.post("/{chat_id}/messages")
-async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMessage) -> EventSourceResponse:
+async def post_message(
+    deps: Deps, user: CurrentUser, chat_id: str, body: NewMessage
+) -> EventSourceResponse:
     content = body.content.strip()
     if not content:
         raise ApiError(400, "content must not be empty.", "empty_content", "content")
@@ -71,7 +73,9 @@ async def post_message(deps: Deps, user: CurrentUser, chat_id: str, body: NewMes
     max_tokens = checked_max_tokens(deps, body.max_tokens)
     checked_model(deps, body.model)
     parsed, chat = await owned_chat(deps, user, chat_id)
-    question = Question(str(new_id()), body.content, chat.last_run_id)  # sorts before the answer (the run's id)
+    question = Question(
+        str(new_id()), body.content, chat.last_run_id
+    )  # sorts before the answer (the run's id)
     response, _ = await answer(deps, user, chat, question, max_tokens, body.model)
     return response
 
@@ -85,7 +89,9 @@ async def edit_message(
     checked_content(deps, body.content)
     parsed, _ = await owned_chat(deps, user, chat_id)
     message = await owned_message(deps, parsed, message_id)
-    at = epoch_ms(await deps.conversations.edit_message(parsed, uuid.UUID(message.id), body.content))
+    at = epoch_ms(
+        await deps.conversations.edit_message(parsed, uuid.UUID(message.id), body.content)
+    )
     fields = {"message_id": message.id, "role": message.role, "content": body.content}
     await memory_changed(deps, parsed, user, "edited", at, **fields)
     log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)
@@ -108,7 +114,9 @@ class NewFeedback(BaseModel):
 
 
 @router.post("/{chat_id}/messages/{message_id}/feedback", status_code=202)
-async def feedback(deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: NewFeedback) -> dict[str, Any]:
+async def feedback(
+    deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: NewFeedback
+) -> dict[str, Any]:
     """Thumbs up or down on an answer: a Feedback event (kept in the log for evals); the persistence stage shows
     it on the stored answer."""
     parsed, _ = await owned_chat(deps, user, chat_id)
@@ -126,5 +134,7 @@ async def feedback(deps: Deps, user: CurrentUser, chat_id: str, message_id: str,
         "at": now_ms(),
     }
     await deps.producer.publish(FEEDBACK, event, key=str(parsed))
-    log.info("chat %s: answer %s rated %s by %s", chat_id, message.id, event["rating"], user.user_id)
+    log.info(
+        "chat %s: answer %s rated %s by %s", chat_id, message.id, event["rating"], user.user_id
+    )
     return {"id": message.id, "object": "feedback", "rating": body.rating}

@@ -69,7 +69,9 @@ class Completion(BaseModel):
     stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
-    tools: list[Any] | None = Field(None, max_length=0, description="Tool calling is not supported: null or empty.")
+    tools: list[Any] | None = Field(
+        None, max_length=0, description="Tool calling is not supported: null or empty."
+    )
 
 
 def text_of(message: InMessage, index: int) -> str:
@@ -89,13 +91,22 @@ def conversation(deps: Services, body: Completion) -> list[ChatMessage]:
     for i, message in enumerate(body.messages):
         role = ROLES.get(message.role)
         if role is None:
-            raise ApiError(400, f"messages[{i}].role '{message.role}' is not supported.", "invalid_value", "messages")
+            raise ApiError(
+                400,
+                f"messages[{i}].role '{message.role}' is not supported.",
+                "invalid_value",
+                "messages",
+            )
         messages.append({"role": role, "content": text_of(message, i)})
     if messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
-        raise ApiError(400, "The last message must be a non-empty user message.", "invalid_value", "messages")
+        raise ApiError(
+            400, "The last message must be a non-empty user message.", "invalid_value", "messages"
+        )
     if sum(len(m["content"]) for m in messages) > deps.settings.max_content_chars:
         raise ApiError(
-            400, f"messages are longer than {deps.settings.max_content_chars} characters.", "content_too_long"
+            400,
+            f"messages are longer than {deps.settings.max_content_chars} characters.",
+            "content_too_long",
         )
     return messages
 
@@ -109,12 +120,16 @@ def conversation_key(user_id: str, messages: list[ChatMessage]) -> str:
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> JSONResponse | EventSourceResponse:
+async def chat_completions(
+    deps: Deps, user: CurrentUser, body: Completion
+) -> JSONResponse | EventSourceResponse:
     messages = conversation(deps, body)
     max_tokens = checked_max_tokens(deps, body.max_completion_tokens or body.max_tokens)
     checked_model(deps, body.model)
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
-    streams.shed_when_full(deps, user, run_id, body.model, messages, max_tokens, may_grow=False)  # all here
+    streams.shed_when_full(
+        deps, user, run_id, body.model, messages, max_tokens, may_grow=False
+    )  # all here
     partition = streams.reply_partition(deps)
     event = convert.prompt_accepted(
         run_id=run_id,
@@ -145,12 +160,18 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             handed_over = True  # the generator owns the run from here
-            return EventSourceResponse(chunk_stream(deps, user, event, reply, replies, include_usage), ping=15)
+            return EventSourceResponse(
+                chunk_stream(deps, user, event, reply, replies, include_usage), ping=15
+            )
         text: list[str] = []
-        while reply.kind not in TERMINAL:  # a slow decision (`accepted`) only means a longer wait here
+        while (
+            reply.kind not in TERMINAL
+        ):  # a slow decision (`accepted`) only means a longer wait here
             if reply.kind == "delta":
                 text.append(reply.record["text"])
-            elif reply.kind == "moderation":  # the answer was cut: what follows retract_from is withdrawn
+            elif (
+                reply.kind == "moderation"
+            ):  # the answer was cut: what follows retract_from is withdrawn
                 text = ["".join(text)[: reply.record["retract_from"] or 0]]
             reply = await anext(replies)
         ended = True
@@ -161,7 +182,9 @@ async def chat_completions(deps: Deps, user: CurrentUser, body: Completion) -> J
     finally:
         if not handed_over:
             deps.replies.close(run_id)
-            if not ended:  # the client went away or the run stalled: stop it, nobody can read the rest
+            if (
+                not ended
+            ):  # the client went away or the run stalled: stop it, nobody can read the rest
                 await asyncio.shield(cancel(deps, user, event, "client_disconnected"))
 
 
@@ -171,13 +194,21 @@ def check_end(reply: Reply, run_id: str) -> None:
     if reply.kind == "rejected":
         raise streams.rejection_error(record)
     if reply.kind == "error":
-        raise ApiError(502, record["error_message"] or "The model failed.", record["error_code"] or "engine_error")
+        raise ApiError(
+            502,
+            record["error_message"] or "The model failed.",
+            record["error_code"] or "engine_error",
+        )
 
 
 async def cancel(deps: Services, user: Principal, event: PromptAccepted, reason: str) -> None:
     try:
         await streams.request_cancel(
-            deps, run_id=event["run_id"], chat_id=event["chat_id"], user_id=user.user_id, reason=reason
+            deps,
+            run_id=event["run_id"],
+            chat_id=event["chat_id"],
+            user_id=user.user_id,
+            reason=reason,
         )
     except Exception:
         log.exception("run %s: could not publish its cancel", event["run_id"])
@@ -212,7 +243,9 @@ def completion_json(run_id: str, end: Reply, text: str) -> dict[str, Any]:
     }
 
 
-def chunk(run_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+def chunk(
+    run_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None
+) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{run_id}",
         "object": "chat.completion.chunk",
@@ -242,18 +275,28 @@ async def chunk_stream(
         yield data(chunk(run_id, model, created, {"role": "assistant", "content": ""}))
         reply = first
         while True:
-            if reply.kind == "delta" and reply.record["text"]:  # an empty one is a keepalive (prefill)
+            if (
+                reply.kind == "delta" and reply.record["text"]
+            ):  # an empty one is a keepalive (prefill)
                 yield data(chunk(run_id, model, created, {"content": reply.record["text"]}))
             elif reply.kind in TERMINAL:
                 ended = True
                 if reply.kind != "completed":
-                    message = reply.record.get("error_message") or reply.record.get("message") or "The run failed."
+                    message = (
+                        reply.record.get("error_message")
+                        or reply.record.get("message")
+                        or "The run failed."
+                    )
                     yield data({"error": {"message": message, "type": "api_error", "code": None}})
                     return
                 finish = FINISH.get(reply.record["finish_reason"], reply.record["finish_reason"])
                 yield data(chunk(run_id, model, created, {}, finish))
                 if include_usage:
-                    usage = {**chunk(run_id, model, created, {}), "choices": [], "usage": usage_json(reply.record)}
+                    usage = {
+                        **chunk(run_id, model, created, {}),
+                        "choices": [],
+                        "usage": usage_json(reply.record),
+                    }
                     yield data(usage)
                 yield {"data": "[DONE]"}
                 return

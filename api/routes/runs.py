@@ -41,7 +41,9 @@ async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
         raise ApiError(400, str(exc), "invalid_run_id", param="run_id") from None
     settings = deps.settings
     try:
-        run = await asyncio.to_thread(_history, settings.kafka_bootstrap, settings.namespace, run_id)
+        run = await asyncio.to_thread(
+            _history, settings.kafka_bootstrap, settings.namespace, run_id
+        )
     except history.RunNotFound as exc:
         raise ApiError(404, str(exc), "run_not_found") from None
     chat_id = uuid.UUID(run.chat_id)

@@ -31,7 +31,9 @@ def policy_json(policy: Policy) -> dict[str, Any]:
 
 def checked_tier(tier: str) -> str:
     if tier != ANY_TIER and tier not in TIERS:
-        raise ApiError(404, f"No tier '{tier}'; one of {', '.join(TIERS)} or '*'.", "tier_not_found")
+        raise ApiError(
+            404, f"No tier '{tier}'; one of {', '.join(TIERS)} or '*'.", "tier_not_found"
+        )
     return tier
 
 
@@ -62,7 +64,10 @@ async def clear_policy(deps: Deps, admin: Admin, tier: str) -> Response:
 
 @router.get("/decisions")
 async def recent_decisions(
-    deps: Deps, admin: Admin, limit: int = Query(50, ge=1, le=500), days: int = Query(7, ge=1, le=90)
+    deps: Deps,
+    admin: Admin,
+    limit: int = Query(50, ge=1, le=500),
+    days: int = Query(7, ge=1, le=90),
 ) -> dict[str, Any]:
     """Recent blocks, warnings and retractions, newest first: the false-positive review list."""
     found = await deps.decisions.recent(limit, days)

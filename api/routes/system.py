@@ -24,25 +24,38 @@ MAX_EPOCH_MS = 4_102_444_800_000  # 2100-01-01: the usage tables' DateTime colum
 
 @router.get("/v1/models")
 async def models(deps: Deps, user: CurrentUser) -> dict[str, object]:
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "parley"} for m in deps.settings.models]
+    data = [
+        {"id": m, "object": "model", "created": 0, "owned_by": "parley"}
+        for m in deps.settings.models
+    ]
     return {"object": "list", "data": data}
 
 
-async def metering(deps: Deps, path: str, params: dict[str, str | int] | None = None) -> dict[str, Any]:
+async def metering(
+    deps: Deps, path: str, params: dict[str, str | int] | None = None
+) -> dict[str, Any]:
     """A read from the metering stage, which owns the usage tables (the embedded engine is one process's)."""
     try:
         url, headers = f"{deps.settings.metering_url}{path}", deps.settings.internal_headers()
         response = await deps.http.get(url, params=params, headers=headers, timeout=30)
         response.raise_for_status()
     except httpx.HTTPError as exc:
-        raise ApiError(503, "Usage data is unavailable right now; try again shortly.", "usage_unavailable") from exc
+        raise ApiError(
+            503, "Usage data is unavailable right now; try again shortly.", "usage_unavailable"
+        ) from exc
     return dict(response.json())
 
 
 @router.get("/v1/me")
 async def me(user: CurrentUser) -> dict[str, object]:
     """Who the credential speaks for (the chat app shows it, and checks a credential with it)."""
-    return {"object": "user", "user_id": user.user_id, "tier": user.tier, "admin": user.admin, "via_key": user.via_key}
+    return {
+        "object": "user",
+        "user_id": user.user_id,
+        "tier": user.tier,
+        "admin": user.admin,
+        "via_key": user.via_key,
+    }
 
 
 @router.get("/v1/usage")
@@ -75,10 +88,15 @@ async def usage_report(
     deps: Deps,
     user: CurrentUser,
     since: Annotated[
-        int | None, Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms; default: `until` minus 24 hours")
+        int | None,
+        Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms; default: `until` minus 24 hours"),
     ] = None,
-    until: Annotated[int | None, Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms; default: now")] = None,
-    user_id: Annotated[str | None, Query(description="admins: one user's view; default: everyone")] = None,
+    until: Annotated[
+        int | None, Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms; default: now")
+    ] = None,
+    user_id: Annotated[
+        str | None, Query(description="admins: one user's view; default: everyone")
+    ] = None,
 ) -> dict[str, object]:
     """What the usage dashboard draws: totals, time series (tokens, cost, latency percentiles, rejections,
     safety interventions), by tier and model. An admin sees everyone's, or one user's; anyone else their own."""
@@ -86,11 +104,16 @@ async def usage_report(
     since = since if since is not None else until - 24 * 3_600_000
     if not 0 < until - since <= MAX_REPORT_MS:
         raise ApiError(
-            400, "`since` must be before `until`, at most 92 days earlier.", "invalid_request_error", "since"
+            400,
+            "`since` must be before `until`, at most 92 days earlier.",
+            "invalid_request_error",
+            "since",
         )
     if not user.admin:
         if user_id not in (None, user.user_id):
-            raise ApiError(403, "Only an admin can read another user's usage.", "permission_denied", "user_id")
+            raise ApiError(
+                403, "Only an admin can read another user's usage.", "permission_denied", "user_id"
+            )
         user_id = user.user_id
     params: dict[str, str | int] = {"since": since, "until": until}
     if user_id is not None:

@@ -250,7 +250,7 @@ def test_a_summary_stored_as_the_user_edits_a_message_it_covers_is_taken_back(li
     handled before the write (which found no summary to drop) would leave a summary of the old text for good."""
     session = Cluster(["127.0.0.1"], protocol_version=5).connect()
     ks = f"parley_{live.namespace}".replace("-", "_")
-    edge, memory, stage = Conversations(session, ks, "api"), Memory(session, ks, "memory"), Handlers()
+    edge, memory, stage = (Conversations(session, ks, "api"), Memory(session, ks, "memory"), Handlers())
     remember.register(stage, Conversations(session, ks, "memory"), memory, Encoder(), ProcessorSettings())
     colour = new_id()
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from admission.limits import DEFAULT_TIERS, Limits, effective
-from storage.conversations import Change, Message
 from storage.ids import new_id
 from storage.ledger import Account, Decision, decide
 from storage.memory import Summary
+from storage.rows import Change, Message
 from topics import codec
 from topics.clock import now_ms
 from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED, RUN_REJECTED, Topic

@@ -82,7 +82,7 @@ def test_background_work_past_its_patience_starts_beside_replies():
 
 def test_a_reply_preempts_running_background_work_that_still_yields():
     d = dispatch(slots=2, background_patience_s=60.0)
-    summary, old = flight("summary", background=True, read_at=0.0), flight("old", background=True, read_at=0.0)
+    summary, old = (flight("summary", background=True, read_at=0.0), flight("old", background=True, read_at=0.0))
     for f in (summary, old):
         d.admit(f)
     assert {f.run_id for f in d.next_runs(now=5.0)} == {"summary", "old"}
@@ -94,7 +94,7 @@ def test_a_reply_preempts_running_background_work_that_still_yields():
 
 def test_partitions_leaving_drop_their_waiting_runs_and_name_their_running_ones():
     d = dispatch(slots=1)
-    running, waiting, other = flight("a", partition=3), flight("b", partition=3), flight("c", partition=4)
+    running, waiting, other = (flight("a", partition=3), flight("b", partition=3), flight("c", partition=4))
     d.admit(running)
     d.next_runs(now=0.0)
     d.admit(waiting)

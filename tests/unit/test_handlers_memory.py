@@ -7,9 +7,9 @@ from datetime import timedelta
 from conversation import tokens
 from processors import remember
 from processors.settings import ProcessorSettings
-from storage.conversations import Change, Message
 from storage.ids import new_id
 from storage.memory import Summary
+from storage.rows import Change, Message
 from tests.unit.fakes import FakeConversations, FakeEncoder, FakeLog, FakeMemory, at, completed, decoded, prompt, run
 from topics.clock import now_ms
 from topics.pipeline import MEMORY_CHANGED, RUN_SCHEDULED

@@ -8,8 +8,8 @@ import pytest
 from api.routes.openai import conversation_key
 from conversation.context import TooLong
 from conversation.gather import assemble_given
+from inference.completion import usage_after
 from inference.engine import EngineDown, OpenAIStreamEngine, Outcome, Request, parse_sse_line
-from inference.run import usage_after
 from inference.takeover import prior_of
 from processors.settings import ProcessorSettings
 

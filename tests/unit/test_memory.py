@@ -11,9 +11,9 @@ from conversation.gather import as_changed, current_summary
 from processors.remember import fold
 from processors.settings import ProcessorSettings
 from runtime.settings import DEFAULT_POOLS
-from storage.conversations import Change, Message
 from storage.ids import new_id
 from storage.memory import Recalled, Summary
+from storage.rows import Change, Message
 
 SYSTEM = ProcessorSettings().system_prompt
 

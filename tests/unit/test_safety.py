@@ -120,8 +120,7 @@ def test_injections_phrased_as_follow_ups_are_still_blocked(moderator, text):
 
 
 @pytest.mark.parametrize(
-    "text",
-    ["", "   ", "x" * 200_000, "\x00\x01\xff\ufffd" * 500, "日本語のテキスト。" * 300, "🙂" * 5000, "a\u202eb"],
+    "text", ["", "   ", "x" * 200_000, "\x00\x01\xff\ufffd" * 500, "日本語のテキスト。" * 300, "🙂" * 5000, "a\u202eb"]
 )
 def test_odd_input_never_crashes(moderator, text):
     verdict = moderator.check(BUILTIN, "input", [text])

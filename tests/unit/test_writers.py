@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 
 from storage.api_keys import ApiKeys
-from storage.conversations import Change, Conversations, Message, deleted, overlay
+from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.ledger import Ledger
 from storage.memory import Memory
+from storage.rows import Change, Message, overlay
+from storage.rows import deletions as deleted
 from storage.session import WRITE, NotTheWriter
 
 ROOT = Path(__file__).resolve().parents[2]

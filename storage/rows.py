@@ -1,0 +1,116 @@
+"""The rows the conversation store hands out, as typed values: a chat, a message, a user's change to one."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from storage.ids import utc
+
+
+@dataclass(frozen=True)
+class Chat:
+    """A chat's row: its owner, title, latest run, and the markers memory reads."""
+
+    chat_id: uuid.UUID
+    user_id: str
+    title: str
+    created_at: datetime
+    last_run_id: str | None = None
+    last_active_at: datetime | None = None
+    context_from: uuid.UUID | None = (
+        None  # a reset's marker: earlier messages no longer go into prompts
+    )
+    memory_changed_at: datetime | None = None  # when a message was last edited or deleted
+
+
+@dataclass
+class Message:
+    id: str
+    role: str
+    content: str
+    created_at: datetime
+    run_id: str | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+    pool: str | None = None
+    feedback: str | None = None  # the user's rating of an answer; never written by put_message
+
+
+@dataclass(frozen=True)
+class Change:
+    """A user's edit (the new content) or delete (content None) of a stored message."""
+
+    content: str | None
+    at: datetime
+
+
+def overlay(rows: list[Message], changes: Mapping[str, Change]) -> list[Message]:
+    """The messages as the user left them (pure): edited ones with their new text, deleted ones gone."""
+    out = []
+    for m in rows:
+        change = changes.get(m.id)
+        if change is None:
+            out.append(m)
+        elif change.content is not None:
+            out.append(replace(m, content=change.content))
+    return out
+
+
+def deletions(changes: Mapping[str, Change]) -> int:
+    """How many of a chat's messages the user deleted."""
+    return sum(1 for c in changes.values() if c.content is None)
+
+
+def chat_of(row: Any) -> Chat:
+    return Chat(
+        row.chat_id,
+        row.user_id,
+        row.title,
+        row.created_at,
+        row.last_run_id,
+        row.last_active_at,
+        row.context_from,
+        row.memory_changed_at,
+    )
+
+
+def active_at(chat: Chat) -> datetime:
+    """Where the chat stands in its user's list: when it was last active (or made)."""
+    return chat.last_active_at or chat.created_at
+
+
+def change_of(row: Any) -> Change:
+    return Change(row.content, utc(row.changed_at))
+
+
+def message_row(message: Message) -> tuple[Any, ...]:
+    """The columns a message is written as, after its chat's id (the feedback column is the user's alone)."""
+    m = message
+    return (
+        uuid.UUID(m.id),
+        m.role,
+        m.content,
+        m.created_at,
+        m.run_id,
+        m.model,
+        m.finish_reason,
+        m.pool,
+    )
+
+
+def message_of(row: Any) -> Message:
+    return Message(
+        str(row.message_id),
+        row.role,
+        row.content,
+        utc(row.created_at),
+        row.run_id,
+        row.model,
+        row.finish_reason,
+        row.pool,
+        row.feedback,
+    )
