@@ -65,7 +65,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         await loop.run_in_executor(None, policies.start)
         for spec in {
             pool.tokenizer for pool in settings.pools.values()
-        }:  # the door counts with them (api/streams.py)
+        }:  # the door counts with them (api/runs.py)
             await loop.run_in_executor(None, tokens.load, spec)
         keys = await loop.run_in_executor(None, ApiKeys, session, keyspace, "api")
         decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace, "api")

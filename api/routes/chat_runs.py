@@ -10,13 +10,14 @@ from fastapi import APIRouter, Header
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
-from api import streams
-from api.answers import Question, answer, checked_max_tokens, checked_model, sse_stream
+from api import runs, streams
 from api.auth import CurrentUser
 from api.chat_state import forget_message, owned_run
 from api.deps import Deps
 from api.errors import ApiError
 from api.replies import parse_cursor
+from api.runs import Question, answer, checked_max_tokens, checked_model
+from api.streams import sse_stream
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -52,7 +53,7 @@ async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -
     chat, _, finish_reason = await owned_run(deps, user, chat_id, run_id)
     if finish_reason is not None:
         raise ApiError(409, f"The run already finished ({finish_reason}).", "run_already_finished")
-    await streams.request_cancel(
+    await runs.request_cancel(
         deps,
         run_id=str(uuid.UUID(run_id)),
         chat_id=str(chat.chat_id),

@@ -13,12 +13,12 @@ from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
 from api import convert
-from api.answers import Question, answer, checked_content, checked_max_tokens, checked_model
 from api.auth import CurrentUser
 from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
 from api.deps import Deps
 from api.errors import ApiError
 from api.routes.chats import Limit
+from api.runs import Question, answer, checked_content, checked_max_tokens, checked_model
 from storage.ids import decode_cursor, encode_cursor, epoch_ms, new_id, parse_id
 from topics.clock import now_ms
 from topics.events import Feedback

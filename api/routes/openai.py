@@ -22,12 +22,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
-from api import convert, streams
-from api.answers import checked_max_tokens, checked_model
+from api import convert, runs, streams
 from api.auth import CurrentUser, Principal
 from api.deps import Deps, Services
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply
+from api.runs import checked_max_tokens, checked_model
 from storage.ids import new_id
 from topics.events import ChatMessage, PromptAccepted
 
@@ -127,10 +127,10 @@ async def chat_completions(
     max_tokens = checked_max_tokens(deps, body.max_completion_tokens or body.max_tokens)
     checked_model(deps, body.model)
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
-    streams.shed_when_full(
+    runs.shed_when_full(
         deps, user, run_id, body.model, messages, max_tokens, may_grow=False
     )  # all here
-    partition = streams.reply_partition(deps)
+    partition = runs.reply_partition(deps)
     event = convert.prompt_accepted(
         run_id=run_id,
         chat_id=chat_id,
@@ -147,12 +147,12 @@ async def chat_completions(
         store=False,
     )
     try:
-        live = await streams.start_run(deps, event)
+        live = await runs.start_run(deps, event)
     except Exception:
         deps.pools.decided(run_id)  # never reached the log: the door stops counting it
         raise
     replies = aiter(streams.live(deps, run_id, partition, live))
-    reply, replies = await streams.admitted(deps, event, replies, stream_refusals=False)
+    reply, replies = await runs.admitted(deps, event, replies, stream_refusals=False)
     handed_over = ended = False
     try:
         ended = reply.kind in TERMINAL
@@ -192,7 +192,7 @@ def check_end(reply: Reply, run_id: str) -> None:
     """A refusal or an engine failure becomes an HTTP error (before any byte of a stream is sent)."""
     record = reply.record
     if reply.kind == "rejected":
-        raise streams.rejection_error(record)
+        raise runs.rejection_error(record)
     if reply.kind == "error":
         raise ApiError(
             502,
@@ -203,7 +203,7 @@ def check_end(reply: Reply, run_id: str) -> None:
 
 async def cancel(deps: Services, user: Principal, event: PromptAccepted, reason: str) -> None:
     try:
-        await streams.request_cancel(
+        await runs.request_cancel(
             deps,
             run_id=event["run_id"],
             chat_id=event["chat_id"],

@@ -1,4 +1,4 @@
-"""The edge's wait for the scheduler's decision (api/streams.admitted): a request whose prompt is in the log is
+"""The edge's wait for the scheduler's decision (api/runs.admitted): a request whose prompt is in the log is
 kept, never refused for the scheduler's or the log's sake."""
 
 import asyncio
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from api import convert, streams
+from api import convert, runs, streams
 from api.replies import ACCEPTED, Reply
 
 
@@ -31,7 +31,7 @@ async def test_a_run_whose_first_record_times_out_is_kept_and_its_stream_ends_wi
         raise streams.StreamTimeout("No progress on this run.")
         yield  # an async generator
 
-    first, rest = await streams.admitted(deps(5.0), EVENT, replies(), stream_refusals=True)
+    first, rest = await runs.admitted(deps(5.0), EVENT, replies(), stream_refusals=True)
     assert first.kind == ACCEPTED  # not a 500 from the route, as before
     with pytest.raises(streams.StreamTimeout):
         await anext(rest)
@@ -44,7 +44,7 @@ async def test_a_slow_decision_streams_accepted_then_the_decision():
         yield Reply("t:0:1", "completed", {"run_id": "r1"})
 
     edge = deps(0.05)
-    first, rest = await streams.admitted(edge, EVENT, replies(), stream_refusals=True)
+    first, rest = await runs.admitted(edge, EVENT, replies(), stream_refusals=True)
     assert first.kind == ACCEPTED
     assert edge.decided == ["r1"]  # kept past the wait: the door counts it no longer (its placement will show)
     assert [r.kind async for r in rest] == ["queued", "completed"]
@@ -63,7 +63,7 @@ def test_a_refusal_after_the_stream_started_ends_it_as_an_error_with_its_retry_a
 async def test_a_queued_record_that_lands_after_the_run_started_is_not_shown():
     """The scheduler sends `queued` beside the run itself (processors/schedule_run.py): one that lands after the
     engine's first record says nothing new and is dropped; one before the start, after a slow decision, is shown."""
-    from api.answers import sse_stream
+    from api.streams import sse_stream
 
     run = {"run_id": "r1", "chat_id": "c1", "model": "m"}
     queued = {**run, "pool": "small", "estimated_wait_ms": 0, "degraded_from": None}
@@ -84,7 +84,7 @@ async def test_a_queued_record_that_lands_after_the_run_started_is_not_shown():
 async def test_a_keepalive_while_the_prompt_is_prefilled_is_not_shown():
     """The consumer publishes an empty delta while a long prompt is prefilled (inference/run.py): it only keeps
     the edge's no-progress timeout from cutting the run, and the client sees no empty token."""
-    from api.answers import sse_stream
+    from api.streams import sse_stream
 
     run = {"run_id": "r1", "chat_id": "c1", "model": "m"}
     usage = {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0}

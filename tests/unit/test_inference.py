@@ -40,18 +40,18 @@ def test_the_door_counts_a_request_as_the_scheduler_does_and_never_more(monkeypa
     """One size for a request: the edge's door counts the messages it brings with the serving tokenizer, as the
     scheduler counts them (the OpenAI route's conversation is used as sent; a chat's adds its system prompt and
     history), so the door's count is a lower bound of the scheduler's and it never sheds on a larger one."""
-    import api.streams as streams
+    import api.runs as runs
 
     text = "The quick brown fox jumps over the lazy dog. " * 40  # SmolLM2: about 10 tokens per sentence
     messages = [{"role": "user", "content": text}]
     seen: list[int] = []
-    monkeypatch.setattr(streams, "at_the_door", lambda model, least_tokens, *rest: seen.append(least_tokens))
+    monkeypatch.setattr(runs, "at_the_door", lambda model, least_tokens, *rest: seen.append(least_tokens))
     deps = SimpleNamespace(
         settings=SimpleNamespace(pools=SETTINGS.pools, default_pool=SETTINGS.default_pool),
         pools=SimpleNamespace(loads=dict, pending=lambda run_id, pool, tier: None),
         limits=SimpleNamespace(tiers_for=lambda user, tier: None),
     )
-    streams.shed_when_full(deps, SimpleNamespace(user_id="u", tier="pro"), "r1", None, messages, 7, False)
+    runs.shed_when_full(deps, SimpleNamespace(user_id="u", tier="pro"), "r1", None, messages, 7, False)
     run = assemble_given(prompt(max_tokens=7, messages=messages), SETTINGS)
     assert seen == [run["estimate_tokens"]] and run["context"]["prompt_tokens"] >= 400
 
