@@ -29,9 +29,8 @@ class Limits(BaseModel):
     max_concurrent: int  # runs in flight per user
     priority: int  # higher is served first when capacity is tight
     max_queue_wait_s: float  # estimated wait beyond which a run is degraded or rejected with 429
-    slot_share: (
-        float  # share of an engine's slots this tier may hold; the rest stays free for higher tiers
-    )
+    # share of an engine's slots this tier may hold; the rest stays free for higher tiers
+    slot_share: float
     degrade: bool  # under pressure, move to a smaller pool before rejecting
 
 

@@ -29,9 +29,8 @@ class Principal:
     user_id: str
     tier: str
     via_key: bool = False
-    admin: bool = (
-        False  # may change limits (a claim of a signed credential; API keys never carry it)
-    )
+    # may change limits (a claim of a signed credential; API keys never carry it)
+    admin: bool = False
 
 
 def new_key() -> tuple[str, str]:

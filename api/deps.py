@@ -33,9 +33,8 @@ class Services:
     pools: PoolView  # the inference consumers' load: the edge sheds at the door what could not be placed
     policies: PolicyView  # the safety policies, for the admin routes
     keys: ApiKeys
-    decisions: (
-        SafetyDecisions  # the moderation decisions admins review (written by the persistence stage)
-    )
+    # the moderation decisions admins review (written by the persistence stage)
+    decisions: SafetyDecisions
 
 
 def services(request: Request) -> Services:

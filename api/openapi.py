@@ -1,4 +1,4 @@
-"""The OpenAPI document as the edge really behaves (issue 21): FastAPI's own, then
+"""The OpenAPI document as the edge really behaves: FastAPI's own, then
 
 - errors: every operation documents the OpenAI-shaped error body (FastAPI documents a 422 validation error
   the edge never sends: it answers 400 with that body);

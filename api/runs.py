@@ -160,10 +160,10 @@ async def admitted(
     rest.
 
     The prompt is in the log already: whatever the scheduler decides later will happen, so a slow decision is
-    not refused (a 503 here used to leave the question stored and answered "cancelled", and a client retrying
-    it stored it twice). Past `admission_timeout_s` the run is kept: its first reply is an `accepted` record
-    made here, and the stream goes on with the decision when it comes (a refusal then ends the stream as an
-    error event).
+    not refused (a 503 would leave the question stored and answered anyway, and a client retrying it would
+    store it twice: docs/decisions/0017-a-prompt-the-edge-gave-up-on.md). Past `admission_timeout_s` the run
+    is kept: its first reply is an `accepted` record made here, and the stream goes on with the decision when
+    it comes (a refusal then ends the stream as an error event).
 
     stream_refusals: a content-policy refusal is the chat's own answer (a `moderation` event), not an error.
     """

@@ -1,4 +1,4 @@
-"""The edge's HTTP server: uvicorn's h11 protocol with the two guards it lacks (issue 21).
+"""The edge's HTTP server: uvicorn's h11 protocol with the two guards it lacks.
 
 - A request's head (request line and headers) must arrive within `header_timeout_s` of the connection
   opening, or of the previous response on a kept-alive connection. uvicorn cancels its keep-alive timer on

@@ -44,12 +44,10 @@ class ApiSettings(StackSettings):
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
     metering_url: str = "http://127.0.0.1:6069"
-    admission_timeout_s: float = (
-        10.0  # the most a request waits for the scheduler's admit/reject decision
-    )
-    first_event_timeout_s: float = (
-        120.0  # a run that never starts ends with an error event, never hangs
-    )
+    # the most a request waits for the scheduler's admit/reject decision
+    admission_timeout_s: float = 10.0
+    # a run that never starts ends with an error event, never hangs
+    first_event_timeout_s: float = 120.0
     stream_idle_timeout_s: float = 60.0
     web_dir: Path = Field(
         Path(__file__).resolve().parent.parent / "web" / "dist",

@@ -42,9 +42,8 @@ EDGE_TTFT = Histogram(
 STREAMS = Gauge("parley_edge_open_streams", "SSE streams open on this replica")
 RUNS = Counter("parley_edge_runs_total", "Runs opened on this replica", ["outcome"])
 
-REPLAY_MARGIN_MS = (
-    5_000  # clock skew between the edge that minted the run id and the producers' timestamps
-)
+# clock skew between the edge that minted the run id and the producers' timestamps
+REPLAY_MARGIN_MS = 5_000
 
 
 class StreamTimeout(Exception):
@@ -138,9 +137,8 @@ async def sse_stream(
     """The chat route's SSE events for a run's replies (live from the hub, or read back from the log)."""
     accepted = time.perf_counter()
     first_token = live
-    begun = (
-        False  # the run's engine has started it: a `queued` record after that is news of nothing
-    )
+    # the run's engine has started it: a `queued` record after that is news of nothing
+    begun = False
     STREAMS.inc()
     try:
         async for reply in replies:

@@ -54,9 +54,8 @@ class Limits:
 class Assembled:
     messages: list[ChatMessage]
     record: dict[str, Any] = field(default_factory=dict)  # RunScheduled.context: what the model saw
-    largest_dropped: int = (
-        0  # the tokens of the largest earlier turn the window let go (pool choice)
-    )
+    # the tokens of the largest earlier turn the window let go (pool choice)
+    largest_dropped: int = 0
 
 
 class TooLong(Exception):

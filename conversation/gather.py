@@ -166,9 +166,8 @@ class ContextGuard:
         return out, withheld
 
 
-SUMMARIES_READ = (
-    3  # the newest summaries read: one that an edit or a delete made wrong is passed over
-)
+# the newest summaries read: one that an edit or a delete made wrong is passed over
+SUMMARIES_READ = 3
 
 
 def current_summary(summaries: list[Summary], changes: Mapping[str, Change]) -> Summary | None:

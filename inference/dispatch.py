@@ -23,16 +23,14 @@ class Dispatch:
         self.slots = settings.slots
         self.patience_s = settings.background_patience_s
         self.idle_s = settings.background_idle_s
-        self.tier_cap = (
-            tier_cap  # the most slots a tier may hold at once (its slot share of the engine)
-        )
+        # the most slots a tier may hold at once (its slot share of the engine)
+        self.tier_cap = tier_cap
         self.queue: RunQueue[Flight] = RunQueue(settings.aging_s)
         self.flights: dict[str, Flight] = {}  # every run held here, waiting or running, by run id
         self.running: dict[str, int] = {}  # runs in the engine, by tier
         self.mean_run_s = 5.0
-        self.last_reply = (
-            0.0  # when the last reply ended here (monotonic): background runs wait for quiet
-        )
+        # when the last reply ended here (monotonic): background runs wait for quiet
+        self.last_reply = 0.0
 
     def __len__(self) -> int:
         """Runs waiting for a slot."""

@@ -26,9 +26,8 @@ class Request:
     messages: list[dict[str, str]]
     max_tokens: int
     temperature: float = 0.7
-    continuation: str = (
-        ""  # the answer so far, when a run is taken over: generation continues after it
-    )
+    # the answer so far, when a run is taken over: generation continues after it
+    continuation: str = ""
 
 
 @dataclass
@@ -50,9 +49,8 @@ class Outcome:
     cached_tokens: int = 0
     first_token_at: float | None = None
     text: list[str] = field(default_factory=list)
-    pieces: int = (
-        0  # streamed text chunks: the completion count when the engine reported none (a cancel)
-    )
+    # streamed text chunks: the completion count when the engine reported none (a cancel)
+    pieces: int = 0
 
 
 class Engine(Protocol):

@@ -13,21 +13,17 @@ from runtime.settings import StackSettings
 class InferenceSettings(StackSettings):
     pool: str = "small"
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    engine: str = (
-        "llamacpp"  # llamacpp: start llama-server as a child; sglang or openai: an existing server
-    )
+    # llamacpp: start llama-server as a child; sglang or openai: an existing server
+    engine: str = "llamacpp"
     engine_url: str = ""  # for an existing server, e.g. http://sglang:30000
-    engine_api_key: SecretStr | None = (
-        None  # the existing server's key (SGLang --api-key); llamacpp makes its own
-    )
+    # the existing server's key (SGLang --api-key); llamacpp makes its own
+    engine_api_key: SecretStr | None = None
     llama_port: int = 8081
     slots: int = 8  # sequences in flight in the engine
-    prefetch: int = (
-        32  # runs read ahead and waiting for a slot here (so the best one can start first)
-    )
-    aging_s: float = (
-        10.0  # a waiting run gains one priority level per this many seconds (no starvation)
-    )
+    # runs read ahead and waiting for a slot here (so the best one can start first)
+    prefetch: int = 32
+    # a waiting run gains one priority level per this many seconds (no starvation)
+    aging_s: float = 10.0
     status_interval_s: float = 0.25
     threads: int = 1  # 1 is fastest on a busy 2-core box: more threads spin-wait (see INFRA.md)
     # Tokens one engine step takes (llama.cpp -b/-ub): a long prompt (a summary run's, a new chat's) is
@@ -38,31 +34,27 @@ class InferenceSettings(StackSettings):
     # step): the edge's no-progress timeout counts only silence, and a long prompt on a CPU takes minutes.
     keepalive_s: float = 10.0
     kv_cache_type: str = "q8_0"  # llama.cpp -ctk/-ctv: f16, q8_0 (half the memory of f16), q4_0
-    prompt_cache_mib: int = (
-        64  # llama.cpp --cache-ram: host memory for slots' states that may be reused
-    )
+    # llama.cpp --cache-ram: host memory for slots' states that may be reused
+    prompt_cache_mib: int = 64
     # A background run (a summary) starts only once the engine has had no reply for this long. It stops when a
     # reply arrives, but llama-server acts on a cancel only between engine steps (each up to `batch` prompt
     # tokens), so a summary caught mid-prefill would hold the engine for a step; starting one while a user is
     # still in the middle of a chat also mostly wasted its prefill (the first 200-turn bench: 91 of 99 summary
     # runs stopped, and replies sent meanwhile had a p50 TTFT 1.47x the rest).
     background_idle_s: float = 3.0
-    background_patience_s: float = (
-        60.0  # then a background run starts beside the replies, and is not stopped
-    )
+    # then a background run starts beside the replies, and is not stopped
+    background_patience_s: float = 60.0
     temperature: float = 0.7
     coalesce_ms: float = 20.0
     metrics_port: int = 9101
     health_interval_s: float = 2.0
     # A consumer that dies stops heartbeating; after this its partitions, and runs, move to the pool's others.
     session_timeout_ms: int = 6000
-    output_moderation: bool = (
-        True  # check the answer in windows while it streams (safety/output.py)
-    )
+    # check the answer in windows while it streams (safety/output.py)
+    output_moderation: bool = True
     moderation_window_tokens: int = 32
-    run_deadline_s: float = (
-        300.0  # a run still unserved this long after scheduling fails with an error
-    )
+    # a run still unserved this long after scheduling fails with an error
+    run_deadline_s: float = 300.0
 
     @property
     def slot_context(self) -> int:

@@ -76,9 +76,8 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.engine = engine
-        self.revive = (
-            revive  # restarts an engine this process owns; True when it was down and came back
-        )
+        # restarts an engine this process owns; True when it was down and came back
+        self.revive = revive
         self.tracer = tracing.setup(f"parley-inference-{settings.pool}")
         self.producer = AsyncProducer(settings.kafka_bootstrap, "inference", settings.namespace)
         self.membership = Membership(settings, self._hand_off)

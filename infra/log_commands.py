@@ -168,8 +168,8 @@ def cmd_replay(args: argparse.Namespace) -> None:
     settings, _ = connected(args)
     now = now_ms()
     plan = None
-    # A KeyboardInterrupt raised inside a weakref callback is printed and dropped, and the replay ran on to
-    # exit 0 (seen in CI): the flag keeps a Ctrl-C, and the replay asks for it between its steps.
+    # A KeyboardInterrupt raised inside a weakref callback is printed and dropped, and the replay would run on
+    # to exit 0: the flag keeps a Ctrl-C, and the replay asks for it between its steps.
     interrupted = False
 
     def interrupt(*_: object) -> None:

@@ -60,7 +60,7 @@ def listening(port: int) -> bool:
 
 def held(port: int, grace_s: float = 30.0) -> bool:
     """The port stays taken for `grace_s`: a process that has just died can hold it a little longer (its main
-    thread shows as a zombie while another thread is still exiting, seen in CI after a stage's os._exit)."""
+    thread shows as a zombie while another thread is still exiting, as after a stage's os._exit)."""
     deadline = time.monotonic() + grace_s
     while listening(port):
         if time.monotonic() > deadline:

@@ -58,9 +58,8 @@ INSTRUCTION = (
     "numbers, places, plans), keeping every fact from the earlier summary."
 )
 MESSAGE_TOKENS = 300  # the most of one message a summary run reads
-SUMMARY_OVERHEAD = (
-    400  # a summary run's prompt besides the messages: the earlier summary, instruction, template
-)
+# a summary run's prompt besides the messages: the earlier summary, instruction, template
+SUMMARY_OVERHEAD = 400
 
 
 CHANGED = "a message was edited, deleted or the context reset since it began"

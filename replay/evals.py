@@ -45,9 +45,8 @@ class Checks(BaseModel):
     regex: str | None = None  # a regular expression that matches somewhere in the answer
     max_tokens: int | None = Field(None, ge=0)  # the answer's completion tokens at most this
     json_valid: bool | None = None  # the answer (or its first {...} / [...] block) parses as JSON
-    recalls: str | None = (
-        None  # a fact planted in an earlier turn, found in the answer (case-insensitive)
-    )
+    # a fact planted in an earlier turn, found in the answer (case-insensitive)
+    recalls: str | None = None
     max_ttft_ms: float | None = Field(
         None, gt=0
     )  # time to first token at most this, as the client saw it

@@ -53,9 +53,8 @@ class ConsumerThread:
         self.consumer.close()
 
 
-DELIVERY_TIMEOUT_MS = (
-    30_000  # a record not acknowledged by then fails (librdkafka's default is 5 minutes)
-)
+# a record not acknowledged by then fails (librdkafka's default is 5 minutes)
+DELIVERY_TIMEOUT_MS = 30_000
 
 
 def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:

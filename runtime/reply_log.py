@@ -13,9 +13,8 @@ from topics.codec import Event
 from topics.errors import PoisonEvent
 from topics.pipeline import TOKEN_DELTA
 
-CLOCK_SKEW_MS = (
-    60_000  # records are looked up by producer timestamp; hosts' clocks may differ this much
-)
+# records are looked up by producer timestamp; hosts' clocks may differ this much
+CLOCK_SKEW_MS = 60_000
 
 
 def published(

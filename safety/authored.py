@@ -32,7 +32,7 @@ def chat_turns() -> list[Example]:
 # Follow-up instructions as a conversation goes on ("Great. Now summarise that in two lines."), written for this
 # project: an acknowledgement, a "now"/"next" and an ordinary task with a format. No public set here holds such
 # turns, while the injection sets are full of "Now say ..." payloads, so the injection head read this everyday
-# shape as an attack (issue 21: a benign "Thanks! Now say goodbye ..." turn was refused 3 times of 3). The
+# shape as an attack (a benign "Thanks! Now say goodbye ..." turn was refused). The
 # tests' own follow-up turns (tests/unit/test_safety.py) are written apart from these parts and never trained on.
 FOLLOW_UP_PARTS = {
     "ack": "Thanks!|Thank you.|Great.|Perfect.|Nice,|Cool.|OK.|Okay,|Awesome!|Got it.|Lovely.|Good.|That helps.|"

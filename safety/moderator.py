@@ -40,9 +40,8 @@ CHECK = Histogram(
     ["stage"],
     buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-INPUT_WINDOWS = (
-    16  # a prompt is read in up to this many 256-token windows (the first ones and the last)
-)
+# a prompt is read in up to this many 256-token windows (the first ones and the last)
+INPUT_WINDOWS = 16
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,8 @@ _UNIT = re.compile(
 _WORD = re.compile(r"\w+")
 _BASE64 = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _HEX = re.compile(r"\b(?:[0-9a-fA-F]{2}[\s:]?){8,}")
-MAX_DECODED = (
-    4  # encoded runs decoded per text (a long text of random tokens is not decoded at length)
-)
+# encoded runs decoded per text (a long text of random tokens is not decoded at length)
+MAX_DECODED = 4
 
 
 def _printable(text: str) -> bool:

@@ -50,9 +50,8 @@ class OutputGuard:
         self.retract_from: int | None = None
         self.warned: Verdict | None = None
         self.error: str | None = None
-        self._suspect_from: int | None = (
-            None  # where the windows the policy warned on in a row began
-        )
+        # where the windows the policy warned on in a row began
+        self._suspect_from: int | None = None
         self._tokens_at_check = 0
         self._pending: asyncio.Task[None] | None = None
 

@@ -92,9 +92,8 @@ class Scorer:
 
     def __init__(self, encoder: Encoder, plain: bool = True) -> None:
         self.encoder = encoder
-        self.plain = (
-            plain  # False: the texts as written only (the moderator before safety/obfuscation.py)
-        )
+        # False: the texts as written only (the moderator before safety/obfuscation.py)
+        self.plain = plain
         self._windows: dict[str, np.ndarray] = {}
 
     def scores(self, texts: list[str], task: str, w: np.ndarray, b: float, desc: str) -> np.ndarray:

@@ -58,9 +58,8 @@ class Decision:
     message: str = ""
     retry_after_s: int | None = None
     scheduled: bool = False  # admitted before and already handed to its pool (a redelivered event)
-    pool: str | None = (
-        None  # admitted before: where it was placed (None for a row written before this was kept)
-    )
+    # admitted before: where it was placed (None for a row written before this was kept)
+    pool: str | None = None
     partition: int | None = None
     decided_at: int | None = None  # ms
 

@@ -21,9 +21,8 @@ class Chat:
     created_at: datetime
     last_run_id: str | None = None
     last_active_at: datetime | None = None
-    context_from: uuid.UUID | None = (
-        None  # a reset's marker: earlier messages no longer go into prompts
-    )
+    # a reset's marker: earlier messages no longer go into prompts
+    context_from: uuid.UUID | None = None
     memory_changed_at: datetime | None = None  # when a message was last edited or deleted
 
 

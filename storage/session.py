@@ -35,9 +35,8 @@ from runtime.settings import CassandraSettings
 log = logging.getLogger(__name__)
 
 RECONNECT_MAX_S = 5.0
-SPECULATE_AFTER_S = (
-    1.0  # a statement's answer takes milliseconds; a second is a node that died or stalls
-)
+# a statement's answer takes milliseconds; a second is a node that died or stalls
+SPECULATE_AFTER_S = 1.0
 
 
 async def wait(future: ResponseFuture) -> Any:
@@ -249,7 +248,7 @@ def connect_session(settings: CassandraSettings, timeout_s: float = 90.0) -> Ses
 
 def agree(session: Session, timeout_s: float = 60.0) -> None:
     """Wait until every node has the same schema: a table one node has just created is not yet known to the
-    others, and a statement prepared there fails "table ... does not exist" (seen on the 3-node cluster)."""
+    others, and a statement prepared there fails "table ... does not exist"."""
     if not session.cluster.control_connection.wait_for_schema_agreement(wait_time=timeout_s):
         raise RuntimeError(f"Cassandra nodes did not agree on the schema within {timeout_s:.0f}s")
 

@@ -27,9 +27,8 @@ from runtime.kafka import DELIVERY_TIMEOUT_MS
 
 WITHDRAWN, TAKEN = "withdrawn", "taken"
 SUSPECT_AFTER_MS = DELIVERY_TIMEOUT_MS // 2
-WITHDRAW_TIMEOUT_S = (
-    10.0  # the most the edge spends settling a run's fate (past it, the store is down too)
-)
+# the most the edge spends settling a run's fate (past it, the store is down too)
+WITHDRAW_TIMEOUT_S = 10.0
 
 
 def suspect(prompt: Mapping[str, Any], now_ms: int) -> bool:

@@ -256,9 +256,8 @@ class Process:
     name: str
     module: str  # what `python -m` runs; a faust stage's module declares its HANDLERS and builds its deps
     port: int = 0  # a faust stage's own web server (health, /metrics), unless PARLEY_WEB_PORT says otherwise
-    scales: bool = (
-        True  # more than one replica may run (metering with the embedded ClickHouse engine: one)
-    )
+    # more than one replica may run (metering with the embedded ClickHouse engine: one)
+    scales: bool = True
 
     @property
     def consumes(self) -> tuple[Topic[Any], ...]:
