@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import cast
 
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
@@ -29,8 +30,8 @@ from runtime.settings import Pool
 from runtime.tables import TopicTable
 from topics import codec
 from topics.clock import now_ms
-from topics.codec import Event
 from topics.errors import PoisonEvent
+from topics.events import PoolStatus
 from topics.pipeline import POOL_STATUS, RUN_SCHEDULED, check_consume, named
 
 STALE_MS = 3_000  # a consumer silent this long is not counted (it died, or left its group)
@@ -53,7 +54,7 @@ class EngineLoad:
         return tier_cap(self.slots, share)
 
 
-def pool_loads(statuses: Iterable[Event], now_ms: int) -> dict[str, list[EngineLoad]]:
+def pool_loads(statuses: Iterable[PoolStatus], now_ms: int) -> dict[str, list[EngineLoad]]:
     """Each pool's live engines from their healthy consumers' latest statuses (pure)."""
     loads: dict[str, list[EngineLoad]] = {}
     for status in statuses:
@@ -323,7 +324,7 @@ class PoolView(TopicTable):
 
     def loads(self) -> dict[str, list[EngineLoad]]:
         now = now_ms()
-        loads = pool_loads(self.rows().values(), now)
+        loads = pool_loads(cast(Iterable[PoolStatus], self.rows().values()), now)
         self._forget_before(now - STALE_MS)
         for at, pool, tier, partition in list(self._placed.values()):
             for engine in loads.get(pool, []):

@@ -29,7 +29,6 @@ from storage.ids import MIN_ID
 from storage.memory import Memory, Recalled, Summary
 from storage.rows import Change, Message
 from topics.clock import now_ms
-from topics.codec import Event
 from topics.events import PromptAccepted, PromptContext, RunScheduled
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,7 @@ def limits_for(pool: Pool, max_tokens: int, settings: ContextSettings) -> Limits
     )
 
 
-def pools_in_order(prompt: Event, settings: ContextSettings) -> list[str]:
+def pools_in_order(prompt: PromptAccepted, settings: ContextSettings) -> list[str]:
     """Where a run may go, in order: the requested model's pool (or the default pool), then the others from
     the smallest context up (a prompt that does not fit goes to the smallest pool that holds it)."""
     wanted = prompt["model"] or settings.pools[settings.default_pool].model
@@ -105,7 +104,7 @@ def assemble_given(prompt: PromptAccepted, settings: ContextSettings) -> RunSche
 
 
 async def wait_for_previous(
-    prompt: Event, conversations: Conversations, settings: ContextSettings
+    prompt: PromptAccepted, conversations: Conversations, settings: ContextSettings
 ) -> None:
     """Wait (bounded) until the chat's previous answer is persisted, so the context includes it."""
     chat_id = uuid.UUID(prompt["chat_id"])

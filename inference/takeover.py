@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topics.codec import Event
+from topics.events import TokenDelta
 
 
 @dataclass
@@ -20,14 +20,14 @@ class Prior:
     text: str = ""
     seq: int = -1  # the last record's seq; -1 when nothing was published
     tokens: int = 0  # completion tokens behind `text`
-    terminal: Event | None = None  # the completed/error record, when the run had ended
+    terminal: TokenDelta | None = None  # the completed/error record, when the run had ended
 
     @property
     def started(self) -> bool:
         return self.seq >= 0
 
 
-def prior_of(records: list[Event]) -> Prior:
+def prior_of(records: list[TokenDelta]) -> Prior:
     """Fold a run's records (any order, possibly repeated) into its progress (pure)."""
     prior = Prior()
     seen: set[int] = set()
@@ -38,8 +38,8 @@ def prior_of(records: list[Event]) -> Prior:
         prior.seq = record["seq"]
         if record["kind"] == "delta":
             prior.text += record["text"]
-        if record.get("tokens") is not None:
-            prior.tokens = record["tokens"]
+        if (tokens := record.get("tokens")) is not None:
+            prior.tokens = tokens
         if record["kind"] in ("completed", "error") and prior.terminal is None:
             prior.terminal = record
     return prior

@@ -4,13 +4,14 @@ after (inference/takeover.py), and whether a run scheduled again had already tol
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from runtime.kafka import consumer_config
 from topics import codec
-from topics.codec import Event
 from topics.errors import PoisonEvent
+from topics.events import TokenDelta
 from topics.pipeline import TOKEN_DELTA
 
 # records are looked up by producer timestamp; hosts' clocks may differ this much
@@ -19,7 +20,7 @@ CLOCK_SKEW_MS = 60_000
 
 def published(
     bootstrap: str, topic: str, partition: int, run_id: str, since_ms: int, group: str
-) -> list[Event]:
+) -> list[TokenDelta]:
     """The run's TokenDelta records in its reply partition, from `since_ms` up to the partition's end now."""
     consumer = Consumer(consumer_config(bootstrap, group, **{"enable.partition.eof": True}))
     try:
@@ -31,7 +32,7 @@ def published(
         if offset < 0 or offset >= high:
             return []
         consumer.assign([TopicPartition(topic, partition, offset)])
-        found: list[Event] = []
+        found: list[TokenDelta] = []
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             msg = consumer.poll(0.5)
@@ -43,7 +44,7 @@ def published(
                     break
                 continue
             try:
-                record = codec.decode(TOKEN_DELTA.schema, msg.value())
+                record = cast(TokenDelta, codec.decode(TOKEN_DELTA.schema, msg.value()))
             except PoisonEvent:
                 record = None
             if record is not None and record["run_id"] == run_id:

@@ -16,7 +16,6 @@ from pydantic import BaseModel, Field
 
 from runtime.tables import TopicTable
 from topics.clock import now_ms
-from topics.codec import Event
 from topics.events import SafetyPolicy, SafetyRule
 from topics.pipeline import SAFETY_POLICIES
 
@@ -99,7 +98,7 @@ def decide(policy: Policy, stage: Stage, scores: dict[str, float]) -> Decision:
     return Decision(rule.action, rule.category, scores[rule.category])
 
 
-def from_record(record: Event) -> Policy:
+def from_record(record: SafetyPolicy) -> Policy:
     rules = tuple(
         Rule(**{k: r[k] for k in ("stage", "category", "threshold", "action")})
         for r in record["rules"]
@@ -127,4 +126,4 @@ class PolicyView(TopicTable):
 
     def for_tier(self, tier: str) -> Policy:
         row = self.get(tier) or self.get(ANY_TIER)
-        return from_record(row) if row else BUILTIN
+        return from_record(cast(SafetyPolicy, row)) if row else BUILTIN

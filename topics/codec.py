@@ -28,7 +28,7 @@ from fastavro.types import Schema
 
 from topics.clock import now_ms
 from topics.errors import PoisonEvent, RetriableError
-from topics.events import TokenDelta
+from topics.events import RunScheduled, TokenDelta
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 # Order matters only for named types referenced by others; parse_schema resolves against this store.
@@ -170,7 +170,7 @@ def registry() -> Schemas:
     return _schemas
 
 
-def token_delta(run: Event, seq: int, kind: str, **fields: Any) -> TokenDelta:
+def token_delta(run: RunScheduled, seq: int, kind: str, **fields: Any) -> TokenDelta:
     """A TokenDelta record of a scheduled run: every optional field empty unless given."""
     prompt = run["prompt"]
     record: dict[str, Any] = {
