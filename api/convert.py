@@ -1,4 +1,4 @@
-"""Where event records and API shapes meet: reply records -> SSE events, prompts -> PromptAccepted."""
+"""Where event records and API shapes meet: reply records -> SSE events, a cancel -> RunControl."""
 
 from __future__ import annotations
 
@@ -8,42 +8,7 @@ from typing import Any
 
 from api.replies import ACCEPTED, Reply
 from topics.clock import now_ms
-from topics.events import ChatMessage, PromptAccepted, RunControl
-
-
-def prompt_accepted(
-    *,
-    run_id: str,
-    chat_id: str,
-    user_id: str,
-    tier: str,
-    message_id: str,
-    content: str,
-    max_tokens: int,
-    model: str | None,
-    reply_partition: int,
-    prev_run_id: str | None,
-    messages: list[ChatMessage] | None = None,
-    temperature: float | None = None,
-    store: bool = True,
-) -> PromptAccepted:
-    return {
-        "event_id": str(uuid.uuid4()),
-        "run_id": run_id,
-        "chat_id": chat_id,
-        "user_id": user_id,
-        "tier": tier,
-        "message_id": message_id,
-        "content": content,
-        "max_tokens": max_tokens,
-        "model": model,
-        "reply_partition": reply_partition,
-        "prev_run_id": prev_run_id,
-        "messages": messages,
-        "temperature": temperature,
-        "store": store,
-        "created_at": now_ms(),
-    }
+from topics.events import RunControl
 
 
 def run_control(*, run_id: str, chat_id: str, user_id: str, reason: str) -> RunControl:

@@ -27,6 +27,7 @@ from conversation import tokens
 from storage.ids import new_id
 from storage.rows import Chat
 from storage.withdrawals import TAKEN, WITHDRAW_TIMEOUT_S, WITHDRAWN
+from topics import records
 from topics.events import PromptAccepted
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
@@ -289,7 +290,7 @@ async def answer(
         raise
     # Made after the store's write: its time is when it was published, which a stage reading it much later
     # compares with the producer's delivery timeout (storage/withdrawals.py).
-    event = convert.prompt_accepted(
+    event = records.prompt_accepted(
         run_id=run_id,
         chat_id=str(chat.chat_id),
         user_id=user.user_id,

@@ -34,9 +34,9 @@ from runtime.reply_log import published
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import PolicyView
-from topics.codec import token_delta as delta
 from topics.events import RunCompleted, RunScheduled, TokenDelta, Usage
 from topics.pipeline import OUTPUT_MODERATED, RUN_COMPLETED, TOKEN_DELTA, named
+from topics.records import token_delta as delta
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from storage.conversations import ERASE_WAIT_S, Conversations
 from storage.ids import epoch_ms, id_time_us, new_id
 from storage.memory import Memory, Summary
 from storage.rows import Change, Message
-from topics.clock import now_ms
+from topics import records
 from topics.events import ChatMessage, MemoryChanged, PromptAccepted, RunCompleted, RunScheduled
 from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED, named
 
@@ -128,25 +128,21 @@ def summary_run(
     version = (latest.version if latest else 0) + 1
     request = summary_request(latest.content if latest else None, block, counter)
     run_id = str(new_id())
-    now = now_ms()
-    summary_prompt: PromptAccepted = {
-        "event_id": str(uuid.uuid4()),
-        "run_id": run_id,
-        "chat_id": prompt["chat_id"],
-        "user_id": prompt["user_id"],
-        "tier": prompt["tier"],
-        "message_id": run_id,
-        "content": request[-1]["content"],
-        "max_tokens": settings.summary_max_tokens,
-        "model": pool.model,
-        "reply_partition": 0,
-        "prev_run_id": None,
-        "messages": None,
-        "temperature": 0.2,
-        "store": False,
-        "summary": {"version": version, "through": block[-1].id, "messages": len(block)},
-        "created_at": now,
-    }
+    summary_prompt = records.prompt_accepted(
+        run_id=run_id,
+        chat_id=prompt["chat_id"],
+        user_id=prompt["user_id"],
+        tier=prompt["tier"],
+        message_id=run_id,
+        content=request[-1]["content"],
+        max_tokens=settings.summary_max_tokens,
+        model=pool.model,
+        reply_partition=0,
+        prev_run_id=None,
+        temperature=0.2,
+        store=False,
+        summary={"version": version, "through": block[-1].id, "messages": len(block)},
+    )
     return {
         "event_id": str(uuid.uuid4()),
         "prompt": summary_prompt,
@@ -158,7 +154,7 @@ def summary_run(
         "degraded_from": None,
         "estimate_tokens": counter.count_chat(request) + settings.summary_max_tokens,
         "context": None,
-        "scheduled_at": now,
+        "scheduled_at": summary_prompt["created_at"],
     }
 
 

@@ -48,7 +48,6 @@ from storage.ledger import Decision, Ledger
 from storage.memory import Memory
 from storage.withdrawals import TAKEN, WITHDRAWN, ids, suspect
 from topics.clock import now_ms
-from topics.codec import token_delta
 from topics.events import (
     PromptAccepted,
     PromptModerated,
@@ -65,6 +64,7 @@ from topics.pipeline import (
     TOKEN_DELTA,
     named,
 )
+from topics.records import token_delta
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,12 @@ import time
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import fastavro
 from fastavro.types import Schema
 
-from topics.clock import now_ms
 from topics.errors import PoisonEvent, RetriableError
-from topics.events import RunScheduled, TokenDelta
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 # Order matters only for named types referenced by others; parse_schema resolves against this store.
@@ -168,34 +166,6 @@ def registry() -> Schemas:
     if _schemas is None:
         raise RuntimeError("no schema registry set for this process (topics.codec.use, from main)")
     return _schemas
-
-
-def token_delta(run: RunScheduled, seq: int, kind: str, **fields: Any) -> TokenDelta:
-    """A TokenDelta record of a scheduled run: every optional field empty unless given."""
-    prompt = run["prompt"]
-    record: dict[str, Any] = {
-        "run_id": prompt["run_id"],
-        "chat_id": prompt["chat_id"],
-        "seq": seq,
-        "kind": kind,
-        "text": "",
-        "model": None,
-        "finish_reason": None,
-        "usage": None,
-        "error_code": None,
-        "error_message": None,
-        "tokens": None,
-        "pool": None,
-        "estimated_wait_ms": None,
-        "degraded_from": None,
-        "category": None,
-        "retract_from": None,
-        "emitted_at": now_ms(),
-        **fields,
-    }
-    return cast(
-        TokenDelta, record
-    )  # the fields given are the caller's: the codec checks them at encode
 
 
 def encode(schema_name: str, record: Event) -> bytes:

@@ -22,13 +22,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
-from api import convert, runs, streams
+from api import runs, streams
 from api.auth import CurrentUser, Principal
 from api.deps import Deps, Services
 from api.errors import ApiError
 from api.replies import TERMINAL, Reply
 from api.runs import checked_max_tokens, checked_model
 from storage.ids import new_id
+from topics import records
 from topics.events import ChatMessage, PromptAccepted
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ async def chat_completions(
         deps, user, run_id, body.model, messages, max_tokens, may_grow=False
     )  # all here
     partition = runs.reply_partition(deps)
-    event = convert.prompt_accepted(
+    event = records.prompt_accepted(
         run_id=run_id,
         chat_id=chat_id,
         user_id=user.user_id,
