@@ -10,6 +10,7 @@ from cassandra.cluster import Cluster
 from confluent_kafka import Producer
 
 from admission.limits import BACKGROUND_PRIORITY
+from conversation import tokens
 from processors import remember
 from processors.settings import ProcessorSettings
 from replay.client import ChatClient
@@ -19,7 +20,7 @@ from storage.conversations import Conversations
 from storage.ids import MIN_ID, epoch_ms, id_time_us, new_id
 from storage.memory import Memory
 from topics import codec
-from topics.pipeline import MEMORY_CHANGED, PROMPT_ACCEPTED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
+from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
 
@@ -232,26 +233,20 @@ def test_a_late_write_of_a_messages_first_text_never_undoes_a_users_edit_delete_
     assert kept == {after_reset: "A new turn."}
 
 
-class Handlers:
-    """Stands in for the stage's Kafka side only: the memory stage's handlers, called directly on real stores."""
-
-    def __init__(self):
-        self.handle, self.published = {}, []
-
-    def consume(self, topic, handle):
-        self.handle[topic] = handle
-
-    async def publish(self, topic, record, **_):
-        self.published.append(record)
-
-
 def test_a_summary_stored_as_the_user_edits_a_message_it_covers_is_taken_back(live):
     """The stage checks for changes before it stores a summary; an edit made after that check whose event it
     handled before the write (which found no summary to drop) would leave a summary of the old text for good."""
     session = Cluster(["127.0.0.1"], protocol_version=5).connect()
     ks = f"parley_{live.namespace}".replace("-", "_")
-    edge, memory, stage = (Conversations(session, ks, "api"), Memory(session, ks, "memory"), Handlers())
-    remember.register(stage, Conversations(session, ks, "memory"), memory, Encoder(), ProcessorSettings())
+    edge, memory, settings = Conversations(session, ks, "api"), Memory(session, ks, "memory"), ProcessorSettings()
+    counter = tokens.load(settings.pools[settings.memory_pool].tokenizer)
+    published = []
+
+    async def publish(topic, record, **_):
+        published.append(record)
+
+    # The memory stage's handlers, called directly on the real stores (its Kafka side is left out)
+    deps = remember.Deps(publish, Conversations(session, ks, "memory"), memory, Encoder(), settings, counter)
     colour = new_id()
 
     async def race():
@@ -263,7 +258,7 @@ def test_a_summary_stored_as_the_user_edits_a_message_it_covers_is_taken_back(li
             change = {"event_id": "e", "chat_id": str(chat_id), "user_id": "alice", "action": "edited",
                       "message_id": str(colour), "role": "user", "content": "I like the colour teal.",
                       "at": epoch_ms(at)}  # fmt: skip
-            await stage.handle[MEMORY_CHANGED](change)
+            await remember.on_changed(change, deps)
             await put_summary(chat, summary)
 
         memory.put_summary = edited_meanwhile
@@ -273,7 +268,7 @@ def test_a_summary_stored_as_the_user_edits_a_message_it_covers_is_taken_back(li
                   "content": "", "store": False, "messages": None, "summary": summary,
                   "created_at": int(time.time() * 1000) - 1000}  # fmt: skip
         done = {"prompt": prompt, "content": "The user likes the colour green.", "finish_reason": "stop"}
-        await stage.handle[RUN_COMPLETED](done)
+        await remember.on_completed(done, deps)
         return await memory.latest_summary(chat_id)
 
     try:
