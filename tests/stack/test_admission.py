@@ -19,8 +19,6 @@ from replay.client import ChatClient
 from tests.stack.conftest import BOOTSTRAP, for_run, read_topic, wait_for
 from topics.pipeline import PROMPT_MODERATED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
 
-from ..sse import iter_sse
-
 
 def set_limits(live, user: str, **fields) -> None:
     with live.client(live.token("root", "pro", admin=True)) as admin:
@@ -274,26 +272,17 @@ def test_under_pressure_free_runs_are_degraded_to_the_small_pool_or_refused_fast
         set_limits(live, user, max_queue_wait_s=0.0)  # any wait at all is too long for these two
     large = "smollm2-135m-instruct-8k"
 
-    def first_event(response) -> dict:
-        for event in iter_sse(response.iter_lines()):
-            if "data" in event:
-                return event["data"]
-        raise AssertionError("no event")
-
     with live.client(pro) as client:  # fill the large pool (one consumer, two slots) and queue one more
-        opened, long_runs = [], []
+        chats, long_runs = ChatClient(client), []
         try:
+            story = "Tell a very long story about a dragon."
             for _ in range(3):
-                chat = client.post("/v1/chats").json()["id"]
-                stream = client.stream(
-                    "POST",
-                    f"/v1/chats/{chat}/messages",
-                    json={"content": "Tell a very long story about a dragon.", "max_tokens": 400, "model": large},
-                )
-                response = stream.__enter__()
-                opened.append(stream)
-                assert response.status_code == 200
-                long_runs.append((chat, first_event(response)["run_id"]))
+                chat = chats.new_chat()
+                # its first event names the run; then hang up (a closed stream does not cancel: the run goes on)
+                named = lambda r: r.run_id is not None  # noqa: E731
+                run = chats.send(chat, story, max_tokens=400, model=large, when=named, then=lambda _: True)
+                assert run.status == 200
+                long_runs.append((chat, run.run_id))
             time.sleep(1.5)  # the large consumer's status now shows its slots taken
 
             status, _, events = post(live, live.token(free_user, "free"), model=large, max_tokens=16)
@@ -314,7 +303,5 @@ def test_under_pressure_free_runs_are_degraded_to_the_small_pool_or_refused_fast
             assert status == 429 and error["error"]["code"] == "over_capacity", error  # no smaller pool holds it
             assert int(headers["retry-after"]) >= 1
         finally:
-            for chat, run in long_runs:  # a closed stream does not cancel: stop the long runs
+            for chat, run in long_runs:  # stop the long runs
                 client.post(f"/v1/chats/{chat}/runs/{run}/cancel")
-            for stream in opened:
-                stream.__exit__(None, None, None)
