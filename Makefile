@@ -51,12 +51,17 @@ down:                ## stop everything, the local cluster's brokers and nodes t
 	@if [ -x $(VENV)/bin/parley ]; then $(VENV)/bin/parley down; $(VENV)/bin/parley down --cluster; fi
 
 test: setup          ## the whole suite: the chat app's own tests, pytest against the real services and headless Chromium, docker-compose.yml's topology run as compose would, then failover on a 3-broker, 3-node cluster
+	@echo "[make test] $$(date +%T) the chat app's tests"
 	cd web && npm test --silent
 	bash infra/local/chromium.sh
 	bash infra/local/promtool.sh >/dev/null
+	@echo "[make test] $$(date +%T) the suite on the local stack"
 	$(PY) -m pytest
+	@echo "[make test] $$(date +%T) docker-compose.yml's topology"
 	$(PY) -m pytest tests/compose
+	@echo "[make test] $$(date +%T) failover on a 3-broker, 3-node cluster"
 	$(PY) -m pytest tests/cluster
+	@echo "[make test] $$(date +%T) done"
 
 test-cluster: setup  ## failover tests on a local cluster: 3 Kafka brokers, 3 Cassandra nodes (127.0.0.11-13)
 	$(PY) -m pytest tests/cluster

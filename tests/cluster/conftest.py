@@ -79,6 +79,10 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
+    # Partition counts are settings: fewer than production's 12 and 32 (still more than the consumers of any
+    # group), so the three brokers elect leaders and recover from a kill over fewer partitions.
+    os.environ.setdefault("PARLEY_CHAT_PARTITIONS", "4")
+    os.environ.setdefault("PARLEY_REPLY_PARTITIONS", "8")
     stack = Stack(
         namespace=f"c{uuid.uuid4().hex[:10]}",
         port_base=PORT_BASE,

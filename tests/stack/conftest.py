@@ -94,6 +94,10 @@ def live() -> Iterator[Live]:
     namespace = f"t{uuid.uuid4().hex[:10]}"
     faults = Path(tempfile.mkdtemp(prefix=f"parley-faults-{namespace}-"))
     os.environ["PARLEY_FAULTS_DIR"] = str(faults)  # the stages inherit it (processors/stage.Stage.crash_point)
+    # Partition counts are settings: the suite's stack runs with fewer than production's 12 and 32 (still more
+    # than its replicas of anything), so a broker killed mid-burst recovers, and groups rebalance, sooner.
+    os.environ.setdefault("PARLEY_CHAT_PARTITIONS", "4")
+    os.environ.setdefault("PARLEY_REPLY_PARTITIONS", "8")
     stack = Stack(namespace=namespace, port_base=PORT_BASE, replicas=2, stages=2, workers={"small": 2, "large": 1})
     stack.up()
     registry.connect(stack.registry_url)  # the tests decode what the stages wrote

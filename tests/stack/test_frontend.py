@@ -119,7 +119,10 @@ def answer(page) -> dict | None:
 
 def answer_when(page, ok, timeout_s: float = 90.0) -> dict:
     found = wait_for(lambda: (a := answer(page)) and ok(a) and a, timeout_s, 0.1)
-    assert found, f"the answer never got there: {answer(page)}"
+    banner = page.evaluate(
+        "() => { const b = document.querySelector('#banner'); return b.hidden ? '' : b.textContent; }"
+    )
+    assert found, f"the answer never got there: {answer(page)} (banner: {banner!r})"
     return found
 
 

@@ -82,7 +82,7 @@ def test_a_long_chat_stays_in_budget_summarises_in_the_background_and_recalls_an
     chat_id = client.post("/v1/chats", json={"title": "memory"}).json()["id"]
     planted = chat_turn(client, chat_id, FACT, max_tokens=16)
     for turn in range(18):
-        chat_turn(client, chat_id, FILLER[turn % len(FILLER)], max_tokens=48)
+        chat_turn(client, chat_id, FILLER[turn % len(FILLER)], max_tokens=24)
 
     # Summaries run in the background at the lowest priority; the turns above never waited for one. Wait for
     # the first to land so the probe's prompt shows where it goes.
