@@ -14,7 +14,7 @@ from admission.limits import DEFAULT_TIERS, Limits, effective
 from storage.ids import new_id
 from storage.ledger import Account, Decision, decide
 from storage.memory import Summary
-from storage.rows import Change, Message
+from storage.rows import Change, Message, overlay
 from topics import codec
 from topics.clock import now_ms
 from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED, RUN_REJECTED, Topic
@@ -95,16 +95,8 @@ class FakeConversations:
     async def messages_after(self, chat_id: uuid.UUID, after: uuid.UUID | None, limit: int, changes=None):
         rows = sorted(self.messages.get(chat_id, {}).values(), key=lambda m: uuid.UUID(m.id).time)
         edits = self.edits.get(chat_id, {}) if changes is None else changes
-        out = []
-        for m in rows:
-            if after is not None and uuid.UUID(m.id).time <= after.time:
-                continue
-            change = edits.get(m.id)
-            if change is None:
-                out.append(m)
-            elif change.content is not None:
-                out.append(replace(m, content=change.content))
-        return out[:limit]
+        after_rows = [m for m in rows if after is None or uuid.UUID(m.id).time > after.time]
+        return overlay(after_rows, edits)[:limit]  # the store's own overlay of the user's edits and deletes
 
 
 class FakeDecisions:
