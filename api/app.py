@@ -124,15 +124,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         web,
     )
 
-    app.include_router(chats.router)
-    app.include_router(messages.router)
-    app.include_router(chat_runs.router)
-    app.include_router(openai.router)
-    app.include_router(keys.router)
-    app.include_router(system.router)
-    app.include_router(admin.router)
-    app.include_router(safety.router)
-    app.include_router(runs.router)
+    for api in (chats, messages, chat_runs, openai, keys, system, admin, safety, runs):
+        app.include_router(api.router, responses=openapi.ERRORS)
+    app.include_router(system.probes)
     app.include_router(web.router)
     app.mount(
         "/static", StaticFiles(directory=system.STATIC), name="static"

@@ -15,6 +15,7 @@ from typing import Annotated
 import jwt
 from fastapi import Depends, Request
 
+from api.deps import KeysDep, SettingsDep
 from api.errors import ApiError
 from api.settings import ApiSettings
 
@@ -102,7 +103,7 @@ def verify(token: str, secret: str, issuer: str, audience: str) -> Principal:
     return Principal(claims["sub"], tier, admin=claims.get("admin") is True)
 
 
-async def principal(request: Request) -> Principal:
+async def principal(request: Request, keys: KeysDep, settings: SettingsDep) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -114,11 +115,10 @@ async def principal(request: Request) -> Principal:
         )
     token = token.strip()
     if token.startswith(KEY_PREFIX):
-        owner = await request.app.state.services.keys.key_owner(key_hash(token))
+        owner = await keys.key_owner(key_hash(token))
         if owner is None:
             raise ApiError(401, "The API key is not valid or has been revoked.", "invalid_api_key")
         return Principal(owner[0], owner[1], via_key=True)
-    settings = request.app.state.settings
     return verify(
         token, settings.jwt_secret.get_secret_value(), settings.jwt_issuer, settings.jwt_audience
     )

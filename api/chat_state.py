@@ -9,34 +9,41 @@ import uuid
 from typing import Any, Literal
 
 from api.auth import Principal
-from api.deps import Services
 from api.errors import ApiError
+from api.settings import ApiSettings
+from runtime.kafka import AsyncProducer
+from storage.conversations import Conversations
 from storage.ids import epoch_ms, parse_id
+from storage.rows import Chat, Message
 from topics.clock import now_ms
 from topics.events import MemoryChanged
 from topics.pipeline import MEMORY_CHANGED
 
 
-async def owned_chat(deps: Services, user: Principal, chat_id: str) -> tuple[uuid.UUID, Any]:
+async def owned_chat(
+    conversations: Conversations, user: Principal, chat_id: str
+) -> tuple[uuid.UUID, Chat]:
     """The chat if it exists and belongs to the caller; otherwise 404 (never 403: no existence leak)."""
     parsed = parse_id(chat_id)
-    row = await deps.conversations.get_chat(parsed) if parsed else None
+    row = await conversations.get_chat(parsed) if parsed else None
     if row is None or row.user_id != user.user_id:
         raise ApiError(404, f"No chat found with id '{chat_id}'.", "chat_not_found")
     assert parsed is not None
     return parsed, row
 
 
-async def owned_message(deps: Services, chat_id: uuid.UUID, message_id: str) -> Any:
+async def owned_message(
+    conversations: Conversations, settings: ApiSettings, chat_id: uuid.UUID, message_id: str
+) -> Message:
     parsed = parse_id(message_id)
-    message = await deps.conversations.get_message(chat_id, parsed) if parsed else None
-    if message is None and parsed and await deps.conversations.get_run(chat_id, parsed) is not None:
+    message = await conversations.get_message(chat_id, parsed) if parsed else None
+    if message is None and parsed and await conversations.get_run(chat_id, parsed) is not None:
         # An answer (its id is its run's) whose stream the client saw end, not stored yet: the persistence stage
         # writes it a moment after the run's last record. Wait for it rather than answer 404 for what exists.
-        deadline = time.monotonic() + deps.settings.answer_store_wait_s
+        deadline = time.monotonic() + settings.answer_store_wait_s
         while message is None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-            message = await deps.conversations.get_message(chat_id, parsed)
+            message = await conversations.get_message(chat_id, parsed)
         if message is None:
             retry = {"Retry-After": "1"}
             raise ApiError(
@@ -53,19 +60,19 @@ async def owned_message(deps: Services, chat_id: uuid.UUID, message_id: str) -> 
 
 
 async def owned_run(
-    deps: Services, user: Principal, chat_id: str, run_id: str
-) -> tuple[Any, int, str | None]:
+    conversations: Conversations, user: Principal, chat_id: str, run_id: str
+) -> tuple[Chat, int, str | None]:
     """(the chat, reply partition, finish reason) of a run of one of the caller's chats; otherwise 404."""
-    parsed, chat = await owned_chat(deps, user, chat_id)
+    parsed, chat = await owned_chat(conversations, user, chat_id)
     run = parse_id(run_id)
-    state = await deps.conversations.get_run(parsed, run) if run else None
+    state = await conversations.get_run(parsed, run) if run else None
     if state is None:
         raise ApiError(404, f"No run found with id '{run_id}' in this chat.", "run_not_found")
     return chat, state[0], state[1]
 
 
 async def memory_changed(
-    deps: Services,
+    producer: AsyncProducer,
     chat_id: uuid.UUID,
     user: Principal,
     action: Literal["edited", "deleted", "reset", "chat_deleted"],
@@ -85,13 +92,19 @@ async def memory_changed(
         "content": fields.get("content"),
         "at": now_ms() if at_ms is None else at_ms,
     }
-    await deps.producer.publish(MEMORY_CHANGED, event, key=str(chat_id))
+    await producer.publish(MEMORY_CHANGED, event, key=str(chat_id))
 
 
-async def forget_message(deps: Services, chat_id: uuid.UUID, user: Principal, message: Any) -> None:
+async def forget_message(
+    conversations: Conversations,
+    producer: AsyncProducer,
+    chat_id: uuid.UUID,
+    user: Principal,
+    message: Message,
+) -> None:
     """Delete a stored message, and tell the memory stage (it forgets its embedding and every summary covering
     it; until then the scheduler passes over them, conversation/gather.py)."""
-    at = await deps.conversations.delete_message(chat_id, uuid.UUID(message.id))
+    at = await conversations.delete_message(chat_id, uuid.UUID(message.id))
     await memory_changed(
-        deps, chat_id, user, "deleted", epoch_ms(at), message_id=message.id, role=message.role
+        producer, chat_id, user, "deleted", epoch_ms(at), message_id=message.id, role=message.role
     )

@@ -6,7 +6,7 @@ import json
 import uuid
 from typing import Any
 
-from api.replies import ACCEPTED, Reply
+from api.replies import ACCEPTED, REJECTED, Reply
 from topics.clock import now_ms
 from topics.events import RunControl
 
@@ -25,13 +25,13 @@ def run_control(*, run_id: str, chat_id: str, user_id: str, reason: str) -> RunC
 
 def sse(reply: Reply) -> dict[str, Any]:
     """One SSE event (sse-starlette's dict form) for one reply record."""
-    r = reply.record
     if reply.kind == ACCEPTED:  # the edge's own: no log record behind it, so no cursor
-        data = {
-            **r,
-            "message": "Your request is in; the scheduler has not placed it yet. The answer follows.",
-        }
-        return {"event": "run.accepted", "data": json.dumps(data)}
+        kept = "Your request is in; the scheduler has not placed it yet. The answer follows."
+        return {"event": "run.accepted", "data": json.dumps({**reply.accepted, "message": kept})}
+    if reply.kind == REJECTED:
+        return rejection(reply)
+    r = reply.delta
+    data: dict[str, Any]
     if reply.kind == "queued":
         event, data = (
             "run.queued",
@@ -75,42 +75,28 @@ def sse(reply: Reply) -> dict[str, Any]:
                 "message": r["error_message"],
             },
         )
-    elif reply.kind == "error":
+    else:  # error
         event, data = (
             "error",
             {"run_id": r["run_id"], "code": r["error_code"], "message": r["error_message"]},
         )
-    else:  # rejected
-        prompt = r["prompt"]
-        if r["code"] == "content_filter":
-            event, data = (
-                "moderation",
-                {
-                    "run_id": prompt["run_id"],
-                    "action": "refused",
-                    "category": r["category"],
-                    "message": r["message"],
-                },
-            )
-        else:  # a refusal the scheduler made after the stream started: its Retry-After goes with it
-            event, data = (
-                "error",
-                {"run_id": prompt["run_id"], "code": r["code"], "message": r["message"]},
-            )
-            if r.get("retry_after_s") is not None:
-                data["retry_after_s"] = r["retry_after_s"]
     return {"event": event, "id": reply.cursor, "data": json.dumps(data)}
 
 
-def message_json(m: Any) -> dict[str, Any]:
-    return {
-        "id": m.id,
-        "role": m.role,
-        "content": m.content,
-        "created_at": m.created_at.isoformat(),
-        "run_id": m.run_id,
-        "model": m.model,
-        "pool": m.pool,
-        "finish_reason": m.finish_reason,
-        "feedback": m.feedback,
-    }
+def rejection(reply: Reply) -> dict[str, Any]:
+    r = reply.rejection
+    data: dict[str, Any]
+    run_id = r["prompt"]["run_id"]
+    if r["code"] == "content_filter":
+        event = "moderation"
+        data = {
+            "run_id": run_id,
+            "action": "refused",
+            "category": r.get("category"),
+            "message": r["message"],
+        }
+    else:  # a refusal the scheduler made after the stream started: its Retry-After goes with it
+        event, data = "error", {"run_id": run_id, "code": r["code"], "message": r["message"]}
+        if r.get("retry_after_s") is not None:
+            data["retry_after_s"] = r["retry_after_s"]
+    return {"event": event, "id": reply.cursor, "data": json.dumps(data)}

@@ -1,5 +1,7 @@
-"""What every route depends on: the process's services (built once by the app's lifespan, api/app.py), given to
-a route through FastAPI's dependency injection (`deps: Deps`)."""
+"""What every route depends on: the process's services (built once by the app's lifespan, api/app.py), each
+given to a route through its own `Annotated` alias, so a route takes only what it uses and a test overrides one
+(`app.dependency_overrides[conversations] = ...`). `Deps` is the whole set, for opening a run (api/runs.py),
+which uses most of it."""
 
 from __future__ import annotations
 
@@ -42,3 +44,55 @@ def services(request: Request) -> Services:
 
 
 Deps = Annotated[Services, Depends(services)]
+
+
+def settings(request: Request) -> ApiSettings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def producer(deps: Deps) -> AsyncProducer:
+    return deps.producer
+
+
+def replies(deps: Deps) -> ReplyHub:
+    return deps.replies
+
+
+def conversations(deps: Deps) -> Conversations:
+    return deps.conversations
+
+
+def http(deps: Deps) -> httpx.AsyncClient:
+    return deps.http
+
+
+def ledger(deps: Deps) -> Ledger:
+    return deps.ledger
+
+
+def limits(deps: Deps) -> LimitsView:
+    return deps.limits
+
+
+def policies(deps: Deps) -> PolicyView:
+    return deps.policies
+
+
+def keys(deps: Deps) -> ApiKeys:
+    return deps.keys
+
+
+def decisions(deps: Deps) -> SafetyDecisions:
+    return deps.decisions
+
+
+SettingsDep = Annotated[ApiSettings, Depends(settings)]
+ProducerDep = Annotated[AsyncProducer, Depends(producer)]
+RepliesDep = Annotated[ReplyHub, Depends(replies)]
+ConversationsDep = Annotated[Conversations, Depends(conversations)]
+HttpDep = Annotated[httpx.AsyncClient, Depends(http)]
+LedgerDep = Annotated[Ledger, Depends(ledger)]
+LimitsDep = Annotated[LimitsView, Depends(limits)]
+PoliciesDep = Annotated[PolicyView, Depends(policies)]
+KeysDep = Annotated[ApiKeys, Depends(keys)]
+DecisionsDep = Annotated[SafetyDecisions, Depends(decisions)]

@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from confluent_kafka import (
     OFFSET_END,
@@ -29,8 +29,8 @@ from prometheus_client import Counter
 from runtime.kafka import ConsumerThread, consumer_config
 from runtime.outage import Outage
 from topics import codec
-from topics.codec import Event
 from topics.errors import PoisonEvent
+from topics.events import RunRejected, TokenDelta
 from topics.pipeline import RUN_REJECTED, TOKEN_DELTA, Topic, named
 
 log = logging.getLogger(__name__)
@@ -45,15 +45,43 @@ RECORDS_FOR_STREAMS = Counter(
 
 
 TERMINAL = frozenset({"completed", "error", "rejected"})  # kinds that end a run's stream
+REJECTED = "rejected"  # from the rejections topic
 ACCEPTED = "accepted"  # not from the log: the run is kept while the scheduler has not decided yet (the edge's own)
 HANDOFF = "handoff"  # not from the log: the hub no longer reads this run's partition; read the rest from the log
+
+
+class Accepted(TypedDict):
+    """The edge's own record of a run it kept before the scheduler decided (no log record behind it)."""
+
+    run_id: str
+    chat_id: str
+    model: str | None
 
 
 @dataclass(frozen=True)
 class Reply:
     cursor: str  # durable position in the log: "<t|r>:<partition>:<offset>"
-    kind: str  # started | delta | completed | error | rejected
-    record: Event
+    kind: str  # queued | started | delta | moderation | completed | error | rejected, or the edge's own two
+    record: TokenDelta | RunRejected | Accepted | None  # None: a hand-off
+
+    @property
+    def delta(self) -> TokenDelta:
+        """The record, of every kind read from the token-delta topic."""
+        if self.kind in (REJECTED, ACCEPTED, HANDOFF):
+            raise TypeError(f"a {self.kind} reply has no token-delta record")
+        return cast(TokenDelta, self.record)
+
+    @property
+    def rejection(self) -> RunRejected:
+        if self.kind != REJECTED:
+            raise TypeError(f"a {self.kind} reply is not a rejection")
+        return cast(RunRejected, self.record)
+
+    @property
+    def accepted(self) -> Accepted:
+        if self.kind != ACCEPTED:
+            raise TypeError(f"a {self.kind} reply is not the edge's own")
+        return cast(Accepted, self.record)
 
 
 def reply_topics(namespace: str) -> dict[str, tuple[str, Topic[Any]]]:
@@ -67,12 +95,12 @@ def reply_topics(namespace: str) -> dict[str, tuple[str, Topic[Any]]]:
 def to_reply(topics: dict[str, tuple[str, Topic[Any]]], msg: Message) -> tuple[str, Reply]:
     """(run id, Reply) of a consumed reply record; raises PoisonEvent when it does not decode."""
     prefix, topic = topics[str(msg.topic())]
-    record = codec.decode(topic.schema, msg.value())
+    cursor = f"{prefix}:{msg.partition()}:{msg.offset()}"
     if prefix == "r":
-        run_id, kind = record["prompt"]["run_id"], "rejected"
-    else:
-        run_id, kind = record["run_id"], record["kind"]
-    return run_id, Reply(f"{prefix}:{msg.partition()}:{msg.offset()}", kind, record)
+        rejection = cast(RunRejected, codec.decode(topic.schema, msg.value()))
+        return rejection["prompt"]["run_id"], Reply(cursor, REJECTED, rejection)
+    delta = cast(TokenDelta, codec.decode(topic.schema, msg.value()))
+    return delta["run_id"], Reply(cursor, delta["kind"], delta)
 
 
 @dataclass
@@ -175,7 +203,7 @@ class ReplyHub:
                 continue
             entry[1].overflowed = True
             if not entry[1].queue.full():  # wake the stream; a full queue is drained first anyway
-                entry[1].queue.put_nowait(Reply("", HANDOFF, {}))
+                entry[1].queue.put_nowait(Reply("", HANDOFF, None))
 
     def stop(self) -> None:
         self._reader.stop()

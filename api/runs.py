@@ -22,13 +22,22 @@ from api import convert, streams
 from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
-from api.replies import ACCEPTED, TERMINAL, LiveRun, NoReplyPartition, Reply
+from api.replies import (
+    ACCEPTED,
+    REJECTED,
+    TERMINAL,
+    Accepted,
+    LiveRun,
+    NoReplyPartition,
+    Reply,
+)
+from api.settings import ApiSettings
 from conversation import tokens
 from storage.ids import new_id
 from storage.rows import Chat
 from storage.withdrawals import TAKEN, WITHDRAW_TIMEOUT_S, WITHDRAWN
 from topics import records
-from topics.events import PromptAccepted
+from topics.events import PromptAccepted, RunRejected
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
 log = logging.getLogger(__name__)
@@ -53,29 +62,29 @@ class Question:
     )  # the chat's answer before it (the scheduler waits until that one is stored)
 
 
-def checked_content(deps: Services, content: str) -> None:
+def checked_content(settings: ApiSettings, content: str) -> None:
     """A message's text, sent or edited, is at most `max_content_chars` long (checked before anything is written)."""
-    limit = deps.settings.max_content_chars
+    limit = settings.max_content_chars
     if len(content) > limit:
         raise ApiError(
             400, f"content is longer than {limit} characters.", "content_too_long", "content"
         )
 
 
-def checked_max_tokens(deps: Services, requested: int | None) -> int:
-    max_tokens = requested or deps.settings.default_max_tokens
-    if max_tokens > deps.settings.max_tokens_limit:
+def checked_max_tokens(settings: ApiSettings, requested: int | None) -> int:
+    max_tokens = requested or settings.default_max_tokens
+    if max_tokens > settings.max_tokens_limit:
         raise ApiError(
             400,
-            f"max_tokens must be at most {deps.settings.max_tokens_limit}.",
+            f"max_tokens must be at most {settings.max_tokens_limit}.",
             "invalid_value",
             "max_tokens",
         )
     return max_tokens
 
 
-def checked_model(deps: Services, model: str | None) -> None:
-    if model is not None and model not in deps.settings.models:
+def checked_model(settings: ApiSettings, model: str | None) -> None:
+    if model is not None and model not in settings.models:
         raise ApiError(400, f"Unknown model '{model}'.", "model_not_found", "model")
 
 
@@ -186,14 +195,14 @@ async def admitted(
         log.warning(
             "run %s: no admission decision in %.0fs; kept, its stream starts now", run_id, wait
         )
-        accepted = {"run_id": run_id, "chat_id": event["chat_id"], "model": event["model"]}
+        accepted = Accepted(run_id=run_id, chat_id=event["chat_id"], model=event["model"])
         return Reply("", ACCEPTED, accepted), prepend_pending(first_reply, replies)
     first = first_reply.result()
-    if first.kind == "rejected" and not (
-        stream_refusals and first.record["code"] == "content_filter"
+    if first.kind == REJECTED and not (
+        stream_refusals and first.rejection["code"] == "content_filter"
     ):
         deps.replies.close(run_id)
-        raise rejection_error(first.record)
+        raise rejection_error(first.rejection)
     return first, replies
 
 
@@ -217,7 +226,7 @@ async def prepend(first: Reply, rest: AsyncIterator[Reply]) -> AsyncIterator[Rep
         yield reply
 
 
-def rejection_error(record: Mapping[str, Any]) -> ApiError:
+def rejection_error(record: RunRejected) -> ApiError:
     """The HTTP error for a run the pipeline refused: 400 for what retrying cannot fix, else 429 with when."""
     code, message = record["code"], record["message"]
     if code == "content_filter":
@@ -226,8 +235,9 @@ def rejection_error(record: Mapping[str, Any]) -> ApiError:
         return ApiError(400, message, code, "messages")
     if code == "budget_too_small":
         return ApiError(400, message, code, "max_tokens")
-    if record["retry_after_s"]:
-        return ApiError(429, message, code, headers={"Retry-After": str(record["retry_after_s"])})
+    retry_after = record.get("retry_after_s")
+    if retry_after:
+        return ApiError(429, message, code, headers={"Retry-After": str(retry_after)})
     return ApiError(503, message, code)
 
 

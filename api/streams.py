@@ -144,7 +144,7 @@ async def sse_stream(
         async for reply in replies:
             if reply.kind == "queued" and begun:
                 continue  # the scheduler sends `queued` beside the run itself: rarely, it lands after the start
-            if reply.kind == "delta" and not reply.record["text"]:
+            if reply.kind == "delta" and not reply.delta["text"]:
                 continue  # a keepalive while the prompt is prefilled: it has reset the no-progress timeout
             begun = begun or reply.kind in ("started", "delta")
             if reply.kind == "delta" and first_token:

@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from admission.limits import FIELDS, change, effective, row_key
 from api.auth import TIERS, Admin
-from api.deps import Deps, Services
+from api.deps import LedgerDep, LimitsDep, ProducerDep
 from api.errors import ApiError
+from api.schemas import LimitsList, TierLimits, UserBudget, UserOverrides
+from runtime.kafka import AsyncProducer
 from runtime.tables import TopicTable
 from topics.pipeline import LIMITS, Topic
 
@@ -39,15 +41,14 @@ class LimitsPatch(BaseModel):
 
 
 async def publish(
-    deps: Services, key: str, record: E | None, topic: Topic[E], view: TopicTable | None = None
+    producer: AsyncProducer, view: TopicTable, topic: Topic[E], key: str, record: E | None
 ) -> None:
     """Write a table row (None: remove it) and wait (bounded) until this replica's view has it, so a read right
     after sees it."""
-    view = view or deps.limits
     if record is None:
-        await deps.producer.tombstone(topic, key)
+        await producer.tombstone(topic, key)
     else:
-        await deps.producer.publish(topic, record, key=key)
+        await producer.publish(topic, record, key=key)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         row = view.get(key)
@@ -64,49 +65,52 @@ def overrides(row: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 @router.get("/limits")
-async def list_limits(deps: Deps, admin: Admin) -> dict[str, Any]:
-    rows = deps.limits.rows()
+async def list_limits(limits: LimitsDep, admin: Admin) -> LimitsList:
+    rows = limits.rows()
     users = {k.split(":", 1)[1]: overrides(r) for k, r in rows.items() if k.startswith("user:")}
-    return {
-        "tiers": {t: effective(rows, None, t).model_dump() for t in TIERS},
-        "users": dict(sorted(users.items())),
-    }
+    tiers = {t: effective(rows, None, t) for t in TIERS}
+    return LimitsList(tiers=tiers, users=dict(sorted(users.items())))
 
 
 @router.put("/limits/tiers/{tier}")
-async def set_tier(deps: Deps, admin: Admin, tier: str, body: LimitsPatch) -> dict[str, Any]:
+async def set_tier(
+    producer: ProducerDep, limits: LimitsDep, admin: Admin, tier: str, body: LimitsPatch
+) -> TierLimits:
     if tier not in TIERS:
         raise ApiError(404, f"No tier '{tier}'; one of {', '.join(TIERS)}.", "tier_not_found")
     key = row_key("tier", tier)
-    fields = {**overrides(deps.limits.get(key)), **body.model_dump(exclude_none=True)}
-    await publish(deps, key, change("tier", tier, fields, admin.user_id), LIMITS)
-    return {"tier": tier, "limits": deps.limits.tier(tier).model_dump()}
+    fields = {**overrides(limits.get(key)), **body.model_dump(exclude_none=True)}
+    await publish(producer, limits, LIMITS, key, change("tier", tier, fields, admin.user_id))
+    return TierLimits(tier=tier, limits=limits.tier(tier))
 
 
 @router.put("/limits/users/{user_id}")
-async def set_user(deps: Deps, admin: Admin, user_id: str, body: LimitsPatch) -> dict[str, Any]:
+async def set_user(
+    producer: ProducerDep, limits: LimitsDep, admin: Admin, user_id: str, body: LimitsPatch
+) -> UserOverrides:
     key = row_key("user", user_id)
-    fields = {**overrides(deps.limits.get(key)), **body.model_dump(exclude_none=True)}
-    await publish(deps, key, change("user", user_id, fields, admin.user_id), LIMITS)
-    return {"user_id": user_id, "overrides": overrides(deps.limits.get(key))}
+    fields = {**overrides(limits.get(key)), **body.model_dump(exclude_none=True)}
+    await publish(producer, limits, LIMITS, key, change("user", user_id, fields, admin.user_id))
+    return UserOverrides(user_id=user_id, overrides=overrides(limits.get(key)))
 
 
 @router.delete("/limits/users/{user_id}", status_code=204)
-async def clear_user(deps: Deps, admin: Admin, user_id: str) -> Response:
-    await publish(deps, row_key("user", user_id), None, LIMITS)
+async def clear_user(
+    producer: ProducerDep, limits: LimitsDep, admin: Admin, user_id: str
+) -> Response:
+    await publish(producer, limits, LIMITS, row_key("user", user_id), None)
     return Response(status_code=204)
 
 
 @router.get("/users/{user_id}/budget")
-async def user_budget(deps: Deps, admin: Admin, user_id: str, tier: str = "free") -> dict[str, Any]:
+async def user_budget(
+    views: LimitsDep, ledger: LedgerDep, admin: Admin, user_id: str, tier: str = "free"
+) -> UserBudget:
     """A user's bucket as the schedulers see it (tier: the user's tier, which lives in their credentials)."""
     if tier not in TIERS:
         raise ApiError(400, f"tier must be one of {', '.join(TIERS)}.", "invalid_value", "tier")
-    limits = deps.limits.for_user(user_id, tier)
-    remaining, in_flight = await deps.ledger.standing(user_id, limits)
-    return {
-        "user_id": user_id,
-        "remaining_budget": remaining,
-        "in_flight": in_flight,
-        "limits": limits.model_dump(),
-    }
+    limits = views.for_user(user_id, tier)
+    remaining, in_flight = await ledger.standing(user_id, limits)
+    return UserBudget(
+        user_id=user_id, remaining_budget=remaining, in_flight=in_flight, limits=limits
+    )

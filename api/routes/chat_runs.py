@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header
 from pydantic import BaseModel, Field
@@ -15,15 +15,17 @@ from api.auth import CurrentUser
 from api.chat_state import forget_message, owned_run
 from api.deps import Deps
 from api.errors import ApiError
+from api.openapi import NEW_RUN, STREAM
 from api.replies import parse_cursor
 from api.runs import Question, answer, checked_max_tokens, checked_model
+from api.schemas import Cancelling
 from api.streams import sse_stream
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
 
 
-@router.get("/{chat_id}/runs/{run_id}/events")
+@router.get("/{chat_id}/runs/{run_id}/events", response_class=EventSourceResponse, responses=STREAM)
 async def run_events(
     deps: Deps,
     user: CurrentUser,
@@ -35,7 +37,7 @@ async def run_events(
 
     Works on any edge replica, after an edge restart, and from several devices at once.
     """
-    _, partition, _ = await owned_run(deps, user, chat_id, run_id)
+    _, partition, _ = await owned_run(deps.conversations, user, chat_id, run_id)
     after = None
     if last_event_id is not None:
         after = parse_cursor(last_event_id.strip())
@@ -48,9 +50,9 @@ async def run_events(
 
 
 @router.post("/{chat_id}/runs/{run_id}/cancel", status_code=202)
-async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -> dict[str, Any]:
+async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -> Cancelling:
     """Stop a run between decode steps; it completes with finish_reason "cancelled", its partial answer stored."""
-    chat, _, finish_reason = await owned_run(deps, user, chat_id, run_id)
+    chat, _, finish_reason = await owned_run(deps.conversations, user, chat_id, run_id)
     if finish_reason is not None:
         raise ApiError(409, f"The run already finished ({finish_reason}).", "run_already_finished")
     await runs.request_cancel(
@@ -60,7 +62,7 @@ async def cancel_run(deps: Deps, user: CurrentUser, chat_id: str, run_id: str) -
         user_id=user.user_id,
         reason="user",
     )
-    return {"id": run_id, "object": "run", "status": "cancelling"}
+    return Cancelling(id=run_id)
 
 
 class Regenerate(BaseModel):
@@ -68,7 +70,9 @@ class Regenerate(BaseModel):
     model: str | None = None
 
 
-@router.post("/{chat_id}/runs/{run_id}/regenerate")
+@router.post(
+    "/{chat_id}/runs/{run_id}/regenerate", response_class=EventSourceResponse, responses=NEW_RUN
+)
 async def regenerate(
     deps: Deps, user: CurrentUser, chat_id: str, run_id: str, body: Regenerate | None = None
 ) -> EventSourceResponse:
@@ -76,9 +80,9 @@ async def regenerate(
     once it has ended. The question keeps its place (same message id, so the scheduler's context is what the
     first answer saw); the old answer is deleted, with its memory, once the new run is admitted."""
     body = body or Regenerate()
-    max_tokens = checked_max_tokens(deps, body.max_tokens)
-    checked_model(deps, body.model)
-    chat, _, finish_reason = await owned_run(deps, user, chat_id, run_id)
+    max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
+    checked_model(deps.settings, body.model)
+    chat, _, finish_reason = await owned_run(deps.conversations, user, chat_id, run_id)
     parsed = chat.chat_id
     old = str(uuid.UUID(run_id))
     if chat.last_run_id != old:
@@ -97,6 +101,6 @@ async def regenerate(
     response, new_run = await answer(deps, user, chat, question, max_tokens, body.model)
     previous = next((m for m in recent if m.id == old), None)
     if previous is not None:
-        await forget_message(deps, parsed, user, previous)
+        await forget_message(deps.conversations, deps.producer, parsed, user, previous)
     log.info("chat %s: run %s regenerated as %s by %s", chat_id, old, new_run, user.user_id)
     return response

@@ -5,16 +5,17 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 
-from api import convert
 from api.auth import CurrentUser
 from api.chat_state import memory_changed, owned_chat
-from api.deps import Deps
+from api.deps import ConversationsDep, ProducerDep
 from api.errors import ApiError
+from api.openapi import CHAT_LINKS
+from api.schemas import ChatDetail, ChatExport, ChatOut, ChatPage, ContextReset, Export, MessageOut
 from storage.ids import decode_cursor, encode_cursor, id_time_ms, parse_id, utc
 
 log = logging.getLogger(__name__)
@@ -31,17 +32,6 @@ class ChatPatch(BaseModel):
     title: str = Field(min_length=1, max_length=200)
 
 
-def chat_json(row: Any) -> dict[str, Any]:
-    active = row.last_active_at if hasattr(row, "last_active_at") else row.active_at
-    return {
-        "id": str(row.chat_id),
-        "object": "chat",
-        "title": row.title,
-        "created_at": utc(row.created_at).isoformat(),
-        "last_active_at": utc(active or row.created_at).isoformat(),
-    }
-
-
 def activity_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
     if not cursor:
         return None
@@ -53,26 +43,22 @@ def activity_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
     return datetime.fromtimestamp(at / 1000, UTC), after
 
 
-@router.post("", status_code=201)
-async def create_chat(deps: Deps, user: CurrentUser, body: NewChat | None = None) -> dict[str, Any]:
+@router.post("", status_code=201, responses={201: {"links": CHAT_LINKS}})
+async def create_chat(
+    conversations: ConversationsDep, user: CurrentUser, body: NewChat | None = None
+) -> ChatOut:
     title = body.title if body else "New chat"
-    chat_id, created = await deps.conversations.create_chat(user.user_id, title)
+    chat_id, created = await conversations.create_chat(user.user_id, title)
     iso = created.isoformat()
-    return {
-        "id": str(chat_id),
-        "object": "chat",
-        "title": title,
-        "created_at": iso,
-        "last_active_at": iso,
-    }
+    return ChatOut(id=str(chat_id), title=title, created_at=iso, last_active_at=iso)
 
 
 @router.get("")
 async def list_chats(
-    deps: Deps, user: CurrentUser, cursor: str | None = None, limit: Limit = 20
-) -> dict[str, Any]:
+    conversations: ConversationsDep, user: CurrentUser, cursor: str | None = None, limit: Limit = 20
+) -> ChatPage:
     """The caller's chats, most recently active first (a new message moves a chat to the top)."""
-    rows = await deps.conversations.list_chats(user.user_id, limit + 1, activity_cursor(cursor))
+    rows = await conversations.list_chats(user.user_id, limit + 1, activity_cursor(cursor))
     page = rows[:limit]
     next_cursor = None
     if len(rows) > limit:
@@ -80,74 +66,76 @@ async def list_chats(
         next_cursor = encode_cursor(
             {"at": int(utc(last.active_at).timestamp() * 1000), "after": str(last.chat_id)}
         )
-    return {"data": [chat_json(r) for r in page], "next_cursor": next_cursor}
+    return ChatPage(data=[ChatOut.of(r) for r in page], next_cursor=next_cursor)
 
 
 @router.get("/export")
-async def export_chats(deps: Deps, user: CurrentUser) -> dict[str, Any]:
+async def export_chats(conversations: ConversationsDep, user: CurrentUser) -> Export:
     """Every chat of the caller with all its messages, as one JSON document."""
-    chats: list[dict[str, Any]] = []
+    chats: list[ChatExport] = []
     after: tuple[datetime, uuid.UUID] | None = None
     while True:
-        rows = await deps.conversations.list_chats(user.user_id, 100, after)
+        rows = await conversations.list_chats(user.user_id, 100, after)
         for row in rows:
             messages, last = [], None
             while True:
-                page = await deps.conversations.list_messages(row.chat_id, 500, last)
-                messages += [convert.message_json(m) for m in page]
+                page = await conversations.list_messages(row.chat_id, 500, last)
+                messages += [MessageOut.of(m) for m in page]
                 if len(page) < 500:
                     break
                 last = uuid.UUID(page[-1].id)
-            chats.append({**chat_json(row), "messages": messages})
+            chats.append(ChatExport(**ChatOut.of(row).model_dump(), messages=messages))
         if len(rows) < 100:
             break
         after = (rows[-1].active_at, rows[-1].chat_id)
     exported = datetime.now(UTC).isoformat()
-    return {"object": "export", "user_id": user.user_id, "exported_at": exported, "chats": chats}
+    return Export(user_id=user.user_id, exported_at=exported, chats=chats)
 
 
 @router.get("/{chat_id}")
-async def get_chat(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str, Any]:
+async def get_chat(conversations: ConversationsDep, user: CurrentUser, chat_id: str) -> ChatDetail:
     """The chat, with `active_run_id` while its latest run is still answering (a reloaded page resumes it)."""
-    parsed, chat = await owned_chat(deps, user, chat_id)
+    parsed, chat = await owned_chat(conversations, user, chat_id)
     run = (
-        await deps.conversations.get_run(parsed, uuid.UUID(chat.last_run_id))
+        await conversations.get_run(parsed, uuid.UUID(chat.last_run_id))
         if chat.last_run_id
         else None
     )
-    return {
-        **chat_json(chat),
-        "active_run_id": chat.last_run_id if run and run[1] is None else None,
-    }
+    active = chat.last_run_id if run and run[1] is None else None
+    return ChatDetail(**ChatOut.of(chat).model_dump(), active_run_id=active)
 
 
 @router.patch("/{chat_id}")
 async def rename_chat(
-    deps: Deps, user: CurrentUser, chat_id: str, body: ChatPatch
-) -> dict[str, Any]:
-    _, chat = await owned_chat(deps, user, chat_id)
-    await deps.conversations.rename_chat(chat, body.title)
-    return {**chat_json(chat), "title": body.title}
+    conversations: ConversationsDep, user: CurrentUser, chat_id: str, body: ChatPatch
+) -> ChatOut:
+    _, chat = await owned_chat(conversations, user, chat_id)
+    await conversations.rename_chat(chat, body.title)
+    return ChatOut.of(chat).model_copy(update={"title": body.title})
 
 
 @router.delete("/{chat_id}", status_code=204)
-async def delete_chat(deps: Deps, user: CurrentUser, chat_id: str) -> Response:
+async def delete_chat(
+    conversations: ConversationsDep, producer: ProducerDep, user: CurrentUser, chat_id: str
+) -> Response:
     """The chat with its messages and runs; its streams can no longer be resumed (404). Its messages and memory
     are erased by the persistence and memory stages, told first: the chat row goes last, so a delete cut short
     is finished by deleting again."""
-    parsed, chat = await owned_chat(deps, user, chat_id)
-    await memory_changed(deps, parsed, user, "chat_deleted")
-    await deps.conversations.delete_chat(chat)
+    parsed, chat = await owned_chat(conversations, user, chat_id)
+    await memory_changed(producer, parsed, user, "chat_deleted")
+    await conversations.delete_chat(chat)
     log.info("chat %s deleted by %s", chat_id, user.user_id)
     return Response(status_code=204)
 
 
 @router.post("/{chat_id}/context/reset")
-async def reset_context(deps: Deps, user: CurrentUser, chat_id: str) -> dict[str, Any]:
+async def reset_context(
+    conversations: ConversationsDep, producer: ProducerDep, user: CurrentUser, chat_id: str
+) -> ContextReset:
     """Start the chat's context afresh: its messages stay listed, but later prompts carry none of them, no
     summary and no retrieved memory."""
-    parsed, _ = await owned_chat(deps, user, chat_id)
-    marker = await deps.conversations.reset_context(parsed)
-    await memory_changed(deps, parsed, user, "reset", id_time_ms(marker))
+    parsed, _ = await owned_chat(conversations, user, chat_id)
+    marker = await conversations.reset_context(parsed)
+    await memory_changed(producer, parsed, user, "reset", id_time_ms(marker))
     log.info("chat %s: context reset by %s", chat_id, user.user_id)
-    return {"id": chat_id, "object": "chat.context", "context_from": str(marker)}
+    return ContextReset(id=chat_id, context_from=str(marker))

@@ -4,15 +4,14 @@ cannot mint itself successors that outlive its revocation.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
 from api.auth import CurrentUser, Principal, new_key
-from api.deps import Deps
+from api.deps import KeysDep
 from api.errors import ApiError
-from storage.api_keys import ApiKey
+from api.openapi import KEY_LINKS
+from api.schemas import ApiKeyList, ApiKeyOut, NewApiKey
 from storage.ids import parse_id
 
 router = APIRouter(prefix="/v1/api-keys")
@@ -31,41 +30,27 @@ def signed_in(user: Principal) -> None:
         )
 
 
-def key_json(key: ApiKey) -> dict[str, Any]:
-    return {
-        "id": key.key_id,
-        "object": "api_key",
-        "name": key.name,
-        "prefix": key.prefix,
-        "tier": key.tier,
-        "created_at": key.created_at.isoformat(),
-        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
-    }
-
-
-@router.post("", status_code=201)
-async def create_key(deps: Deps, user: CurrentUser, body: NewKey | None = None) -> dict[str, Any]:
+@router.post("", status_code=201, responses={201: {"links": KEY_LINKS}})
+async def create_key(keys: KeysDep, user: CurrentUser, body: NewKey | None = None) -> NewApiKey:
     signed_in(user)
     key, digest = new_key()
-    stored = await deps.keys.create_key(
-        user.user_id, user.tier, body.name if body else "default", digest, key[:7]
-    )
-    return {**key_json(stored), "key": key}  # the only time the key itself is ever returned
+    name = body.name if body else "default"
+    stored = await keys.create_key(user.user_id, user.tier, name, digest, key[:7])
+    return NewApiKey(
+        **ApiKeyOut.of(stored).model_dump(), key=key
+    )  # the only time the key is returned
 
 
 @router.get("")
-async def list_keys(deps: Deps, user: CurrentUser) -> dict[str, Any]:
+async def list_keys(keys: KeysDep, user: CurrentUser) -> ApiKeyList:
     signed_in(user)
-    return {
-        "object": "list",
-        "data": [key_json(k) for k in await deps.keys.list_keys(user.user_id)],
-    }
+    return ApiKeyList(data=[ApiKeyOut.of(k) for k in await keys.list_keys(user.user_id)])
 
 
 @router.delete("/{key_id}", status_code=204)
-async def revoke_key(deps: Deps, user: CurrentUser, key_id: str) -> Response:
+async def revoke_key(keys: KeysDep, user: CurrentUser, key_id: str) -> Response:
     signed_in(user)
     parsed = parse_id(key_id)
-    if parsed is None or not await deps.keys.revoke_key(user.user_id, parsed):
+    if parsed is None or not await keys.revoke_key(user.user_id, parsed):
         raise ApiError(404, f"No API key found with id '{key_id}'.", "api_key_not_found")
     return Response(status_code=204)

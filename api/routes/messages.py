@@ -6,19 +6,20 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
-from api import convert
 from api.auth import CurrentUser
 from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
-from api.deps import Deps
+from api.deps import ConversationsDep, Deps, ProducerDep, SettingsDep
 from api.errors import ApiError
+from api.openapi import NEW_RUN
 from api.routes.chats import Limit
 from api.runs import Question, answer, checked_content, checked_max_tokens, checked_model
+from api.schemas import FeedbackOut, MessageOut, MessagePage
 from storage.ids import decode_cursor, encode_cursor, epoch_ms, new_id, parse_id
 from topics.clock import now_ms
 from topics.events import Feedback
@@ -50,29 +51,33 @@ def cursor_id(cursor: str | None) -> uuid.UUID | None:
 
 @router.get("/{chat_id}/messages")
 async def list_messages(
-    deps: Deps, user: CurrentUser, chat_id: str, cursor: str | None = None, limit: Limit = 50
-) -> dict[str, Any]:
-    parsed, _ = await owned_chat(deps, user, chat_id)
-    rows = await deps.conversations.list_messages(parsed, limit + 1, cursor_id(cursor))
+    conversations: ConversationsDep,
+    user: CurrentUser,
+    chat_id: str,
+    cursor: str | None = None,
+    limit: Limit = 50,
+) -> MessagePage:
+    parsed, _ = await owned_chat(conversations, user, chat_id)
+    rows = await conversations.list_messages(parsed, limit + 1, cursor_id(cursor))
     page = rows[:limit]
     more = len(rows) > limit
-    return {
-        "data": [convert.message_json(m) for m in page],
-        "next_cursor": encode_cursor({"after": page[-1].id}) if more else None,
-    }
+    return MessagePage(
+        data=[MessageOut.of(m) for m in page],
+        next_cursor=encode_cursor({"after": page[-1].id}) if more else None,
+    )
 
 
-@router.post("/{chat_id}/messages")
+@router.post("/{chat_id}/messages", response_class=EventSourceResponse, responses=NEW_RUN)
 async def post_message(
     deps: Deps, user: CurrentUser, chat_id: str, body: NewMessage
 ) -> EventSourceResponse:
     content = body.content.strip()
     if not content:
         raise ApiError(400, "content must not be empty.", "empty_content", "content")
-    checked_content(deps, body.content)
-    max_tokens = checked_max_tokens(deps, body.max_tokens)
-    checked_model(deps, body.model)
-    parsed, chat = await owned_chat(deps, user, chat_id)
+    checked_content(deps.settings, body.content)
+    max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
+    checked_model(deps.settings, body.model)
+    parsed, chat = await owned_chat(deps.conversations, user, chat_id)
     question = Question(
         str(new_id()), body.content, chat.last_run_id
     )  # sorts before the answer (the run's id)
@@ -82,28 +87,39 @@ async def post_message(
 
 @router.patch("/{chat_id}/messages/{message_id}")
 async def edit_message(
-    deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: MessagePatch
-) -> dict[str, Any]:
+    conversations: ConversationsDep,
+    producer: ProducerDep,
+    settings: SettingsDep,
+    user: CurrentUser,
+    chat_id: str,
+    message_id: str,
+    body: MessagePatch,
+) -> MessageOut:
     """Change a message's text. Memory follows: the next prompt carries neither its old embedding nor a summary
     covering it (conversation/gather.py), and the memory stage embeds the new text and summarises again."""
-    checked_content(deps, body.content)
-    parsed, _ = await owned_chat(deps, user, chat_id)
-    message = await owned_message(deps, parsed, message_id)
-    at = epoch_ms(
-        await deps.conversations.edit_message(parsed, uuid.UUID(message.id), body.content)
-    )
+    checked_content(settings, body.content)
+    parsed, _ = await owned_chat(conversations, user, chat_id)
+    message = await owned_message(conversations, settings, parsed, message_id)
+    at = epoch_ms(await conversations.edit_message(parsed, uuid.UUID(message.id), body.content))
     fields = {"message_id": message.id, "role": message.role, "content": body.content}
-    await memory_changed(deps, parsed, user, "edited", at, **fields)
+    await memory_changed(producer, parsed, user, "edited", at, **fields)
     log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)
-    return convert.message_json(replace(message, content=body.content))
+    return MessageOut.of(replace(message, content=body.content))
 
 
 @router.delete("/{chat_id}/messages/{message_id}", status_code=204)
-async def delete_message(deps: Deps, user: CurrentUser, chat_id: str, message_id: str) -> Response:
+async def delete_message(
+    conversations: ConversationsDep,
+    producer: ProducerDep,
+    settings: SettingsDep,
+    user: CurrentUser,
+    chat_id: str,
+    message_id: str,
+) -> Response:
     """Delete a message, with its embedding and every summary that covers it."""
-    parsed, _ = await owned_chat(deps, user, chat_id)
-    message = await owned_message(deps, parsed, message_id)
-    await forget_message(deps, parsed, user, message)
+    parsed, _ = await owned_chat(conversations, user, chat_id)
+    message = await owned_message(conversations, settings, parsed, message_id)
+    await forget_message(conversations, producer, parsed, user, message)
     log.info("chat %s: message %s deleted by %s", chat_id, message.id, user.user_id)
     return Response(status_code=204)
 
@@ -115,12 +131,18 @@ class NewFeedback(BaseModel):
 
 @router.post("/{chat_id}/messages/{message_id}/feedback", status_code=202)
 async def feedback(
-    deps: Deps, user: CurrentUser, chat_id: str, message_id: str, body: NewFeedback
-) -> dict[str, Any]:
+    conversations: ConversationsDep,
+    producer: ProducerDep,
+    settings: SettingsDep,
+    user: CurrentUser,
+    chat_id: str,
+    message_id: str,
+    body: NewFeedback,
+) -> FeedbackOut:
     """Thumbs up or down on an answer: a Feedback event (kept in the log for evals); the persistence stage shows
     it on the stored answer."""
-    parsed, _ = await owned_chat(deps, user, chat_id)
-    message = await owned_message(deps, parsed, message_id)
+    parsed, _ = await owned_chat(conversations, user, chat_id)
+    message = await owned_message(conversations, settings, parsed, message_id)
     if message.role != "assistant":
         raise ApiError(400, "Only an answer can be rated.", "invalid_value", "message_id")
     event: Feedback = {
@@ -133,8 +155,8 @@ async def feedback(
         "model": message.model,
         "at": now_ms(),
     }
-    await deps.producer.publish(FEEDBACK, event, key=str(parsed))
+    await producer.publish(FEEDBACK, event, key=str(parsed))
     log.info(
         "chat %s: answer %s rated %s by %s", chat_id, message.id, event["rating"], user.user_id
     )
-    return {"id": message.id, "object": "feedback", "rating": body.rating}
+    return FeedbackOut(id=message.id, rating=body.rating)

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter
@@ -26,11 +26,13 @@ from api import runs, streams
 from api.auth import CurrentUser, Principal
 from api.deps import Deps, Services
 from api.errors import ApiError
-from api.replies import TERMINAL, Reply
+from api.openapi import CHUNKS, ENGINE_ERRORS
+from api.replies import ACCEPTED, REJECTED, TERMINAL, Reply
 from api.runs import checked_max_tokens, checked_model
+from api.schemas import AssistantMessage, CachedTokens, ChatCompletion, Choice, CompletionUsage
 from storage.ids import new_id
 from topics import records
-from topics.events import ChatMessage, PromptAccepted
+from topics.events import ChatMessage, PromptAccepted, TokenDelta
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -120,13 +122,17 @@ def conversation_key(user_id: str, messages: list[ChatMessage]) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, json.dumps([user_id, opening])))
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletion,
+    responses={**CHUNKS, **ENGINE_ERRORS},
+)
 async def chat_completions(
     deps: Deps, user: CurrentUser, body: Completion
 ) -> JSONResponse | EventSourceResponse:
     messages = conversation(deps, body)
-    max_tokens = checked_max_tokens(deps, body.max_completion_tokens or body.max_tokens)
-    checked_model(deps, body.model)
+    max_tokens = checked_max_tokens(deps.settings, body.max_completion_tokens or body.max_tokens)
+    checked_model(deps.settings, body.model)
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
     runs.shed_when_full(
         deps, user, run_id, body.model, messages, max_tokens, may_grow=False
@@ -169,15 +175,15 @@ async def chat_completions(
             reply.kind not in TERMINAL
         ):  # a slow decision (`accepted`) only means a longer wait here
             if reply.kind == "delta":
-                text.append(reply.record["text"])
+                text.append(reply.delta["text"])
             elif (
                 reply.kind == "moderation"
             ):  # the answer was cut: what follows retract_from is withdrawn
-                text = ["".join(text)[: reply.record["retract_from"] or 0]]
+                text = ["".join(text)[: reply.delta["retract_from"] or 0]]
             reply = await anext(replies)
         ended = True
         check_end(reply, run_id)
-        return JSONResponse(completion_json(run_id, reply, "".join(text)))
+        return JSONResponse(completion(run_id, reply, "".join(text)).model_dump(mode="json"))
     except streams.StreamTimeout as exc:
         raise ApiError(504, str(exc), "timeout") from None
     finally:
@@ -191,10 +197,10 @@ async def chat_completions(
 
 def check_end(reply: Reply, run_id: str) -> None:
     """A refusal or an engine failure becomes an HTTP error (before any byte of a stream is sent)."""
-    record = reply.record
-    if reply.kind == "rejected":
-        raise runs.rejection_error(record)
+    if reply.kind == REJECTED:
+        raise runs.rejection_error(reply.rejection)
     if reply.kind == "error":
+        record = reply.delta
         raise ApiError(
             502,
             record["error_message"] or "The model failed.",
@@ -215,33 +221,35 @@ async def cancel(deps: Services, user: Principal, event: PromptAccepted, reason:
         log.exception("run %s: could not publish its cancel", event["run_id"])
 
 
-def usage_json(record: Mapping[str, Any]) -> dict[str, Any]:
+def usage_of(record: TokenDelta) -> CompletionUsage:
     usage = record["usage"] or {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
-    return {
-        "prompt_tokens": usage["prompt_tokens"],
-        "completion_tokens": usage["completion_tokens"],
-        "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-        "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
-    }
+    return CompletionUsage(
+        prompt_tokens=usage["prompt_tokens"],
+        completion_tokens=usage["completion_tokens"],
+        total_tokens=usage["prompt_tokens"] + usage["completion_tokens"],
+        prompt_tokens_details=CachedTokens(cached_tokens=usage["cached_tokens"]),
+    )
 
 
-def completion_json(run_id: str, end: Reply, text: str) -> dict[str, Any]:
-    record = end.record
-    return {
-        "id": f"chatcmpl-{run_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": record["model"],
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": FINISH.get(record["finish_reason"], record["finish_reason"]),
-                "logprobs": None,
-            }
-        ],
-        "usage": usage_json(record),
-    }
+def finish_reason(end: TokenDelta) -> str:
+    """OpenAI's name for how a run ended (a cancelled run stopped)."""
+    reason = end.get("finish_reason") or "stop"
+    return FINISH.get(reason, reason)
+
+
+def completion(run_id: str, end: Reply, text: str) -> ChatCompletion:
+    record = end.delta
+    choice = Choice(
+        message=AssistantMessage(content=text),
+        finish_reason=finish_reason(record),
+    )
+    return ChatCompletion(
+        id=f"chatcmpl-{run_id}",
+        created=int(time.time()),
+        model=record["model"],
+        choices=[choice],
+        usage=usage_of(record),
+    )
 
 
 def chunk(
@@ -270,33 +278,36 @@ async def chunk_stream(
     include_usage: bool,
 ) -> AsyncIterator[dict[str, Any]]:
     run_id, created = event["run_id"], int(time.time())
-    model = first.record.get("model") or event["model"] or deps.settings.models[0]
+    opened = first.accepted if first.kind == ACCEPTED else first.delta  # never a refusal: check_end
+    model = opened.get("model") or event["model"] or deps.settings.models[0]
     ended = False
     try:
         yield data(chunk(run_id, model, created, {"role": "assistant", "content": ""}))
         reply = first
         while True:
             if (
-                reply.kind == "delta" and reply.record["text"]
+                reply.kind == "delta" and reply.delta["text"]
             ):  # an empty one is a keepalive (prefill)
-                yield data(chunk(run_id, model, created, {"content": reply.record["text"]}))
+                yield data(chunk(run_id, model, created, {"content": reply.delta["text"]}))
             elif reply.kind in TERMINAL:
                 ended = True
                 if reply.kind != "completed":
-                    message = (
-                        reply.record.get("error_message")
-                        or reply.record.get("message")
-                        or "The run failed."
+                    failed = (
+                        reply.rejection.get("message")
+                        if reply.kind == REJECTED
+                        else reply.delta.get("error_message")
                     )
+                    message = failed or "The run failed."
                     yield data({"error": {"message": message, "type": "api_error", "code": None}})
                     return
-                finish = FINISH.get(reply.record["finish_reason"], reply.record["finish_reason"])
+                end = reply.delta
+                finish = finish_reason(end)
                 yield data(chunk(run_id, model, created, {}, finish))
                 if include_usage:
                     usage = {
                         **chunk(run_id, model, created, {}),
                         "choices": [],
-                        "usage": usage_json(reply.record),
+                        "usage": usage_of(end).model_dump(),
                     }
                     yield data(usage)
                 yield {"data": "[DONE]"}

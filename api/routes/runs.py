@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 
 from api.auth import Admin
-from api.deps import Deps
+from api.deps import ConversationsDep, HttpDep, SettingsDep
 from api.errors import ApiError
 from api.routes.system import metering
 from runtime.window import Window
@@ -32,14 +32,19 @@ def _history(bootstrap: str, namespace: str, run_id: str) -> history.History:
 
 
 @router.get("/v1/admin/runs/{run_id}")
-async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
+async def inspect_run(
+    settings: SettingsDep,
+    http: HttpDep,
+    conversations: ConversationsDep,
+    admin: Admin,
+    run_id: str,
+) -> dict[str, Any]:
     """{"run_id", "chat_id", "trace_id", "events": [{"topic", "partition", "offset", "type", "time", ...}],
     "stored": {"messages": [...], "usage": [...]}}"""
     try:
         history.minted_ms(run_id)
     except ValueError as exc:
         raise ApiError(400, str(exc), "invalid_run_id", param="run_id") from None
-    settings = deps.settings
     try:
         run = await asyncio.to_thread(
             _history, settings.kafka_bootstrap, settings.namespace, run_id
@@ -47,7 +52,7 @@ async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
     except history.RunNotFound as exc:
         raise ApiError(404, str(exc), "run_not_found") from None
     chat_id = uuid.UUID(run.chat_id)
-    found = [await deps.conversations.get_message(chat_id, uuid.UUID(m)) for m in run.stored_ids]
+    found = [await conversations.get_message(chat_id, uuid.UUID(m)) for m in run.stored_ids]
     run.stored = {
         "messages": [
             {
@@ -64,15 +69,19 @@ async def inspect_run(deps: Deps, admin: Admin, run_id: str) -> dict[str, Any]:
             for m in found
             if m is not None
         ],
-        "usage": (await metering(deps, f"/usage-rows/{quote(run.run_id, safe='')}"))["data"],
+        "usage": (await metering(settings, http, f"/usage-rows/{quote(run.run_id, safe='')}"))[
+            "data"
+        ],
     }
     return run.as_json()
 
 
 @router.get("/v1/admin/evals")
-async def eval_results(deps: Deps, admin: Admin, label: str | None = Query(None)) -> dict[str, Any]:
+async def eval_results(
+    settings: SettingsDep, http: HttpDep, admin: Admin, label: str | None = Query(None)
+) -> dict[str, Any]:
     """Every eval label's totals (no label), or one label's case results (`parley eval run` writes them)."""
-    return await metering(deps, "/eval-results", {"label": label} if label else None)
+    return await metering(settings, http, "/eval-results", {"label": label} if label else None)
 
 
 @router.get("/runs/{run_id}", include_in_schema=False)

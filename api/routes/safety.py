@@ -3,15 +3,14 @@ moderation decisions (blocks, warnings, retractions) for spotting false positive
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import TIERS, Admin
-from api.deps import Deps
+from api.deps import DecisionsDep, PoliciesDep, ProducerDep
 from api.errors import ApiError
 from api.routes.admin import publish
+from api.schemas import Decision, DecisionPage, PolicyList, TierPolicy
 from safety.policy import ANY_TIER, Policy, Rule, to_record
 from topics.pipeline import SAFETY_POLICIES
 
@@ -25,10 +24,6 @@ class PolicyBody(BaseModel):
     on_error: str = Field("open", pattern="^(open|closed)$")
 
 
-def policy_json(policy: Policy) -> dict[str, Any]:
-    return policy.model_dump(mode="json")
-
-
 def checked_tier(tier: str) -> str:
     if tier != ANY_TIER and tier not in TIERS:
         raise ApiError(
@@ -38,55 +33,37 @@ def checked_tier(tier: str) -> str:
 
 
 @router.get("/policies")
-async def list_policies(deps: Deps, admin: Admin) -> dict[str, Any]:
+async def list_policies(policies: PoliciesDep, admin: Admin) -> PolicyList:
     """The policy each tier runs under now, and the rows set on the topic."""
-    rows = deps.policies.rows()
-    return {
-        "effective": {t: policy_json(deps.policies.for_tier(t)) for t in TIERS},
-        "set": sorted(rows),
-    }
+    effective = {t: policies.for_tier(t) for t in TIERS}
+    return PolicyList(effective=effective, set=sorted(policies.rows()))
 
 
 @router.put("/policies/{tier}")
-async def set_policy(deps: Deps, admin: Admin, tier: str, body: PolicyBody) -> dict[str, Any]:
+async def set_policy(
+    producer: ProducerDep, policies: PoliciesDep, admin: Admin, tier: str, body: PolicyBody
+) -> TierPolicy:
     """Replace a tier's policy ('*': every tier without its own); the next message is moderated under it."""
     policy = Policy(version=body.version, rules=tuple(body.rules), on_error=body.on_error)
     record = to_record(checked_tier(tier), policy, admin.user_id)
-    await publish(deps, tier, record, SAFETY_POLICIES, deps.policies)
-    return {"tier": tier, "policy": policy_json(policy)}
+    await publish(producer, policies, SAFETY_POLICIES, tier, record)
+    return TierPolicy(tier=tier, policy=policy)
 
 
 @router.delete("/policies/{tier}", status_code=204)
-async def clear_policy(deps: Deps, admin: Admin, tier: str) -> Response:
-    await publish(deps, checked_tier(tier), None, SAFETY_POLICIES, deps.policies)
+async def clear_policy(
+    producer: ProducerDep, policies: PoliciesDep, admin: Admin, tier: str
+) -> Response:
+    await publish(producer, policies, SAFETY_POLICIES, checked_tier(tier), None)
     return Response(status_code=204)
 
 
 @router.get("/decisions")
 async def recent_decisions(
-    deps: Deps,
+    decisions: DecisionsDep,
     admin: Admin,
     limit: int = Query(50, ge=1, le=500),
     days: int = Query(7, ge=1, le=90),
-) -> dict[str, Any]:
+) -> DecisionPage:
     """Recent blocks, warnings and retractions, newest first: the false-positive review list."""
-    found = await deps.decisions.recent(limit, days)
-    return {
-        "data": [
-            {
-                "id": str(d.decision_id),
-                "at": d.at.isoformat(),
-                "stage": d.stage,
-                "action": d.action,
-                "category": d.category,
-                "score": d.score,
-                "policy_version": d.policy_version,
-                "run_id": d.run_id,
-                "chat_id": d.chat_id,
-                "user_id": d.user_id,
-                "tier": d.tier,
-                "excerpt": d.excerpt,
-            }
-            for d in found
-        ]
-    }
+    return DecisionPage(data=[Decision.of(d) for d in await decisions.recent(limit, days)])

@@ -1,4 +1,4 @@
-"""Models, usage, health and metrics."""
+"""Models, who am I, usage (`router`); the dashboard page, health and metrics (`probes`, outside /v1)."""
 
 from __future__ import annotations
 
@@ -12,32 +12,34 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.auth import CurrentUser
-from api.deps import Deps
+from api.deps import HttpDep, LedgerDep, LimitsDep, RepliesDep, SettingsDep
 from api.errors import ApiError
+from api.schemas import Alive, Budget, Me, Model, ModelList, Ready, Usage
+from api.settings import ApiSettings
 from topics.clock import now_ms
 
 router = APIRouter()
+probes = APIRouter()
 STATIC = Path(__file__).resolve().parent.parent / "static"
 MAX_REPORT_MS = 92 * 24 * 3_600_000
 MAX_EPOCH_MS = 4_102_444_800_000  # 2100-01-01: the usage tables' DateTime columns end in 2106
 
 
 @router.get("/v1/models")
-async def models(deps: Deps, user: CurrentUser) -> dict[str, object]:
-    data = [
-        {"id": m, "object": "model", "created": 0, "owned_by": "parley"}
-        for m in deps.settings.models
-    ]
-    return {"object": "list", "data": data}
+async def models(settings: SettingsDep, user: CurrentUser) -> ModelList:
+    return ModelList(data=[Model(id=m) for m in settings.models])
 
 
 async def metering(
-    deps: Deps, path: str, params: dict[str, str | int] | None = None
+    settings: ApiSettings,
+    http: httpx.AsyncClient,
+    path: str,
+    params: dict[str, str | int] | None = None,
 ) -> dict[str, Any]:
     """A read from the metering stage, which owns the usage tables (the embedded engine is one process's)."""
     try:
-        url, headers = f"{deps.settings.metering_url}{path}", deps.settings.internal_headers()
-        response = await deps.http.get(url, params=params, headers=headers, timeout=30)
+        url, headers = f"{settings.metering_url}{path}", settings.internal_headers()
+        response = await http.get(url, params=params, headers=headers, timeout=30)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise ApiError(
@@ -47,45 +49,47 @@ async def metering(
 
 
 @router.get("/v1/me")
-async def me(user: CurrentUser) -> dict[str, object]:
+async def me(user: CurrentUser) -> Me:
     """Who the credential speaks for (the chat app shows it, and checks a credential with it)."""
-    return {
-        "object": "user",
-        "user_id": user.user_id,
-        "tier": user.tier,
-        "admin": user.admin,
-        "via_key": user.via_key,
-    }
+    return Me(user_id=user.user_id, tier=user.tier, admin=user.admin, via_key=user.via_key)
 
 
 @router.get("/v1/usage")
-async def usage(deps: Deps, user: CurrentUser) -> dict[str, object]:
+async def usage(
+    settings: SettingsDep,
+    http: HttpDep,
+    views: LimitsDep,
+    ledger: LedgerDep,
+    user: CurrentUser,
+) -> Usage:
     """The caller's metered totals (metering) and what their budget lets them spend now (the ledger)."""
-    totals = await metering(deps, f"/usage/{quote(user.user_id, safe='')}")
-    limits = deps.limits.for_user(user.user_id, user.tier)
-    remaining, in_flight = await deps.ledger.standing(user.user_id, limits)
-    return {
-        "user_id": user.user_id,
-        "tier": user.tier,
-        "runs": totals["runs"],
-        "prompt_tokens": totals["prompt_tokens"],
-        "completion_tokens": totals["completion_tokens"],
-        "cached_tokens": totals["cached_tokens"],
-        "total_tokens": totals["prompt_tokens"] + totals["completion_tokens"],
-        "cost_usd": totals["cost_usd"],
-        "remaining_budget": remaining,
-        "budget": {
-            "budget_tokens": limits.budget_tokens,
-            "refill_tokens_per_hour": limits.refill_tokens_per_hour,
-            "in_flight": len(in_flight),
-            "max_concurrent": limits.max_concurrent,
-        },
-    }
+    totals = await metering(settings, http, f"/usage/{quote(user.user_id, safe='')}")
+    limits = views.for_user(user.user_id, user.tier)
+    remaining, in_flight = await ledger.standing(user.user_id, limits)
+    budget = Budget(
+        budget_tokens=limits.budget_tokens,
+        refill_tokens_per_hour=limits.refill_tokens_per_hour,
+        in_flight=len(in_flight),
+        max_concurrent=limits.max_concurrent,
+    )
+    return Usage(
+        user_id=user.user_id,
+        tier=user.tier,
+        runs=totals["runs"],
+        prompt_tokens=totals["prompt_tokens"],
+        completion_tokens=totals["completion_tokens"],
+        cached_tokens=totals["cached_tokens"],
+        total_tokens=totals["prompt_tokens"] + totals["completion_tokens"],
+        cost_usd=totals["cost_usd"],
+        remaining_budget=remaining,
+        budget=budget,
+    )
 
 
 @router.get("/v1/usage/report")
 async def usage_report(
-    deps: Deps,
+    settings: SettingsDep,
+    http: HttpDep,
     user: CurrentUser,
     since: Annotated[
         int | None,
@@ -97,7 +101,7 @@ async def usage_report(
     user_id: Annotated[
         str | None, Query(description="admins: one user's view; default: everyone")
     ] = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """What the usage dashboard draws: totals, time series (tokens, cost, latency percentiles, rejections,
     safety interventions), by tier and model. An admin sees everyone's, or one user's; anyone else their own."""
     until = until if until is not None else now_ms()
@@ -118,31 +122,36 @@ async def usage_report(
     params: dict[str, str | int] = {"since": since, "until": until}
     if user_id is not None:
         params["user_id"] = user_id
-    return await metering(deps, "/usage-report", params)
+    return await metering(settings, http, "/usage-report", params)
 
 
-@router.get("/dashboard", include_in_schema=False)
+@probes.get("/dashboard", include_in_schema=False)
 async def dashboard() -> FileResponse:
     """The usage dashboard (charts drawn in the browser from /v1/usage/report; the page asks for a credential)."""
     return FileResponse(STATIC / "dashboard.html", media_type="text/html")
 
 
-@router.get("/livez")
-async def livez() -> dict[str, str]:
+@probes.get("/livez")
+async def livez() -> Alive:
     """Alive: the event loop answers (a liveness probe restarts the process only when this stops answering)."""
-    return {"status": "ok"}
+    return Alive()
 
 
-@router.get("/readyz")
-async def readyz(deps: Deps) -> Response:
+NOT_READY = "No reply partition held yet (a standby, or its group is rebalancing)."
+
+
+@probes.get(
+    "/readyz", response_model=Ready, responses={503: {"model": Ready, "description": NOT_READY}}
+)
+async def readyz(replies: RepliesDep) -> Response:
     """Ready once this replica holds reply partitions (while its group rebalances, or as a standby with none:
     503, alive but not to be sent traffic); which it holds is in the body."""
-    owned = list(deps.replies.partitions)
-    body = {"status": "ok" if owned else "no_reply_partition", "reply_partitions": owned}
-    return JSONResponse(body, status_code=200 if owned else 503)
+    owned = list(replies.partitions)
+    body = Ready(status="ok" if owned else "no_reply_partition", reply_partitions=owned)
+    return JSONResponse(body.model_dump(), status_code=200 if owned else 503)
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
+@probes.get("/metrics", response_class=PlainTextResponse)
 async def metrics() -> Response:
     """Prometheus's text exposition format."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

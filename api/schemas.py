@@ -1,0 +1,301 @@
+"""What the routes answer, as pydantic models: FastAPI checks each answer against its route's model and writes
+the OpenAPI document from them (api/openapi.py adds only what settings decide at start). Times are ISO 8601
+strings, as the stores give them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from admission.limits import Limits
+from safety.policy import Policy
+from storage.api_keys import ApiKey
+from storage.decisions import SafetyDecision
+from storage.ids import utc
+from storage.rows import Message
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """Every error the edge sends, in OpenAI's shape."""
+
+    error: ErrorDetail
+
+
+class MessageOut(BaseModel):
+    id: str
+    role: str
+    content: str
+    created_at: str
+    run_id: str | None = Field(description="the run that answered (an answer's id is its run's)")
+    model: str | None
+    pool: str | None
+    finish_reason: str | None
+    feedback: str | None = Field(description="the owner's rating of an answer: up, down or null")
+
+    @classmethod
+    def of(cls, m: Message) -> MessageOut:
+        return cls(
+            id=m.id,
+            role=m.role,
+            content=m.content,
+            created_at=m.created_at.isoformat(),
+            run_id=m.run_id,
+            model=m.model,
+            pool=m.pool,
+            finish_reason=m.finish_reason,
+            feedback=m.feedback,
+        )
+
+
+class MessagePage(BaseModel):
+    data: list[MessageOut]
+    next_cursor: str | None
+
+
+class ChatOut(BaseModel):
+    id: str
+    object: Literal["chat"] = "chat"
+    title: str
+    created_at: str
+    last_active_at: str
+
+    @classmethod
+    def of(cls, row: Any) -> ChatOut:
+        """From a chat row, or a row of the owner's chats by activity (which names its time `active_at`)."""
+        active = row.last_active_at if hasattr(row, "last_active_at") else row.active_at
+        return cls(
+            id=str(row.chat_id),
+            title=row.title,
+            created_at=utc(row.created_at).isoformat(),
+            last_active_at=utc(active or row.created_at).isoformat(),
+        )
+
+
+class ChatDetail(ChatOut):
+    active_run_id: str | None = Field(
+        description="the latest run while it is still answering: a reloaded page resumes it"
+    )
+
+
+class ChatPage(BaseModel):
+    data: list[ChatOut]
+    next_cursor: str | None
+
+
+class ChatExport(ChatOut):
+    messages: list[MessageOut]
+
+
+class Export(BaseModel):
+    object: Literal["export"] = "export"
+    user_id: str
+    exported_at: str
+    chats: list[ChatExport]
+
+
+class ContextReset(BaseModel):
+    id: str
+    object: Literal["chat.context"] = "chat.context"
+    context_from: str = Field(description="the marker's id: later prompts carry nothing before it")
+
+
+class Cancelling(BaseModel):
+    id: str
+    object: Literal["run"] = "run"
+    status: Literal["cancelling"] = "cancelling"
+
+
+class FeedbackOut(BaseModel):
+    id: str
+    object: Literal["feedback"] = "feedback"
+    rating: Literal["up", "down"] | None
+
+
+class ApiKeyOut(BaseModel):
+    id: str
+    object: Literal["api_key"] = "api_key"
+    name: str
+    prefix: str = Field(description="the key's first characters, to tell keys apart")
+    tier: str
+    created_at: str
+    revoked_at: str | None
+
+    @classmethod
+    def of(cls, key: ApiKey) -> ApiKeyOut:
+        revoked = key.revoked_at.isoformat() if key.revoked_at else None
+        return cls(
+            id=key.key_id,
+            name=key.name,
+            prefix=key.prefix,
+            tier=key.tier,
+            created_at=key.created_at.isoformat(),
+            revoked_at=revoked,
+        )
+
+
+class NewApiKey(ApiKeyOut):
+    key: str = Field(description="the key itself: returned this once, never again")
+
+
+class ApiKeyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ApiKeyOut]
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "parley"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class Me(BaseModel):
+    object: Literal["user"] = "user"
+    user_id: str
+    tier: str
+    admin: bool
+    via_key: bool
+
+
+class Budget(BaseModel):
+    budget_tokens: int
+    refill_tokens_per_hour: int
+    in_flight: int
+    max_concurrent: int
+
+
+class Usage(BaseModel):
+    user_id: str
+    tier: str
+    runs: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    total_tokens: int
+    cost_usd: float
+    remaining_budget: int = Field(description="tokens the budget lets the caller spend now")
+    budget: Budget
+
+
+class Alive(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Ready(BaseModel):
+    status: Literal["ok", "no_reply_partition"]
+    reply_partitions: list[int]
+
+
+class LimitsList(BaseModel):
+    tiers: dict[str, Limits] = Field(description="each tier's limits in effect")
+    users: dict[str, dict[str, Any]] = Field(description="each user's own overrides")
+
+
+class TierLimits(BaseModel):
+    tier: str
+    limits: Limits
+
+
+class UserOverrides(BaseModel):
+    user_id: str
+    overrides: dict[str, Any]
+
+
+class UserBudget(BaseModel):
+    user_id: str
+    remaining_budget: int
+    in_flight: list[str] = Field(description="the user's runs holding budget now")
+    limits: Limits
+
+
+class PolicyList(BaseModel):
+    effective: dict[str, Policy] = Field(description="the policy each tier runs under now")
+    set: list[str] = Field(description="the tiers with a policy set on the topic ('*': every tier)")
+
+
+class TierPolicy(BaseModel):
+    tier: str
+    policy: Policy
+
+
+class Decision(BaseModel):
+    id: str
+    at: str
+    stage: str
+    action: str
+    category: str
+    score: float | None
+    policy_version: str
+    run_id: str
+    chat_id: str
+    user_id: str
+    tier: str
+    excerpt: str = Field(description="the start of the text decided on")
+
+    @classmethod
+    def of(cls, d: SafetyDecision) -> Decision:
+        return cls(
+            id=str(d.decision_id),
+            at=d.at.isoformat(),
+            stage=d.stage,
+            action=d.action,
+            category=d.category,
+            score=d.score,
+            policy_version=d.policy_version,
+            run_id=d.run_id,
+            chat_id=d.chat_id,
+            user_id=d.user_id,
+            tier=d.tier,
+            excerpt=d.excerpt,
+        )
+
+
+class DecisionPage(BaseModel):
+    data: list[Decision]
+
+
+class CachedTokens(BaseModel):
+    cached_tokens: int
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: CachedTokens
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    """OpenAI's chat.completion object (a streamed answer is its chunks, as OpenAI sends them)."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: CompletionUsage

@@ -1,0 +1,115 @@
+"""In-memory stand-ins for the stores and the producer the edge's routes depend on, given to the app through
+FastAPI's dependency overrides (api/deps.py). The real ones are tested on the real services under tests/stack/."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+from storage.api_keys import ApiKey
+from storage.ids import new_id
+from storage.rows import Change, Chat, Message, overlay
+
+from .fakes import FakeConversations, FakeLog
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class FakeProducer:
+    """The edge's producer: what it publishes lands in a FakeLog (encoded with the topic's schema first)."""
+
+    def __init__(self) -> None:
+        self.log = FakeLog()
+        self.tombstones: list[tuple[str, str]] = []
+
+    async def publish(self, topic: Any, record: Any, *, key: str | None = None, partition: int | None = None):
+        await self.log(topic, record, key=key, partition=partition)
+
+    async def tombstone(self, topic: Any, key: str) -> None:
+        self.tombstones.append((topic.name, key))
+
+
+class FakeChats(FakeConversations):
+    """The conversation store's chat and message reads and writes, as the edge uses them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: dict[tuple[uuid.UUID, uuid.UUID], tuple[int, str | None]] = {}
+        self.resets: dict[uuid.UUID, uuid.UUID] = {}
+
+    async def create_chat(self, user_id: str, title: str) -> tuple[uuid.UUID, datetime]:
+        at = now()
+        chat_id = new_id()
+        self.chats[chat_id] = Chat(chat_id, user_id, title, at, last_active_at=at)  # type: ignore[assignment]
+        return chat_id, at
+
+    async def rename_chat(self, chat: Chat, title: str) -> None:
+        self.chats[chat.chat_id] = replace(chat, title=title)  # type: ignore[assignment]
+
+    async def delete_chat(self, chat: Chat) -> None:
+        self.chats.pop(chat.chat_id, None)
+        self.edits.pop(chat.chat_id, None)
+
+    async def list_chats(self, user_id: str, limit: int, after: tuple[datetime, uuid.UUID] | None) -> list[Any]:
+        mine = [c for c in self.chats.values() if c.user_id == user_id]
+        rows = sorted(  # rows of the chats by activity: their time is `active_at`
+            (SimpleNamespace(**vars(c), active_at=c.last_active_at) for c in mine),
+            key=lambda r: (r.active_at, r.chat_id),
+            reverse=True,
+        )
+        if after is not None:
+            rows = [r for r in rows if (r.active_at, r.chat_id) < after]
+        return rows[:limit]
+
+    async def get_run(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> tuple[int, str | None] | None:
+        return self.runs.get((chat_id, run_id))
+
+    async def list_messages(self, chat_id: uuid.UUID, limit: int, after: uuid.UUID | None) -> list[Message]:
+        rows = sorted(self.messages.get(chat_id, {}).values(), key=lambda m: uuid.UUID(m.id).time)
+        rows = [m for m in rows if after is None or uuid.UUID(m.id).time > after.time]
+        return overlay(rows, self.edits.get(chat_id, {}))[:limit]
+
+    async def get_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
+        found = [m for m in self.messages.get(chat_id, {}).values() if m.id == str(message_id)]
+        return next(iter(overlay(found, self.edits.get(chat_id, {}))), None)
+
+    async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str | None) -> datetime:
+        at = now()
+        self.edits.setdefault(chat_id, {})[str(message_id)] = Change(content, at)
+        return at
+
+    async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> datetime:
+        return await self.edit_message(chat_id, message_id, None)
+
+    async def reset_context(self, chat_id: uuid.UUID) -> uuid.UUID:
+        self.resets[chat_id] = marker = new_id()
+        return marker
+
+
+class FakeKeys:
+    def __init__(self) -> None:
+        self.keys: dict[str, tuple[str, str, ApiKey]] = {}  # hash -> (user, tier, key)
+
+    async def create_key(self, user_id: str, tier: str, name: str, key_hash: str, prefix: str) -> ApiKey:
+        key = ApiKey(str(new_id()), name, prefix, tier, now(), None)
+        self.keys[key_hash] = (user_id, tier, key)
+        return key
+
+    async def key_owner(self, key_hash: str) -> tuple[str, str] | None:
+        found = self.keys.get(key_hash)
+        return None if found is None or found[2].revoked_at else (found[0], found[1])
+
+    async def list_keys(self, user_id: str) -> list[ApiKey]:
+        return [k for u, _, k in self.keys.values() if u == user_id]
+
+    async def revoke_key(self, user_id: str, key_id: uuid.UUID) -> bool:
+        for digest, (owner, tier, key) in self.keys.items():
+            if owner == user_id and key.key_id == str(key_id):
+                self.keys[digest] = (owner, tier, replace(key, revoked_at=key.revoked_at or now()))
+                return True
+        return False

@@ -1,0 +1,193 @@
+"""The edge's routes on in-memory stores: each route takes its stores through its own dependency (api/deps.py),
+so a test gives it fakes (tests/unit/edge_fakes.py) and checks what it answers, what it stores and what it
+tells the stages, with no Kafka or Cassandra. The same routes run on the real services in tests/stack/."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from types import SimpleNamespace
+from urllib.parse import unquote
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api import deps
+from api.app import create_app
+from api.auth import credential
+from api.settings import ApiSettings
+from storage.ids import new_id
+from storage.rows import Message
+from topics.pipeline import FEEDBACK, MEMORY_CHANGED
+
+from .edge_fakes import FakeChats, FakeKeys, FakeProducer, now
+
+
+@pytest.fixture
+def edge():
+    settings = ApiSettings()
+    app = create_app(settings)
+    chats, keys, producer = FakeChats(), FakeKeys(), FakeProducer()
+    app.dependency_overrides[deps.conversations] = lambda: chats
+    app.dependency_overrides[deps.keys] = lambda: keys
+    app.dependency_overrides[deps.producer] = lambda: producer
+    client = TestClient(app, raise_server_exceptions=False)  # no lifespan: nothing to connect to
+
+    def signed(user: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {credential(user, settings=settings)}"}
+
+    return SimpleNamespace(app=app, http=client, chats=chats, keys=keys, producer=producer, signed=signed)
+
+
+def told(producer: FakeProducer) -> list[tuple[str, str | None]]:
+    """What the memory and persistence stages were told: (action, message id)."""
+    return [(s.record["action"], s.record["message_id"]) for s in producer.log.on(MEMORY_CHANGED)]
+
+
+def test_a_chat_is_created_listed_renamed_reset_and_deleted(edge):
+    ada = edge.signed("ada")
+    created = edge.http.post("/v1/chats", json={"title": "Plans"}, headers=ada)
+    assert created.status_code == 201, created.text
+    chat = created.json()
+    assert chat["object"] == "chat" and chat["title"] == "Plans"
+    assert chat["created_at"] == chat["last_active_at"]
+    chat_id = chat["id"]
+
+    listed = edge.http.get("/v1/chats", headers=ada).json()
+    assert [c["id"] for c in listed["data"]] == [chat_id] and listed["next_cursor"] is None
+    assert edge.http.get(f"/v1/chats/{chat_id}", headers=ada).json()["active_run_id"] is None
+
+    renamed = edge.http.patch(f"/v1/chats/{chat_id}", json={"title": "Trip"}, headers=ada)
+    assert renamed.json()["title"] == "Trip"
+    assert edge.http.get("/v1/chats", headers=ada).json()["data"][0]["title"] == "Trip"
+
+    reset = edge.http.post(f"/v1/chats/{chat_id}/context/reset", headers=ada).json()
+    assert reset["context_from"] == str(edge.chats.resets[uuid.UUID(chat_id)])
+
+    assert edge.http.delete(f"/v1/chats/{chat_id}", headers=ada).status_code == 204
+    assert told(edge.producer) == [("reset", None), ("chat_deleted", None)]  # the stages told before the row goes
+    assert edge.http.get(f"/v1/chats/{chat_id}", headers=ada).status_code == 404
+    assert edge.http.get("/v1/chats", headers=ada).json()["data"] == []
+
+
+def test_another_persons_chat_is_not_found_and_nothing_is_told(edge):
+    chat_id = edge.http.post("/v1/chats", json={}, headers=edge.signed("ada")).json()["id"]
+    bob = edge.signed("bob")
+    attempts = [
+        edge.http.get(f"/v1/chats/{chat_id}", headers=bob),
+        edge.http.patch(f"/v1/chats/{chat_id}", json={"title": "mine"}, headers=bob),
+        edge.http.get(f"/v1/chats/{chat_id}/messages", headers=bob),
+        edge.http.post(f"/v1/chats/{chat_id}/context/reset", headers=bob),
+        edge.http.delete(f"/v1/chats/{chat_id}", headers=bob),
+    ]
+    for response in attempts:
+        assert response.status_code == 404, response.text
+        assert response.json() == {
+            "error": {
+                "message": f"No chat found with id '{chat_id}'.",
+                "type": "not_found_error",
+                "param": None,
+                "code": "chat_not_found",
+            }
+        }
+    assert edge.http.get("/v1/chats", headers=bob).json()["data"] == []
+    assert edge.producer.log.sent == [] and uuid.UUID(chat_id) in edge.chats.chats
+
+
+def test_an_edit_and_a_delete_reach_memory_and_only_an_answer_is_rated(edge):
+    ada = edge.signed("ada")
+    chat_id = edge.http.post("/v1/chats", json={}, headers=ada).json()["id"]
+    question, run = str(new_id()), str(new_id())
+    stored = edge.chats.messages.setdefault(uuid.UUID(chat_id), {})
+    stored[question] = Message(question, "user", "What is Kafka?", now(), run_id=run)
+    stored[run] = Message(run, "assistant", "A log.", now(), run_id=run, model="m", finish_reason="stop")
+
+    edited = edge.http.patch(f"/v1/chats/{chat_id}/messages/{question}", json={"content": "What is Avro?"}, headers=ada)
+    assert edited.status_code == 200, edited.text
+    assert edited.json()["content"] == "What is Avro?" and edited.json()["role"] == "user"
+    change = edge.producer.log.on(MEMORY_CHANGED)[-1].record
+    assert (change["action"], change["message_id"], change["content"]) == ("edited", question, "What is Avro?")
+    listed = edge.http.get(f"/v1/chats/{chat_id}/messages", headers=ada).json()["data"]
+    assert [m["content"] for m in listed] == ["What is Avro?", "A log."]
+
+    refused = edge.http.post(f"/v1/chats/{chat_id}/messages/{question}/feedback", json={"rating": "up"}, headers=ada)
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "message_id")
+    rated = edge.http.post(f"/v1/chats/{chat_id}/messages/{run}/feedback", json={"rating": "up"}, headers=ada)
+    assert rated.status_code == 202 and rated.json() == {"id": run, "object": "feedback", "rating": "up"}
+    [feedback] = edge.producer.log.on(FEEDBACK)
+    assert (feedback.record["message_id"], feedback.record["rating"], feedback.key) == (run, "up", chat_id)
+
+    assert edge.http.delete(f"/v1/chats/{chat_id}/messages/{run}", headers=ada).status_code == 204
+    assert told(edge.producer)[-1] == ("deleted", run)
+    assert [m["id"] for m in edge.http.get(f"/v1/chats/{chat_id}/messages", headers=ada).json()["data"]] == [question]
+    gone = edge.http.delete(f"/v1/chats/{chat_id}/messages/{run}", headers=ada)
+    assert (gone.status_code, gone.json()["error"]["code"]) == (404, "message_not_found")
+
+
+def test_an_api_key_speaks_for_its_owner_cannot_manage_keys_and_ends_when_revoked(edge):
+    ada = edge.signed("ada")
+    minted = edge.http.post("/v1/api-keys", json={"name": "ci"}, headers=ada)
+    assert minted.status_code == 201, minted.text
+    key = minted.json()
+    assert key["key"].startswith("pk-") and key["prefix"] == key["key"][:7] and key["revoked_at"] is None
+    by_key = {"Authorization": f"Bearer {key['key']}"}
+
+    me = edge.http.get("/v1/me", headers=by_key).json()
+    assert (me["user_id"], me["via_key"], me["admin"]) == ("ada", True, False)
+    assert edge.http.get("/v1/api-keys", headers=by_key).json()["error"]["code"] == "key_not_allowed"
+    listed = edge.http.get("/v1/api-keys", headers=ada).json()["data"]
+    assert [k["id"] for k in listed] == [key["id"]] and "key" not in listed[0]  # shown once, at minting
+
+    assert edge.http.delete(f"/v1/api-keys/{key['id']}", headers=edge.signed("bob")).status_code == 404
+    assert edge.http.delete(f"/v1/api-keys/{key['id']}", headers=ada).status_code == 204
+    refused = edge.http.get("/v1/me", headers=by_key)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (401, "invalid_api_key")
+
+
+def test_bad_input_is_an_openai_shaped_400_and_nothing_is_written(edge):
+    ada = edge.signed("ada")
+    long_title = edge.http.post("/v1/chats", json={"title": "x" * 201}, headers=ada)
+    assert long_title.status_code == 400
+    assert long_title.json()["error"]["type"] == "invalid_request_error"
+    assert long_title.json()["error"]["param"] == "title"
+    broken = edge.http.post("/v1/chats", content=b"{", headers={**ada, "Content-Type": "application/json"})
+    assert broken.json()["error"]["code"] == "invalid_json"
+    assert edge.chats.chats == {}
+
+
+def operations(doc: dict) -> list[tuple[str, str, dict]]:
+    return [(path, method, op) for path, item in doc["paths"].items() for method, op in item.items()]
+
+
+def test_the_openapi_document_comes_from_the_routes_models(edge):
+    doc = edge.app.openapi()
+    schemas = doc["components"]["schemas"]
+    assert "422" not in json.dumps(doc["paths"]) and "HTTPValidationError" not in schemas
+    untyped = {("/v1/usage/report", "get"), ("/v1/admin/runs/{run_id}", "get"), ("/v1/admin/evals", "get")}
+    for path, method, op in operations(doc):
+        if path.startswith("/v1/"):  # every error in OpenAI's shape
+            for status in ("400", "401", "404", "429", "4XX", "503"):
+                error = op["responses"][status]["content"]["application/json"]["schema"]
+                assert error == {"$ref": "#/components/schemas/ErrorBody"}, (path, method, status)
+        ok = next((r for s, r in op["responses"].items() if s.startswith("2")), None)
+        if ok is None or "content" not in ok or (path, method) in untyped:
+            continue
+        for media, content in ok["content"].items():
+            if media == "application/json":  # a model of the code's, not a free-form object
+                assert "$ref" in content["schema"], (path, method)
+            elif path != "/metrics":  # Prometheus's text format
+                assert media == "text/event-stream" and content["schema"]["required"], (path, method)
+
+    linked = [
+        link for _, _, op in operations(doc) for r in op["responses"].values() for link in r.get("links", {}).values()
+    ]
+    assert len(linked) >= 10
+    for link in linked:  # each link names an operation the document has
+        pointer, _, method = unquote(link["operationRef"]).removeprefix("#/paths/").rpartition("/")
+        path = pointer.replace("~1", "/").replace("~0", "~")
+        assert method in doc["paths"][path], link
+
+    settings = ApiSettings()  # the limits settings decide, written where the bodies are described
+    assert schemas["NewMessage"]["properties"]["content"]["maxLength"] == settings.max_content_chars
+    models = [o for o in schemas["Completion"]["properties"]["model"]["anyOf"] if o.get("type") == "string"]
+    assert models[0]["enum"] == list(settings.models)
