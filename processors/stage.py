@@ -7,6 +7,7 @@ dead letter with its source offset instead of a crashed agent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import os
@@ -303,21 +304,46 @@ class Stage:
         events: Sequence[EventT[Any]],
         handle: Callable[[list[E]], Awaitable[None]],
     ) -> None:
+        """The batch's failures, as one event's: a dependency away is waited for (the partition pauses); a record
+        the handler fails on is found by handling the batch again one record at a time, and only that one is
+        dead-lettered. Batch handlers are idempotent (a run's usage row is written once), so the records of
+        the failed batch that are handled again are not counted twice."""
         started = time.perf_counter()
-        good: list[E] = []
-        carried = []  # each good record's trace context
+        good: list[tuple[EventT[Any], E]] = []
         for event in events:
             try:
-                good.append(cast(E, codec.decode(topic.schema, event.message.value)))
-                carried.append(event.message.headers)
+                good.append((event, cast(E, codec.decode(topic.schema, event.message.value))))
             except PoisonEvent as exc:
                 await self.dead_letter(topic, event, str(exc))
-        if good:
-            with tracing.consumed_batch(self.tracer, f"{self.name} {topic.name}", carried):
-                await handle(
-                    good
-                )  # raises on storage failure: the worker stops without acking, nothing is lost
-        EVENTS.labels(self.name, topic.name, "ok").inc(len(good))
+        if not good:
+            return
+        first, last = good[0][0].message, good[-1][0].message
+        where = f"{first.topic}[{first.partition}]@{first.offset}..{last.offset}"
+        carried = [event.message.headers for event, _ in good]
+        handled = len(good)
+        with tracing.consumed_batch(self.tracer, f"{self.name} {topic.name}", carried):
+            try:
+                await self._with_retries(where, lambda: handle([record for _, record in good]))
+            except Exception:
+                log.exception(
+                    "%s: a batch failed on %s; handling it one record at a time", self.name, where
+                )
+                handled = 0
+                for event, record in good:
+                    msg = event.message
+                    try:
+                        await self._with_retries(where, functools.partial(handle, [record]))
+                        handled += 1
+                    except Exception as exc:
+                        log.exception(
+                            "%s: failed on %s[%s]@%s",
+                            self.name,
+                            msg.topic,
+                            msg.partition,
+                            msg.offset,
+                        )
+                        await self.dead_letter(topic, event, f"{type(exc).__name__}: {exc}")
+        EVENTS.labels(self.name, topic.name, "ok").inc(handled)
         LATENCY.labels(self.name, topic.name).observe(time.perf_counter() - started)
 
     def run(self) -> None:

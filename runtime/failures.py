@@ -1,7 +1,8 @@
 """One failure policy for both Kafka clients: the faust stages' shell (processors/stage.py) and the inference
 consumers (inference/worker.py). What failed decides what happens to the record:
 
-- a dependency was away (the log, a store, the schema registry): `retry`. The record is handled again, never
+- a dependency was away (the log, a store, the schema registry; for ClickHouse, a network error or an HTTP
+  error still there after the client's own retry): `retry`. The record is handled again, never
   dead-lettered: the faust shell retries in place with backoff (its partition waits); the inference consumer
   leaves the offset uncommitted and the run is read again (by it or, after a rebalance, by another consumer,
   which continues after what the run published).
@@ -16,6 +17,7 @@ from typing import Literal
 
 from cassandra import OperationTimedOut, ReadTimeout, Unavailable, WriteTimeout
 from cassandra.cluster import NoHostAvailable
+from clickhouse_connect.driver.exceptions import OperationalError as ClickHouseAway
 from confluent_kafka import KafkaException
 
 from topics.errors import RetriableError
@@ -31,6 +33,7 @@ RETRIABLE: tuple[type[BaseException], ...] = (
     Unavailable,
     ReadTimeout,
     WriteTimeout,
+    ClickHouseAway,
 )
 
 

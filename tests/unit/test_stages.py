@@ -125,6 +125,7 @@ async def test_a_briefly_unavailable_store_is_retried_not_dead_lettered():
 
 def test_one_failure_policy_for_both_kafka_clients_a_dependency_away_is_retried_anything_else_dead_lettered():
     from cassandra.cluster import NoHostAvailable
+    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
     from confluent_kafka import KafkaError, KafkaException
 
     from runtime.failures import after
@@ -136,7 +137,52 @@ def test_one_failure_policy_for_both_kafka_clients_a_dependency_away_is_retried_
         TimeoutError(),
         KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)),
         NoHostAvailable("no host", {}),
+        OperationalError("HTTP 503 from ClickHouse, retried"),
     ):
         assert after(away) == "retry", away
-    for bad in (PoisonEvent("undecodable"), KeyError("prompt"), ValueError("bad"), TypeError()):
+    refused_row = DatabaseError("Cannot parse input: expected '\"' before: 'x'")  # the row's fault
+    for bad in (PoisonEvent("undecodable"), KeyError("prompt"), ValueError("bad"), TypeError(), refused_row):
         assert after(bad) == "dead_letter", bad
+
+
+async def test_a_batch_a_record_fails_in_is_handled_one_record_at_a_time_and_only_that_record_is_parked():
+    from types import SimpleNamespace
+
+    from processors.stage import Stage
+    from topics.pipeline import RUN_COMPLETED
+
+    from .fakes import completed
+    from .fakes import prompt as accepted
+
+    stage = Stage("metering", ProcessorSettings(namespace="unit"))
+    parked: list[tuple[int, str]] = []
+
+    async def dead_letter(topic, event, error):
+        parked.append((event.message.offset, error))
+
+    stage.dead_letter = dead_letter
+    records = [completed(accepted()) for _ in range(4)]
+    payloads = [codec.encode(RUN_COMPLETED.schema, r) for r in records]
+    payloads.insert(2, b"\x00not avro")  # a poison record: dead-lettered as it is decoded
+    events = [
+        SimpleNamespace(message=SimpleNamespace(topic="t", partition=0, offset=i, key=b"k", value=v, headers=[]))
+        for i, v in enumerate(payloads)
+    ]
+    bad = records[2]["prompt"]["run_id"]  # at offset 3: the handler fails on it, and on any batch holding it
+    stored: set[str] = set()
+    calls: list[int] = []
+
+    async def handle(batch):  # all or nothing, like one insert of the batch's rows
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise TimeoutError("the store is briefly away")  # retried in place, not a failure of the batch
+        runs = {r["prompt"]["run_id"] for r in batch}
+        if bad in runs:
+            raise KeyError("a field this record lacks")
+        stored.update(runs)
+
+    await stage._handle_batch(RUN_COMPLETED, events, handle)
+    assert calls == [4, 4, 1, 1, 1, 1]  # away, failed whole, then each record alone
+    assert stored == {r["prompt"]["run_id"] for r in records} - {bad}
+    assert [offset for offset, _ in parked] == [2, 3]
+    assert parked[1][1].startswith("KeyError")
