@@ -176,3 +176,58 @@ def test_the_migration_runs_before_the_processes_and_secrets_are_referenced_not_
                     assert env[key]["valueFrom"]["secretKeyRef"]["name"] in secrets, (values, key)
                     assert "value" not in env[key]
     assert len(of_kind("cpu-demo", "NetworkPolicy")) >= 3
+
+
+HOOK = "helm.sh/hook"
+
+
+def references(pod: dict) -> set[tuple[str, str]]:
+    """(kind, name) of every object a pod spec needs to start: its account, Secrets, ConfigMaps and claims."""
+    found = {("ServiceAccount", pod.get("serviceAccountName", "default"))}
+    found |= {("Secret", s["name"]) for s in pod.get("imagePullSecrets", [])}
+    for container in pod.get("initContainers", []) + pod["containers"]:
+        for env in container.get("env", []):
+            source = env.get("valueFrom", {})
+            if "secretKeyRef" in source:
+                found.add(("Secret", source["secretKeyRef"]["name"]))
+            if "configMapKeyRef" in source:
+                found.add(("ConfigMap", source["configMapKeyRef"]["name"]))
+        for env in container.get("envFrom", []):
+            if "secretRef" in env:
+                found.add(("Secret", env["secretRef"]["name"]))
+            if "configMapRef" in env:
+                found.add(("ConfigMap", env["configMapRef"]["name"]))
+    for volume in pod.get("volumes", []):
+        if "secret" in volume:
+            found.add(("Secret", volume["secret"]["secretName"]))
+        if "configMap" in volume:
+            found.add(("ConfigMap", volume["configMap"]["name"]))
+        if "persistentVolumeClaim" in volume:
+            found.add(("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]))
+    return found
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_a_hook_needs_nothing_helm_creates_after_it(values):
+    """Helm creates a release's objects only after its pre-install hooks have run: what a hook's pod needs is
+    either a hook of the same events with a lower weight, or not made by the chart at all (an existing Secret,
+    the namespace's default account)."""
+    docs = rendered(values)
+    made = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    hooks = [d for d in docs if HOOK in d["metadata"].get("annotations", {})]
+    jobs = [h for h in hooks if h["kind"] == "Job"]
+    assert jobs, values
+    for job in jobs:
+        events = set(job["metadata"]["annotations"][HOOK].split(","))
+        weight = int(job["metadata"]["annotations"].get("helm.sh/hook-weight", "0"))
+        for kind, name in sorted(references(job["spec"]["template"]["spec"])):
+            needed = made.get((kind, name))
+            if needed is None:
+                continue  # not the chart's: exists before the release (checked by its own value set)
+            annotations = needed["metadata"].get("annotations", {})
+            assert HOOK in annotations, f"{values}: the hook {job['metadata']['name']} needs {kind}/{name}"
+            assert events <= set(annotations[HOOK].split(",")), (values, kind, name)
+            assert int(annotations.get("helm.sh/hook-weight", "0")) < weight, (values, kind, name)
+            policy = annotations.get("helm.sh/hook-delete-policy", "")
+            if kind == "Secret":  # a hook's copy of credentials does not outlive the hooks
+                assert {"hook-succeeded", "hook-failed"} <= set(policy.split(",")), (values, name)

@@ -44,7 +44,15 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
+{{/* The environment of a Parley process whose credentials come from the release's Secret. */}}
 {{- define "parley.env" -}}
+{{ include "parley.envFrom" (list . (include "parley.secretName" .)) }}
+{{- end -}}
+
+{{/* The same, with the credentials from a named Secret: include "parley.envFrom" (list $ "name") */}}
+{{- define "parley.envFrom" -}}
+{{- $secret := index . 1 -}}
+{{- with index . 0 -}}
 - name: PARLEY_NAMESPACE
   value: {{ .Values.namespace | quote }}
 - name: PARLEY_KAFKA_BOOTSTRAP
@@ -75,7 +83,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: PARLEY_CASSANDRA_USERNAME
   value: {{ .Values.cassandra.username | quote }}
 - name: PARLEY_CASSANDRA_PASSWORD
-  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: cassandra-password}}
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: cassandra-password}}
 {{- end }}
 - name: PARLEY_USAGE_URL
   value: {{ required "clickhouse.url is required: a cluster stores usage in a ClickHouse server" .Values.clickhouse.url | quote }}
@@ -84,11 +92,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: PARLEY_USAGE_DATABASE
   value: {{ .Values.clickhouse.database | quote }}
 - name: PARLEY_USAGE_PASSWORD
-  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: clickhouse-password}}
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: clickhouse-password}}
 - name: PARLEY_JWT_SECRET
-  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: jwt-secret}}
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: jwt-secret}}
 - name: PARLEY_INTERNAL_TOKEN
-  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: internal-token}}
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: internal-token}}
 - name: PARLEY_METERING_URL
   value: {{ printf "http://%s-metering:%v" (include "parley.fullname" .) .Values.stageDefaults.webPort | quote }}
 - name: PARLEY_LOG_FORMAT
@@ -103,6 +111,23 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ .Values.observability.otlpEndpoint | quote }}
 {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The keys of the Secret the chart makes when no existing one is named. */}}
+{{- define "parley.secretData" -}}
+jwt-secret: {{ required "secrets.jwtSecret (or secrets.existingSecret) is required" .Values.secrets.jwtSecret | quote }}
+internal-token: {{ required "secrets.internalToken (or secrets.existingSecret) is required" .Values.secrets.internalToken | quote }}
+clickhouse-password: {{ required "secrets.clickhousePassword (or secrets.existingSecret) is required" .Values.secrets.clickhousePassword | quote }}
+{{- if .Values.cassandra.username }}
+cassandra-password: {{ required "secrets.cassandraPassword is required with cassandra.username" .Values.secrets.cassandraPassword | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The Secret the migration reads: the existing one, or the hook's own copy (the release's Secret is made
+only after the pre-install hooks have run). */}}
+{{- define "parley.migrationSecretName" -}}
+{{- default (printf "%s-migrate" (include "parley.fullname" .)) .Values.secrets.existingSecret -}}
 {{- end -}}
 
 {{/* What every Parley container shares: non-root, read-only root, no privileges; its state on an emptyDir. */}}
