@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.metadata
 import signal
 import sys
 import time
@@ -18,6 +19,8 @@ from infra.topology import CLUSTER, SINGLE_NODE
 
 if TYPE_CHECKING:
     pass
+
+EXIT_CODES = """exit status: 0 done; 1 failed (the message says why); 2 a usage error; 3 a finding (usage drift)."""
 
 
 def workers(text: str) -> dict[str, int]:
@@ -182,7 +185,16 @@ def cmd_trace(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="parley", description=__doc__)
+    args = build_parser().parse_args(argv)
+    args.fn(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its options (the defaults read from the environment now: PARLEY_NAMESPACE)."""
+    parser = argparse.ArgumentParser(prog="parley", description=__doc__, epilog=EXIT_CODES)
+    parser.add_argument(
+        "--version", action="version", version=f"parley {importlib.metadata.version('parley')}"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     token = sub.add_parser("token", help="print a credential for the local stack")
     token.add_argument("--user", required=True)
@@ -197,9 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         ("status", cmd_status, "which processes run"),
     ):
         p = sub.add_parser(name, help=text)
-        p.add_argument(
-            "--namespace", default="", help="topic/keyspace prefix (tests use their own)"
-        )
+        log_commands.namespace_option(p)
         p.add_argument("--port-base", type=int, default=8000)
         p.add_argument(
             "--cluster",
@@ -244,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
     ):
         p = topics.add_parser(name, help=text)
-        p.add_argument("--namespace", default="")
+        log_commands.namespace_option(p)
         p.add_argument("--port-base", type=int, default=8000)
         p.add_argument("--cluster", action="store_true", help="the local cluster's brokers")
         p.add_argument("--chat", type=int, default=0, help="partitions of every chat-keyed topic")
@@ -256,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         "trace", help="one run's trace, as the local collector received it, as a tree"
     )
     trace.add_argument("run_id")
-    trace.add_argument("--namespace", default="")
+    log_commands.namespace_option(trace)
     trace.add_argument("--port-base", type=int, default=8000)
     trace.add_argument(
         "--file", default="", help="an OTLP JSON spans file (default: the local stack's)"
@@ -264,8 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     trace.set_defaults(fn=cmd_trace)
     log_commands.add_commands(sub)
     eval_commands.add_commands(sub)
-    args = parser.parse_args(argv)
-    args.fn(args)
+    return parser
 
 
 if __name__ == "__main__":

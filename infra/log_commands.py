@@ -4,6 +4,7 @@ reconcile metered usage (evals and exports: infra/eval_commands.py). Registered 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ from infra.stack import Stack
 from replay import OUTCOMES
 from runtime.settings import StackSettings
 from topics.clock import now_ms
+
+FINDING = 3  # the exit status of a command that ran and found something wrong (infra/cli.py)
 
 if TYPE_CHECKING:
     from replay.candidate import Candidate, Processes
@@ -54,7 +57,6 @@ def connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
     the log and the stores need. PARLEY_* where the command runs (a pod on a cluster) decide; the local
     single-node stack's values fill in only what they leave unset. A command's own --bootstrap,
     --registry-url or --metering-url, where it has them, come first."""
-    import os
 
     from registry import client as registry
 
@@ -86,7 +88,6 @@ def connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
 
 def cmd_reconcile(args: argparse.Namespace) -> None:
     import json
-    import os
 
     from processors.meter_usage import Prices
     from processors.reconcile import reconcile
@@ -107,7 +108,7 @@ def cmd_reconcile(args: argparse.Namespace) -> None:
     )
     print(json.dumps(drift.summary(), indent=2, default=str))
     if not drift.zero:
-        raise SystemExit(2)
+        raise SystemExit(FINDING)
 
 
 def cmd_runs_show(args: argparse.Namespace) -> None:
@@ -225,13 +226,20 @@ def cmd_replay(args: argparse.Namespace) -> None:
         )
 
 
+def namespace_option(parser: argparse.ArgumentParser) -> None:
+    """--namespace, by default the deployment's (PARLEY_NAMESPACE, which the chart sets in every pod)."""
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("PARLEY_NAMESPACE", ""),
+        help="topic/keyspace prefix (default: $PARLEY_NAMESPACE; tests use their own)",
+    )
+
+
 def reads_the_stack(
     parser: argparse.ArgumentParser, fn: Callable[[argparse.Namespace], None]
 ) -> None:
     """The options of a command that reads a stack's log and stores: which namespace, which local stack."""
-    parser.add_argument(
-        "--namespace", default="", help="topic/keyspace prefix (tests use their own)"
-    )
+    namespace_option(parser)
     parser.add_argument("--port-base", type=int, default=8000, help="the local stack's port base")
     parser.set_defaults(fn=fn)
 
@@ -321,7 +329,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--since", default="24h", help="ISO 8601 (UTC unless it says), 90m/24h/7d ago, or epoch ms"
     )
     rec.add_argument("--until", default="now")
-    rec.add_argument("--namespace", default="", help="topic/table prefix (tests use their own)")
+    namespace_option(rec)
     rec.add_argument(
         "--bootstrap", default="", help="Kafka (default: PARLEY_KAFKA_BOOTSTRAP or 127.0.0.1:9092)"
     )
