@@ -36,6 +36,7 @@ def test_the_issue_s_alerts_are_all_there_and_tested():
         "ParleyRunErrorRate",  # error rate
         "ParleyEngineUnhealthy",  # engine unhealthy
         "ParleyBudgetLedgerErrors",  # budget-ledger errors
+        "ParleyProcessDown",  # a process that does not answer its scrape
     }
     assert wanted <= names
     tests = yaml.safe_load((RULES / "alerts.test.yml").read_text())["tests"]
