@@ -6,8 +6,10 @@ and pool on its own consumer group's lag over the topics the pipeline gives it, 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from functools import cache
+from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -49,11 +51,48 @@ def rendered(values: str) -> tuple[dict, ...]:
     return tuple(doc for doc in yaml.safe_load_all(out.stdout) if doc)
 
 
+def crd_schema(path: Path, version: str) -> dict:
+    crd = yaml.safe_load(path.read_text())
+    [served] = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    return served["schema"]["openAPIV3Schema"]
+
+
 @cache
 def scaled_object_schema() -> dict:
-    crd = yaml.safe_load((REPO_ROOT / "tests/unit/data/keda/keda.sh_scaledobjects.yaml").read_text())
-    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
-    return version["schema"]["openAPIV3Schema"]
+    return crd_schema(REPO_ROOT / "tests/unit/data/keda/keda.sh_scaledobjects.yaml", "v1alpha1")
+
+
+@cache
+def custom_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> the CRD's schema, for the chart's optional objects (infra/local/crds.sh)."""
+    got = subprocess.run(["bash", str(REPO_ROOT / "infra/local/crds.sh")], capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    operator, gateway = (Path(line) for line in got.stdout.split())
+    monitoring = operator / "example/prometheus-operator-crd"
+    return {
+        ("keda.sh/v1alpha1", "ScaledObject"): scaled_object_schema(),
+        ("monitoring.coreos.com/v1", "PodMonitor"): crd_schema(
+            monitoring / "monitoring.coreos.com_podmonitors.yaml", "v1"
+        ),
+        ("monitoring.coreos.com/v1", "PrometheusRule"): crd_schema(
+            monitoring / "monitoring.coreos.com_prometheusrules.yaml", "v1"
+        ),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute"): crd_schema(
+            gateway / "config/crd/standard/gateway.networking.k8s.io_httproutes.yaml", "v1"
+        ),
+    }
+
+
+def strict(schema: dict) -> dict:
+    """A CRD schema that, like the API server's pruning, refuses fields it does not declare."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if schema.get("type") == "object" and "properties" in schema and "additionalProperties" not in schema:
+            if not schema.get("x-kubernetes-preserve-unknown-fields"):
+                schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
 
 
 def of_kind(values: str, kind: str) -> list[dict]:
@@ -74,11 +113,14 @@ def test_the_chart_lints(values):
 def test_every_rendered_object_is_valid_against_the_api_schemas(values):
     docs = rendered(values)
     assert len(docs) > 20
+    custom = custom_schemas()
     for doc in docs:
-        name = f"{doc['kind']}/{doc['metadata']['name']}"
-        if doc["apiVersion"] == "keda.sh/v1alpha1":
-            assert doc["kind"] == "ScaledObject", name
-            jsonschema.validate(doc, scaled_object_schema())
+        kind = (doc["apiVersion"], doc["kind"])
+        if kind in custom:  # its spec against the CRD; its metadata is a standard object's
+            # CRDs are OpenAPI with Go's regular expressions (some not Python's): the schema is not checked
+            # itself, only used.
+            validator = jsonschema.Draft202012Validator(strict(custom[kind]))
+            validator.validate({k: v for k, v in doc.items() if k != "metadata"})
         else:
             kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
@@ -89,6 +131,12 @@ def test_the_validation_fails_on_an_invalid_object():
     broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["paht"] = "/livez"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBERNETES, strict=True)
+    [monitor] = of_kind("gpu-production", "PodMonitor")
+    misspelled = {**monitor, "spec": {**monitor["spec"], "podMetricEndpoints": []}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(strict(custom_schemas()[("monitoring.coreos.com/v1", "PodMonitor")])).validate(
+            {k: v for k, v in misspelled.items() if k != "metadata"}
+        )
     [scaled, *_] = of_kind("cpu-demo", "ScaledObject")
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**scaled, "spec": {**scaled["spec"], "minReplicaCount": "two"}}, scaled_object_schema())
@@ -231,3 +279,61 @@ def test_a_hook_needs_nothing_helm_creates_after_it(values):
             policy = annotations.get("helm.sh/hook-delete-policy", "")
             if kind == "Secret":  # a hook's copy of credentials does not outlive the hooks
                 assert {"hook-succeeded", "hook-failed"} <= set(policy.split(",")), (values, name)
+
+
+def pods(values: str) -> list[dict]:
+    return [d["spec"]["template"]["spec"] for d in rendered(values) if d["kind"] in ("Deployment", "Job")]
+
+
+def test_the_operator_options_reach_every_pod_and_route_streams_unbuffered():
+    for pod in pods("gpu-production"):  # a private registry: every pod, the engines' and the hook's too
+        assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+        for container in pod["containers"]:
+            if container["image"].startswith("ghcr.io/parley-chat/parley:"):
+                assert container["env"][-1] == {"name": "PARLEY_ADMISSION_TIMEOUT_S", "value": "15"}
+            elif "sglang" in container["image"]:
+                assert container["args"][-2:] == ["--log-level", "warning"]
+                assert pod["runtimeClassName"] == "nvidia"
+    [route] = of_kind("gpu-production", "HTTPRoute")
+    [rule] = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"name": "rel-parley-api", "port": 80}]
+    assert rule["timeouts"] == {"request": "3600s", "backendRequest": "3600s"}
+
+    for pod in pods("external-stores"):
+        assert pod["runtimeClassName"] == "gvisor" and "imagePullSecrets" not in pod
+    [ingress] = of_kind("external-stores", "Ingress")
+    notes = ingress["metadata"]["annotations"]
+    assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"  # each SSE event passed on at once
+    assert notes["nginx.ingress.kubernetes.io/proxy-read-timeout"] == "3600"
+    [path] = ingress["spec"]["rules"][0]["http"]["paths"]
+    assert path["backend"]["service"] == {"name": "rel-parley-api", "port": {"name": "http"}}
+
+    optional = ("Ingress", "HTTPRoute", "PodMonitor", "PrometheusRule", "ConfigMap")
+    assert not [d for d in rendered("cpu-demo") if d["kind"] in optional]
+
+
+def test_monitoring_scrapes_every_process_and_ships_the_repositorys_alerts_and_dashboards():
+    [monitor] = of_kind("gpu-production", "PodMonitor")
+    selector = monitor["spec"]["selector"]
+    [excluded] = selector["matchExpressions"]
+    scraped = 0
+    for deployment in of_kind("gpu-production", "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        if labels["app.kubernetes.io/component"] in excluded["values"]:
+            continue
+        assert selector["matchLabels"].items() <= labels.items()
+        [consumer, *_] = deployment["spec"]["template"]["spec"]["containers"]
+        assert "http" in {p["name"] for p in consumer["ports"]}  # the port the monitor scrapes
+        assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+        scraped += 1
+    assert scraped == 1 + 5 + 2  # the edge, the five stages, the two pools
+
+    [rule] = of_kind("gpu-production", "PrometheusRule")
+    alerts = yaml.safe_load((REPO_ROOT / "infra/prometheus/alerts.yml").read_text())
+    assert rule["spec"]["groups"] == alerts["groups"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    boards = {c["metadata"]["name"]: c for c in of_kind("gpu-production", "ConfigMap")}
+    for path in sorted((REPO_ROOT / "infra/grafana/dashboards").glob("*.json")):
+        board = boards[f"rel-parley-{path.stem}"]
+        assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(board["data"][path.name]) == json.loads(path.read_text())

@@ -114,6 +114,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
+{{/* The operator's own variables, last in every Parley container's env (so they win). */}}
+{{- define "parley.extraEnv" -}}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
 {{/* The keys of the Secret the chart makes when no existing one is named. */}}
 {{- define "parley.secretData" -}}
 jwt-secret: {{ required "secrets.jwtSecret (or secrets.existingSecret) is required" .Values.secrets.jwtSecret | quote }}
@@ -151,7 +158,18 @@ volumeMounts:
   emptyDir: {}
 {{- end -}}
 
+{{/* What every pod of the chart takes: the registry's pull secrets. */}}
+{{- define "parley.pullSecrets" -}}
+{{- with .Values.image.pullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{- define "parley.podExtras" -}}
+{{- include "parley.pullSecrets" . }}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
 {{- with .Values.nodeSelector }}
 nodeSelector: {{- toYaml . | nindent 2 }}
 {{- end }}
