@@ -29,11 +29,14 @@ COPY safety ./safety
 COPY replay ./replay
 COPY schemas ./schemas
 COPY --from=web /web/dist ./web/dist
-COPY infra/__init__.py infra/cli.py infra/log_commands.py infra/processes.py infra/stack.py infra/topology.py ./infra/
+COPY pyproject.toml ./
+COPY infra/__init__.py infra/cli.py infra/eval_commands.py infra/log_commands.py infra/processes.py infra/stack.py infra/topology.py infra/traces.py ./infra/
 # The code runs from /app (it finds schemas/ and web/dist beside its packages), as a user without a shell
 # login; everything it writes (tokenizer cache, faust state, keys) goes to the volume at /var/lib/parley.
+# `parley` is the operator's command (kubectl exec ... -- parley usage reconcile), run from the sources too.
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin parley \
- && mkdir -p /var/lib/parley && chown parley:parley /var/lib/parley
+ && mkdir -p /var/lib/parley && chown parley:parley /var/lib/parley \
+ && printf '#!/bin/sh\nexec python -m infra.cli "$@"\n' > /usr/local/bin/parley && chmod 755 /usr/local/bin/parley
 ENV PYTHONPATH=/app PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     LOCAL_INFRA_STATE=/var/lib/parley PARLEY_HOST=0.0.0.0
 VOLUME ["/var/lib/parley"]

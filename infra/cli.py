@@ -184,6 +184,19 @@ def cmd_trace(args: argparse.Namespace) -> None:
     print(f"trace of run {args.run_id} (from {path}):\n" + "\n".join(lines))
 
 
+def version() -> str:
+    """The installed package's version; in the image, which runs from its sources, pyproject.toml's."""
+    try:
+        return importlib.metadata.version("parley")
+    except importlib.metadata.PackageNotFoundError:
+        import tomllib
+
+        from runtime.settings import REPO_ROOT
+
+        project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+        return str(project["version"])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.fn(args)
@@ -192,9 +205,7 @@ def main(argv: list[str] | None = None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Every command and its options (the defaults read from the environment now: PARLEY_NAMESPACE)."""
     parser = argparse.ArgumentParser(prog="parley", description=__doc__, epilog=EXIT_CODES)
-    parser.add_argument(
-        "--version", action="version", version=f"parley {importlib.metadata.version('parley')}"
-    )
+    parser.add_argument("--version", action="version", version=f"parley {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     token = sub.add_parser("token", help="print a credential for the local stack")
     token.add_argument("--user", required=True)

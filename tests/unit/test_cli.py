@@ -47,6 +47,18 @@ def test_version_and_a_usage_error(capsys):
     assert wrong.value.code == 2
 
 
+def test_the_version_comes_from_the_sources_where_the_package_is_not_installed(monkeypatch):
+    import tomllib
+
+    from runtime.settings import REPO_ROOT
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # as in the image, run from /app
+    assert cli.version() == tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
 def test_usage_drift_is_a_finding_not_a_usage_error(monkeypatch, capsys):
     import processors.reconcile
 

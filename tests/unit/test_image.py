@@ -76,6 +76,7 @@ def entrypoints() -> dict[str, str]:
         elif command[1] == "-c":
             out[name] = command[2]
     out["migrate (python -m storage.schema)"] = "import storage.schema"
+    out["the parley command (python -m infra.cli)"] = "import infra.cli"
     return out
 
 
@@ -183,3 +184,10 @@ def test_the_closure_follows_lazy_imports_inside_functions():
         "storage/usage.py",
     } <= reached
     assert {"faust", "cassandra", "onnxruntime"} <= third
+
+
+def test_the_image_has_the_parley_command_run_from_its_sources():
+    assert "COPY pyproject.toml ./" in DOCKERFILE  # --version reads it: the package is not installed
+    launcher = 'exec python -m infra.cli "$@"'
+    assert launcher.replace('"', '\\"') in DOCKERFILE or launcher in DOCKERFILE
+    assert "> /usr/local/bin/parley && chmod 755 /usr/local/bin/parley" in DOCKERFILE
