@@ -23,7 +23,14 @@ async def amain(
     api_key: str | None,
     revive: Callable[[], Awaitable[bool]] | None,
 ) -> None:
-    engine: Engine = OpenAIStreamEngine(settings.engine, engine_url, api_key)
+    engine: Engine = OpenAIStreamEngine(
+        settings.engine,
+        engine_url,
+        api_key,
+        slots=settings.slots,
+        health_timeout_s=settings.engine_health_timeout_s,
+        busy_wait_s=settings.engine_busy_wait_s,
+    )
     worker = Worker(settings, engine, revive)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,7 +1,14 @@
 """One small interface in front of the engines. Both speak OpenAI-style streaming chat completions:
 llama.cpp's llama-server (CPU, the embedded default) and SGLang's server (GPU, production), so one client
-serves both; closing the stream aborts the sequence in either engine. Both batch continuously (slots in
-llama.cpp, the running batch in SGLang) and reuse cached prompt prefixes (slot prompt cache; RadixAttention).
+serves both. Both batch continuously (slots in llama.cpp, the running batch in SGLang) and reuse cached prompt
+prefixes (slot prompt cache; RadixAttention).
+
+SGLang as its server code behaves (read at v0.5.23): each attempt at a run is one engine request named by its
+`rid`, and a stop (a cancel, a hand-off) is `POST /abort_request` for that rid before the stream is closed (a
+closed stream alone is aborted only after a delay, and some versions decoded on to max_tokens); the run's
+`priority` orders SGLang's queue under `--enable-priority-scheduling` (higher first, Parley's order too); a 503
+means the engine is full, so the attempt waits and is sent again; any other refusal fails that run only. Only
+an engine that cannot be reached (or fails its health check, inference/worker.py) is taken out of its pool.
 
 A run taken over from a failed consumer continues from the text already published: the partial answer goes
 in as the final assistant message with `continue_final_message` (both engines implement it, as vLLM does).
@@ -11,12 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,13 @@ class Request:
     temperature: float = 0.7
     # the answer so far, when a run is taken over: generation continues after it
     continuation: str = ""
+    priority: int | None = None  # the run's (higher first); SGLang orders its queue by it
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def rid(self) -> str:
+        """The engine's name for this attempt: an abort stops this one and no other."""
+        return f"{self.run_id}-{self.attempt}"
 
 
 @dataclass
@@ -57,6 +75,7 @@ class Engine(Protocol):
     name: str
 
     def stream(self, request: Request) -> AsyncIterator[Chunk]: ...
+    async def abort(self, request: Request) -> None: ...
     async def healthy(self) -> bool: ...
     async def aclose(self) -> None: ...
 
@@ -65,21 +84,50 @@ class OpenAIStreamEngine:
     """Streaming chat completions against llama-server or SGLang (`/v1/chat/completions`)."""
 
     def __init__(
-        self, name: str, base_url: str, api_key: str | None = None, timeout_s: float = 300.0
+        self,
+        name: str,
+        base_url: str,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        *,
+        slots: int = 64,
+        health_timeout_s: float = 10.0,
+        busy_wait_s: float = 30.0,
     ) -> None:
         self.name = name
+        self.sglang = name == "sglang"
         self.base_url = base_url.rstrip("/")
+        self.health_timeout_s = health_timeout_s
+        self.busy_wait_s = busy_wait_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # A connection per slot, and room for the health checks and aborts beside them (httpx's default pool
+        # of 100 would queue slots beyond it without a word).
+        limits = httpx.Limits(max_connections=slots + 8, max_keepalive_connections=slots + 8)
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers
+            timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers, limits=limits
         )
 
     async def healthy(self) -> bool:
+        """SGLang's /health runs a one-token generation when the engine is idle: a busy engine answers within
+        the timeout, which is seconds, not the one second a cheap probe gets."""
         try:
-            response = await self._client.get(f"{self.base_url}/health", timeout=2.0)
+            response = await self._client.get(
+                f"{self.base_url}/health", timeout=self.health_timeout_s
+            )
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+    async def abort(self, request: Request) -> None:
+        """Stop this attempt in the engine now (SGLang); llama-server stops a sequence when its stream closes."""
+        if not self.sglang:
+            return
+        try:
+            await self._client.post(
+                f"{self.base_url}/abort_request", json={"rid": request.rid}, timeout=5.0
+            )
+        except httpx.HTTPError as exc:  # the closed stream still stops it, later
+            log.warning("run %s: abort_request failed: %s", request.run_id, exc)
 
     def body(self, request: Request) -> dict[str, Any]:
         messages = list(request.messages)
@@ -87,6 +135,10 @@ class OpenAIStreamEngine:
         if request.continuation:
             messages.append({"role": "assistant", "content": request.continuation})
             body = {"continue_final_message": True, "add_generation_prompt": False}
+        if self.sglang:
+            body["rid"] = request.rid
+            if request.priority is not None:
+                body["priority"] = request.priority
         return {
             **body,
             "model": request.model,
@@ -105,15 +157,21 @@ class OpenAIStreamEngine:
 
     async def stream(self, request: Request) -> AsyncIterator[Chunk]:
         body = self.body(request)
-        for attempt in (1, 2):
+        broken, pause = 0, 0.25
+        deadline = time.monotonic() + self.busy_wait_s
+        while True:
             try:
                 async with self._client.stream(
                     "POST", f"{self.base_url}/v1/chat/completions", json=body
                 ) as response:
-                    if response.status_code != 200:
+                    if response.status_code == 503 and time.monotonic() + pause < deadline:
+                        await response.aread()  # full: nothing of it ran; wait, then send it again
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, 4.0)
+                        continue
+                    if response.status_code != 200:  # this request's refusal: the engine stays
                         detail = (await response.aread()).decode(errors="replace")[:300]
-                        failure = EngineDown if response.status_code >= 500 else EngineError
-                        raise failure(f"engine answered {response.status_code}: {detail}")
+                        raise EngineError(f"engine answered {response.status_code}: {detail}")
                     async for line in response.aiter_lines():
                         chunk = parse_sse_line(line)
                         if chunk is not None:
@@ -122,7 +180,8 @@ class OpenAIStreamEngine:
             except httpx.RemoteProtocolError as exc:
                 # llama-server (cpp-httplib) closes a keep-alive connection after 100 requests; a request sent
                 # on it in that instant is refused before any byte of it is processed, so one retry is safe.
-                if attempt == 2 or "without sending a response" not in str(exc):
+                broken += 1
+                if broken == 2 or "without sending a response" not in str(exc):
                     raise EngineDown(f"engine connection broke: {exc}") from exc
             except httpx.TransportError as exc:
                 raise EngineDown(f"engine unreachable: {type(exc).__name__}: {exc}") from exc
@@ -132,11 +191,13 @@ class OpenAIStreamEngine:
 
 
 class EngineError(RuntimeError):
-    """The engine refused this request (a 4xx, or an error in its stream): the run fails."""
+    """The engine refused or failed this request (an HTTP error, a 503 for longer than the wait, or a system
+    abort in its stream: a timeout, out of memory): the run fails; the engine stays in its pool."""
 
 
 class EngineDown(RuntimeError):
-    """The engine is unreachable, failed (5xx) or aborted the sequence: the run is handed to a healthy engine."""
+    """The engine is unreachable, or ended the sequence itself without an error (shutting down): the run is
+    handed to a healthy engine."""
 
 
 def parse_sse_line(line: str) -> Chunk | None:
@@ -147,7 +208,7 @@ def parse_sse_line(line: str) -> Chunk | None:
     if not data or data == "[DONE]":
         return None
     payload = json.loads(data)
-    if "error" in payload:
+    if "error" in payload:  # SGLang's system abort: {"error": {"message", "type", "code"}}
         raise EngineError(str(payload["error"])[:300])
     chunk = Chunk()
     for choice in payload.get("choices") or ():
@@ -156,7 +217,7 @@ def parse_sse_line(line: str) -> Chunk | None:
         chunk.finish_reason = choice.get("finish_reason") or chunk.finish_reason
     if (
         chunk.finish_reason == "abort"
-    ):  # SGLang aborted the sequence itself (e.g. out of memory, shutting down)
+    ):  # a graceful abort nobody here asked for: the engine is stopping
         raise EngineDown("the engine aborted the sequence")
     usage = payload.get("usage")
     if usage:
@@ -181,11 +242,14 @@ async def generate(
 ) -> AsyncIterator[tuple[str, Outcome]]:
     """Run one request, yielding (text delta, running outcome); the outcome is complete after the last yield.
 
-    When `cancel` is set the engine's stream is closed at once, even mid-prefill (closing it is how both
-    engines abort a sequence: they free it at their next decode step), and the outcome ends "cancelled".
+    When `cancel` is set the engine is told to stop the request (SGLang's abort_request) and its stream is
+    closed at once, even mid-prefill (llama-server frees a closed stream's slot at its next step); the outcome
+    ends "cancelled".
     """
     outcome = Outcome()
-    async for chunk in _until(engine.stream(request), cancel, outcome):
+    async for chunk in _until(
+        engine.stream(request), cancel, outcome, lambda: engine.abort(request)
+    ):
         if chunk.text:
             outcome.pieces += 1
             if outcome.first_token_at is None:
@@ -205,9 +269,13 @@ async def generate(
 
 
 async def _until(
-    chunks: AsyncIterator[Chunk], cancel: asyncio.Event | None, outcome: Outcome
+    chunks: AsyncIterator[Chunk],
+    cancel: asyncio.Event | None,
+    outcome: Outcome,
+    abort: Callable[[], Awaitable[None]],
 ) -> AsyncIterator[Chunk]:
-    """The engine's chunks until they end or `cancel` is set; then the engine stream is closed."""
+    """The engine's chunks until they end or `cancel` is set; then the engine is told to stop the request and
+    its stream is closed."""
     stream = aiter(chunks)
     cancelled = asyncio.ensure_future(cancel.wait()) if cancel else None
     try:
@@ -219,6 +287,7 @@ async def _until(
                     {step, cancelled}, return_when=asyncio.FIRST_COMPLETED
                 )
             if step not in waited:
+                await abort()
                 step.cancel()
                 await asyncio.wait({step})  # let the stream unwind (closes the HTTP response)
                 outcome.finish_reason = "cancelled"

@@ -172,6 +172,7 @@ class RunServer:
             prompt["max_tokens"] - prior.tokens,
             self.settings.temperature if (t := prompt.get("temperature")) is None else t,
             continuation=prior.text,
+            priority=run["priority"],
         )
         coalescer = Coalescer(self.settings.coalesce_ms / 1000)
         guard = None

@@ -48,6 +48,10 @@ class InferenceSettings(StackSettings):
     coalesce_ms: float = 20.0
     metrics_port: int = 9101
     health_interval_s: float = 2.0
+    # How long a health check may take: SGLang's /health runs a one-token generation when it is idle.
+    engine_health_timeout_s: float = 10.0
+    # An engine answering 503 (full) gets the attempt again, backing off, for this long; then the run fails.
+    engine_busy_wait_s: float = 30.0
     # A consumer that dies stops heartbeating; after this its partitions, and runs, move to the pool's others.
     session_timeout_ms: int = 6000
     # check the answer in windows while it streams (safety/output.py)
