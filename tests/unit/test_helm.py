@@ -337,3 +337,22 @@ def test_monitoring_scrapes_every_process_and_ships_the_repositorys_alerts_and_d
         board = boards[f"rel-parley-{path.stem}"]
         assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert json.loads(board["data"][path.name]) == json.loads(path.read_text())
+
+
+def test_the_gpu_engine_starts_as_sglang_behaves():
+    for deployment in of_kind("gpu-production", "Deployment"):
+        containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+        if "engine" not in containers:
+            continue
+        engine = containers["engine"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            check = engine[probe]["exec"]["command"][-1]
+            own = float(check.split("timeout=")[1].rstrip(")"))
+            assert engine[probe]["timeoutSeconds"] > own, probe  # the default 1 s never passes /health
+        assert "/ready" in engine["livenessProbe"]["exec"]["command"][-1]  # no generation to stay alive
+        env = {e["name"]: e["value"] for e in engine["env"]}
+        mounts = {m["mountPath"] for m in engine["volumeMounts"]}
+        assert env["HOME"] in mounts and env["TRITON_CACHE_DIR"].startswith(env["HOME"])  # writable, non-root
+        args = engine["args"]
+        assert "--enable-priority-scheduling" in args  # the consumer sends each run's priority
+        assert args[args.index("--default-priority-value") + 1] == "0"
