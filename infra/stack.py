@@ -51,6 +51,18 @@ class Service:
         return f"http://127.0.0.1:{self.port}{self.health_path}"
 
 
+def settled(response: httpx.Response) -> bool:
+    """Ready, and for a stage also settled: its group is not rebalancing (a stage stays ready through a
+    rebalance, processors/stage.py `readiness`; work started mid-rebalance would move in-flight events)."""
+    if response.status_code != 200:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return True
+    return not isinstance(body, dict) or body.get("settled", True) is not False
+
+
 @dataclass
 class Stack:
     namespace: str = ""
@@ -279,7 +291,7 @@ class Stack:
                         tail = self._path("logs", f"{name}.log").read_text(errors="replace")[-3000:]
                         raise RuntimeError(f"{name} exited during start-up:\n{tail}")
                     try:
-                        if httpx.get(service.health, timeout=1.0).status_code == 200:
+                        if settled(httpx.get(service.health, timeout=1.0)):
                             del pending[name]
                     except httpx.HTTPError:
                         pass

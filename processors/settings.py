@@ -12,6 +12,9 @@ class ProcessorSettings(ContextSettings):
     web_port: int = 0  # faust's own web server (health, /metrics, metering's usage views); 0 = per stage default
     replica: int = 0  # which replica of its stage this process is (its own data folder)
     session_timeout_s: float = 10.0
+    # A replica that held partitions stays ready (in its Service) through a rebalance of its group this long:
+    # each KEDA step rebalances the whole group, and metering's pages answer throughout.
+    rebalance_grace_s: float = 60.0
     # a run in flight longer than this no longer counts against its user's limit
     run_deadline_s: float = 300.0
     # metering (where usage is stored: runtime/settings.py, shared with the migration)

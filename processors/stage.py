@@ -75,6 +75,21 @@ def on(topic: Topic[E], handle: Callable[[E, D], Awaitable[None]]) -> Handler[D]
     return Handler(topic, handle)
 
 
+def readiness(
+    settled: bool, rebalancing: bool, settled_at: float | None, now: float, grace_s: float
+) -> tuple[int, dict[str, Any]]:
+    """A stage replica's readiness (pure). Settled with partitions: ready. Rebalancing after it held some within
+    `grace_s`: still ready, so a group rebalanced by each scaling step never empties its Service (metering's
+    pages answer throughout, and the replica resumes its partitions or hands them over). Never held any, or
+    not since the grace ran out: 503, a replica starting or a standby (more replicas than partitions)."""
+    if settled:
+        return 200, {"status": "ok", "settled": True}
+    recent = settled_at is not None and now - settled_at <= grace_s
+    if rebalancing and recent:
+        return 200, {"status": "rebalancing", "settled": False}
+    return 503, {"status": "rebalancing" if rebalancing else "standby", "settled": False}
+
+
 def on_batches(topic: Topic[E], handle: Callable[[list[E], D], Awaitable[None]]) -> Handler[D]:
     """Declare a handler of a batch of events (its size and wait: `Stage.serve`)."""
     return Handler(topic, handle, batch=True)
@@ -111,6 +126,7 @@ class Stage:
         self.outage = Outage(
             log, f"{name}: a store or the log (events wait, none is dead-lettered)"
         )
+        self._settled_at: float | None = None  # when this replica last held partitions, settled
 
         @self.app.page("/metrics")
         async def metrics(web: Any, request: Any) -> Any:
@@ -124,13 +140,17 @@ class Stage:
 
         @self.app.page("/readyz")
         async def readyz(web: Any, request: Any) -> Any:
-            """Ready once this replica holds partitions and its group is not rebalancing: a stack that waits
-            for every replica's readiness starts work only after its groups settled (a replica that joins
-            late would otherwise move partitions, and their in-flight events, mid-burst). A replica with
-            nothing to read (more replicas than partitions) stays 503: it is a standby, alive but not ready."""
-            assigned = bool(self.app.consumer.assignment()) and not self.app.rebalancing
-            body = {"status": "ok" if assigned else "rebalancing", "stage": name}
-            return web.json(body, status=200 if assigned else 503)
+            """Ready (200) once this replica holds partitions, and through a rebalance of its group for
+            `rebalance_grace_s` after it last held them (see `readiness`); `settled` says whether the group
+            is settled now, which a stack that starts work only after its groups settled waits for."""
+            now = time.monotonic()
+            settled = bool(self.app.consumer.assignment()) and not self.app.rebalancing
+            if settled:
+                self._settled_at = now
+            code, body = readiness(
+                settled, self.app.rebalancing, self._settled_at, now, settings.rebalance_grace_s
+            )
+            return web.json({**body, "stage": name}, status=code)
 
     def topic(self, topic: Topic[Any]) -> TopicT:
         return self._raw(

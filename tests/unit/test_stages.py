@@ -186,3 +186,26 @@ async def test_a_batch_a_record_fails_in_is_handled_one_record_at_a_time_and_onl
     assert stored == {r["prompt"]["run_id"] for r in records} - {bad}
     assert [offset for offset, _ in parked] == [2, 3]
     assert parked[1][1].startswith("KeyError")
+
+
+def test_a_replica_stays_in_its_service_through_a_rebalance_but_a_stack_waits_for_it_to_settle():
+    import httpx
+
+    from infra.stack import settled
+    from processors.stage import readiness
+
+    assert readiness(True, False, 100.0, 100.0, 60) == (200, {"status": "ok", "settled": True})
+    # a scaling step rebalances the group: a replica that held partitions a moment ago stays ready...
+    code, body = readiness(False, True, 100.0, 130.0, 60)
+    assert code == 200 and body["settled"] is False
+    assert readiness(False, True, 100.0, 161.0, 60)[0] == 503  # ...for the grace, not for ever
+    assert readiness(False, True, None, 5.0, 60)[0] == 503  # starting: never held any
+    assert readiness(False, False, 100.0, 110.0, 60) == (503, {"status": "standby", "settled": False})
+
+    def answered(code, body):
+        return httpx.Response(code, json=body)
+
+    assert settled(answered(200, {"status": "ok", "settled": True, "stage": "metering"}))
+    assert not settled(answered(200, {"status": "rebalancing", "settled": False, "stage": "metering"}))
+    assert settled(answered(200, {"status": "ok", "reply_partitions": [0]}))  # the edge says nothing of it
+    assert not settled(answered(503, {"status": "standby", "settled": False}))
