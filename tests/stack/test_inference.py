@@ -267,3 +267,57 @@ def test_a_long_prompt_shows_progress_while_it_is_prefilled(tmp_path):
     assert len(before) - 1 >= steps >= 4, (before, done["usage"])
     assert [r["seq"] for r in deltas] == list(range(len(deltas)))
     assert "".join(r["text"] for r in deltas) == done["content"] and deltas[-1]["kind"] == "completed"
+
+
+def test_an_openai_compatible_server_with_a_key_serves_a_run_and_its_refusals_fail_only_the_run(tmp_path):
+    """engine=openai: any OpenAI-compatible server someone else runs (vLLM, Ollama, a hosted API), here
+    llama-server's own API behind a key: the run streams with its usage, the pool's model name goes as sent,
+    a wrong key or an oversized prompt is that run's error (EngineError), never the engine's (EngineDown)."""
+    import asyncio
+    import socket
+
+    import pytest
+
+    from inference.engine import EngineDown, EngineError, OpenAIStreamEngine, Request, generate
+    from runtime.llama_server import LlamaServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = LlamaServer(
+        port=port, slots=2, context=1024, threads=1, alias="served-model", log_path=tmp_path / "e.log",
+        key_file=tmp_path / "key",
+    )  # fmt: skip
+    ask = [{"role": "user", "content": "Say hello."}]
+
+    async def answer(engine, request):
+        texts, last = [], None
+        async for text, outcome in generate(engine, request):
+            texts.append(text)
+            last = outcome
+        return "".join(texts), last
+
+    async def check():
+        keyed = OpenAIStreamEngine("openai", server.url, api_key=server.api_key, busy_wait_s=60)
+        text, outcome = await answer(keyed, Request("r1", "served-model", ask, 8, temperature=0.0))
+        assert text and outcome.finish_reason in ("stop", "length")
+        assert outcome.prompt_tokens > 5 and 0 < outcome.completion_tokens <= 8
+        assert await keyed.healthy()
+        for key in ("wrong-key", None):
+            stranger = OpenAIStreamEngine("openai", server.url, api_key=key)
+            with pytest.raises(EngineError, match="401"):
+                await answer(stranger, Request("r2", "served-model", ask, 8))
+            await stranger.aclose()
+        huge = [{"role": "user", "content": "lamp " * 3000}]  # beyond a 512-token sequence
+        with pytest.raises(EngineError, match="400") as refused:
+            await answer(keyed, Request("r3", "served-model", huge, 8))
+        assert not isinstance(refused.value, EngineDown)
+        text, _ = await answer(keyed, Request("r4", "served-model", ask, 4, temperature=0.0))  # still serving
+        assert text
+        await keyed.aclose()
+
+    server.start(120)
+    try:
+        asyncio.run(check())
+    finally:
+        server.process.terminate()
