@@ -98,6 +98,7 @@ class OpenAIStreamEngine:
         self.sglang = name == "sglang"
         self.base_url = base_url.rstrip("/")
         self.health_timeout_s = health_timeout_s
+        self.unhealthy_reason = ""  # why the last health check failed
         self.busy_wait_s = busy_wait_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # A connection per slot, and room for the health checks and aborts beside them (httpx's default pool
@@ -110,13 +111,26 @@ class OpenAIStreamEngine:
     async def healthy(self) -> bool:
         """SGLang's /health runs a one-token generation when the engine is idle: a busy engine answers within
         the timeout, which is seconds, not the one second a cheap probe gets."""
-        try:
-            response = await self._client.get(
-                f"{self.base_url}/health", timeout=self.health_timeout_s
+        for attempt in (1, 2):
+            try:
+                response = await self._client.get(
+                    f"{self.base_url}/health", timeout=self.health_timeout_s
+                )
+            except httpx.RemoteProtocolError as exc:
+                # A kept-alive connection the server closed as it was reused (a request refused before any
+                # byte of it was read, as stream() meets it): asked again on a new one, never an eviction.
+                self.unhealthy_reason = f"{type(exc).__name__}: {exc}"
+                if attempt == 1:
+                    continue
+                return False
+            except httpx.HTTPError as exc:
+                self.unhealthy_reason = f"{type(exc).__name__}: {exc}"
+                return False
+            self.unhealthy_reason = (
+                "" if response.status_code == 200 else f"HTTP {response.status_code}"
             )
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+            return response.status_code == 200
+        return False
 
     async def abort(self, request: Request) -> None:
         """Stop this attempt in the engine now (SGLang); llama-server stops a sequence when its stream closes."""

@@ -161,8 +161,13 @@ class Worker:
                 ok = await self.revive()
             if ok != self.healthy:
                 state = "healthy again: taking work" if ok else "UNHEALTHY: not taking work"
+                reason = getattr(self.engine, "unhealthy_reason", "")
                 log.warning(
-                    "engine %s of pool %s is %s", self.engine.name, self.settings.pool, state
+                    "engine %s of pool %s is %s%s",
+                    self.engine.name,
+                    self.settings.pool,
+                    state,
+                    f" ({reason})" if reason and not ok else "",
                 )
             self.healthy = ok
             HEALTHY.labels(self.settings.pool).set(1 if ok else 0)

@@ -302,7 +302,7 @@ def test_an_openai_compatible_server_with_a_key_serves_a_run_and_its_refusals_fa
         text, outcome = await answer(keyed, Request("r1", "served-model", ask, 8, temperature=0.0))
         assert text and outcome.finish_reason in ("stop", "length")
         assert outcome.prompt_tokens > 5 and 0 < outcome.completion_tokens <= 8
-        assert await keyed.healthy()
+        assert await keyed.healthy(), keyed.unhealthy_reason
         for key in ("wrong-key", None):
             stranger = OpenAIStreamEngine("openai", server.url, api_key=key)
             with pytest.raises(EngineError, match="401"):

@@ -106,3 +106,23 @@ async def test_a_refusal_fails_the_run_and_only_an_unreachable_engine_is_down():
     with pytest.raises(EngineDown):
         async for _ in generate(down, ask()):
             pass
+
+
+async def test_a_health_check_on_a_connection_the_server_closed_is_asked_again_not_failed():
+    answers = iter([httpx.RemoteProtocolError("Server disconnected without sending a response."), None])
+
+    def health(request: httpx.Request) -> httpx.Response:
+        broken = next(answers)
+        if broken is not None:
+            raise broken
+        return httpx.Response(200)
+
+    engine = OpenAIStreamEngine("sglang", "http://engine")
+    engine._client = httpx.AsyncClient(transport=httpx.MockTransport(health))
+    assert await engine.healthy() and engine.unhealthy_reason == ""
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503)
+
+    engine._client = httpx.AsyncClient(transport=httpx.MockTransport(refused))
+    assert not await engine.healthy() and engine.unhealthy_reason == "HTTP 503"
