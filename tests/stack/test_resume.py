@@ -73,7 +73,9 @@ def test_resume_errors(live):
     events = chat_turn(alice, chat["id"], "Hi", max_tokens=4)
     run_id = events[0]["data"]["run_id"]
     url = f"/v1/chats/{chat['id']}/runs/{run_id}/events"
-    for bad in ("garbage", "t:7:1", "x:0:1", "t:-1:2"):
+    partition = int(events[-1]["id"].split(":")[1])  # "t:<partition>:<offset>"
+    elsewhere = f"t:{partition + 1}:1"  # a cursor of another partition than the run's
+    for bad in ("garbage", elsewhere, "x:0:1", "t:-1:2"):
         response = alice.get(url, headers={"Last-Event-ID": bad})
         assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_last_event_id", bad
     assert bob.get(url).status_code == 404
