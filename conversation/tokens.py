@@ -57,6 +57,15 @@ class ChatTokenizer:
         """Tokens of the prompt the engine builds from these messages (template and generation prompt)."""
         return len(self.tokenizer.encode(self.render(messages), add_special_tokens=False).ids)
 
+    def count_continued(self, messages: Sequence[Mapping[str, Any]], continuation: str) -> int:
+        """Tokens of the prompt that continues an answer after `continuation` (a taken-over run): the
+        engine renders the chat up to the assistant's turn and appends the partial answer as text."""
+        return len(
+            self.tokenizer.encode(
+                self.render(messages) + continuation, add_special_tokens=False
+            ).ids
+        )
+
     def truncate(self, text: str, tokens: int) -> str:
         """The longest opening of `text` that is at most `tokens` tokens."""
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
@@ -143,6 +152,10 @@ def load(spec: str) -> ChatTokenizer:
         folder = Path(where)
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         config = json.loads((folder / "tokenizer_config.json").read_text())
+        if (
+            jinja := folder / "chat_template.jinja"
+        ).exists():  # newer models keep the template beside it
+            config.setdefault("chat_template", jinja.read_text())
     else:
         raise ValueError(f"unknown tokenizer source {spec!r} (expected gguf:PATH or hf:DIR)")
     if not config.get("chat_template"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 
 from admission.limits import BACKGROUND_PRIORITY
+from conversation.tokens import load as load_tokenizer
 from inference.coalesce import Coalescer
 from inference.completion import Timing, completed, usage_after
 from inference.control import RunControls
@@ -161,6 +162,35 @@ class RunServer:
                 error=None,
                 timing=timing,
             )
+        messages = [{"role": m["role"], "content": m["content"]} for m in run["messages"]]
+        max_tokens = prompt["max_tokens"] - prior.tokens
+        if prior.text:
+            # The answer so far goes back in as text, and re-tokenized it can count more tokens than were
+            # generated: the rest of the answer is clamped to what the pool's context still holds, or the
+            # engine refuses the request (SGLang's 400 above --context-length).
+            held = load_tokenizer(self.settings.pools[pool].tokenizer).count_continued(
+                messages, prior.text
+            )
+            room = self.settings.slot_context - held
+            if room < max_tokens:
+                log.info(
+                    "run %s: continuation holds %d tokens; the rest of its answer is clamped from %d to %d",
+                    prompt["run_id"],
+                    held,
+                    max_tokens,
+                    max(room, 0),
+                )
+                max_tokens = room
+            if max_tokens <= 0:
+                return await self._finish(
+                    run,
+                    prior,
+                    prior.seq + 1,
+                    outcome=Outcome(finish_reason="length"),
+                    started=started,
+                    error=None,
+                    timing=timing,
+                )
         seq = prior.seq
         if not prior.started:
             seq = 0
@@ -168,8 +198,8 @@ class RunServer:
         request = Request(
             prompt["run_id"],
             run["model"],
-            [{"role": m["role"], "content": m["content"]} for m in run["messages"]],
-            prompt["max_tokens"] - prior.tokens,
+            messages,
+            max_tokens,
             self.settings.temperature if (t := prompt.get("temperature")) is None else t,
             continuation=prior.text,
             priority=run["priority"],

@@ -224,3 +224,66 @@ def test_a_stateless_conversation_keeps_its_routing_key_across_turns():
     assert conversation_key("u1", turn1) == conversation_key("u1", turn2)
     assert conversation_key("u1", turn1) != conversation_key("u2", turn1)
     assert conversation_key("u1", turn1) != conversation_key("u1", [{"role": "user", "content": "Other"}])
+
+
+class _Published:
+    def __init__(self):
+        self.records = []
+
+    async def publish(self, topic, record, **_):
+        self.records.append((topic, record))
+
+
+class _Engine:
+    """Answers every request with one token and keeps what it was asked."""
+
+    def __init__(self):
+        self.requests = []
+
+    async def stream(self, request):
+        self.requests.append(request)
+        yield "x", Outcome(finish_reason="stop", completion_tokens=1, pieces=1)
+
+    async def abort(self, request):
+        pass
+
+
+@pytest.mark.parametrize("prior_words, asked", [(20, True), (200, False)])
+def test_a_taken_over_run_asks_only_for_what_the_pools_context_still_holds(prior_words, asked):
+    """The published text goes back in re-tokenized, which the engine counts against its context length: the
+    rest of the answer is clamped to the room left (SGLang refuses a request beyond --context-length), and a
+    continuation that leaves no room ends the run at its length without asking the engine."""
+    import asyncio
+    import time
+
+    from conversation import tokens
+    from inference.run import Flight, RunServer
+    from inference.settings import InferenceSettings
+    from inference.takeover import Prior
+    from runtime.settings import Pool
+
+    settings = InferenceSettings(pools={"small": Pool(model="m", context=160)}, pool="small")
+    engine, producer = _Engine(), _Published()
+    runs = RunServer(settings, engine, producer, None, None, None, lambda: None)
+    text = " ".join(f"word{i}" for i in range(prior_words))
+    messages = [{"role": "user", "content": "Count for me, please."}]
+    prior = Prior(text=text, seq=3, tokens=prior_words)
+
+    async def known(_flight):
+        return prior
+
+    runs.prior = known
+    run_id = "r-clamp"
+    prompt_ = {"run_id": run_id, "chat_id": "c", "user_id": "u", "tier": "free", "message_id": run_id,
+               "content": "", "max_tokens": 400, "temperature": 0.0, "reply_partition": 0}  # fmt: skip
+    run = {"prompt": prompt_, "pool": "small", "model": "m", "messages": messages, "priority": 0,
+           "scheduled_at": int(time.time() * 1000)}  # fmt: skip
+    done = asyncio.run(runs.serve(Flight(None, run, 0, maybe_started=True)))
+    held = tokens.load(settings.pools["small"].tokenizer).count_continued(messages, text)
+    assert held > prior_words  # re-tokenized, the words count more tokens than were generated
+    if asked:
+        (request,) = engine.requests
+        assert request.continuation == text and request.max_tokens == 160 - held
+    else:
+        assert engine.requests == [] and held > 160
+        assert done["finish_reason"] == "length"
