@@ -77,6 +77,7 @@ class Engine(Protocol):
     def stream(self, request: Request) -> AsyncIterator[Chunk]: ...
     async def abort(self, request: Request) -> None: ...
     async def healthy(self) -> bool: ...
+    async def metrics(self) -> bytes | None: ...
     async def aclose(self) -> None: ...
 
 
@@ -131,6 +132,16 @@ class OpenAIStreamEngine:
             )
             return response.status_code == 200
         return False
+
+    async def metrics(self) -> bytes | None:
+        """The engine's own Prometheus page (SGLang with --enable-metrics, llama-server with --metrics), for the
+        consumer to serve beside its own: the engine listens on the pod's loopback only. None when it has none."""
+        try:
+            response = await self._client.get(f"{self.base_url}/metrics", timeout=5.0)
+        except httpx.HTTPError as exc:
+            log.warning("engine metrics unavailable: %s", exc)
+            return None
+        return response.content if response.status_code == 200 else None
 
     async def abort(self, request: Request) -> None:
         """Stop this attempt in the engine now (SGLang); llama-server stops a sequence when its stream closes."""

@@ -25,9 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import cast
 
-from aiohttp import web
 from confluent_kafka import KafkaError, Message, TopicPartition
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from admission.limits import LimitsView, tier_cap
 from inference.control import RunControls
@@ -46,6 +44,7 @@ from inference.metrics import (
     QUEUED,
     TTFT,
 )
+from inference.pages import serve_pages
 from inference.run import Flight, RunServer
 from inference.settings import InferenceSettings
 from runtime import failures, tracing
@@ -173,41 +172,20 @@ class Worker:
             HEALTHY.labels(self.settings.pool).set(1 if ok else 0)
             await asyncio.sleep(self.settings.health_interval_s)
 
-    # -- pages: metrics and health -----------------------------------------------------------------
-    async def _serve_pages(self) -> web.AppRunner:
-        """/metrics for the scraper; /livez (the event loop answers) and /readyz (the engine is healthy and this
-        consumer is in its pool's group, so it takes work: 503 while it is out) for probes."""
-
-        async def metrics(_request: web.Request) -> web.Response:
-            return web.Response(
-                body=generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0]
-            )
-
-        async def livez(_request: web.Request) -> web.Response:
-            return web.json_response({"status": "ok", "pool": self.settings.pool})
-
-        async def readyz(_request: web.Request) -> web.Response:
-            ready = self.healthy and self.membership.subscribed
-            body = {
-                "status": "ok" if ready else "not_taking_work",
-                "pool": self.settings.pool,
-                "engine": self.healthy,
-            }
-            return web.json_response(body, status=200 if ready else 503)
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/livez", livez)
-        app.router.add_get("/readyz", readyz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, self.settings.host, self.settings.metrics_port).start()
-        return runner
+    # -- pages: metrics and health (inference/pages.py) ----------------------------------------------
+    def readiness(self) -> dict[str, object]:
+        """What /readyz answers: whether this consumer takes work, and why not."""
+        ready = self.healthy and self.membership.subscribed
+        return {
+            "status": "ok" if ready else "not_taking_work",
+            "pool": self.settings.pool,
+            "engine": self.healthy,
+        }
 
     # -- main loop ---------------------------------------------------------------------------------
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        pages = await self._serve_pages()
+        pages = await serve_pages(self.settings, self.engine, self.readiness)
         self.producer.start()
         self.controls.start(loop)
         pool = self.settings.pool

@@ -303,6 +303,8 @@ def test_an_openai_compatible_server_with_a_key_serves_a_run_and_its_refusals_fa
         assert text and outcome.finish_reason in ("stop", "length")
         assert outcome.prompt_tokens > 5 and 0 < outcome.completion_tokens <= 8
         assert await keyed.healthy(), keyed.unhealthy_reason
+        page = await keyed.metrics()  # what the consumer serves on /engine/metrics
+        assert page is not None and b"llamacpp:prompt_tokens_total" in page
         for key in ("wrong-key", None):
             stranger = OpenAIStreamEngine("openai", server.url, api_key=key)
             with pytest.raises(EngineError, match="401"):

@@ -37,6 +37,9 @@ def test_the_issue_s_alerts_are_all_there_and_tested():
         "ParleyEngineUnhealthy",  # engine unhealthy
         "ParleyBudgetLedgerErrors",  # budget-ledger errors
         "ParleyProcessDown",  # a process that does not answer its scrape
+        "ParleyEngineSaturated",  # an engine with requests waiting all the time
+        "ParleyEngineQueueGrowing",  # its queue growing
+        "ParleyEngineKVCacheFull",  # its KV cache full
     }
     assert wanted <= names
     tests = yaml.safe_load((RULES / "alerts.test.yml").read_text())["tests"]
@@ -64,14 +67,23 @@ def referenced(expr: str) -> set[str]:
 
 def test_the_operations_dashboard_and_the_rules_query_metrics_that_exist(tmp_path):
     import json
+    import re
 
     board = json.loads((REPO_ROOT / "infra/grafana/dashboards/parley-operations.json").read_text())
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
     rules = yaml.safe_load((RULES / "alerts.yml").read_text())
     exprs_all = exprs + [r["expr"] for g in rules["groups"] for r in g["rules"]]
     known = exported_metrics()
+    sglang = {
+        line
+        for line in (REPO_ROOT / "tests/unit/data/sglang/metrics-0.5.23.txt").read_text().split()
+        if "sglang:" in line
+    }
+    dcgm = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}  # the DCGM exporter's defaults
     for expr in exprs_all:
         missing = {m for m in referenced(expr) if m not in known and m.removesuffix("_total") not in known}
+        missing |= set(re.findall(r"sglang:[a-z0-9_]+", expr)) - sglang
+        missing |= set(re.findall(r"DCGM_[A-Z_]+", expr)) - dcgm
         assert not missing, (expr, missing)
     # Every panel's query is valid PromQL: promtool parses them as recording rules.
     recorded = {
@@ -84,5 +96,15 @@ def test_the_operations_dashboard_and_the_rules_query_metrics_that_exist(tmp_pat
     out = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     titles = " ".join(p["title"].lower() for p in board["panels"])
-    for subject in ("lag", "first token", "inter-token", "queue", "rejections", "dead-letter", "engine health"):
+    for subject in (
+        "lag",
+        "first token",
+        "inter-token",
+        "queue",
+        "rejections",
+        "dead-letter",
+        "engine health",
+        "kv cache",
+        "gpu utilisation",
+    ):
         assert subject in titles, subject

@@ -126,3 +126,23 @@ async def test_a_health_check_on_a_connection_the_server_closed_is_asked_again_n
 
     engine._client = httpx.AsyncClient(transport=httpx.MockTransport(refused))
     assert not await engine.healthy() and engine.unhealthy_reason == "HTTP 503"
+
+
+async def test_the_engine_s_metrics_page_is_passed_through_and_its_absence_is_none():
+    """The engine listens on its pod's loopback: the consumer serves its page on /engine/metrics."""
+    page = b'# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name="m"} 3.0\n'
+
+    def metrics(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=page) if request.url.path == "/metrics" else httpx.Response(404)
+
+    engine = OpenAIStreamEngine("sglang", "http://engine")
+    engine._client = httpx.AsyncClient(transport=httpx.MockTransport(metrics))
+    assert await engine.metrics() == page
+    engine._client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(404)))
+    assert await engine.metrics() is None
+
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    engine._client = httpx.AsyncClient(transport=httpx.MockTransport(unreachable))
+    assert await engine.metrics() is None
