@@ -151,11 +151,63 @@ volumeMounts:
   - {name: tmp, mountPath: /tmp}
 {{- end -}}
 
+{{/* A process that counts tokens (engine: gpu): the stateMounts and the models volume, where each pool's
+tokenizer is. */}}
+{{- define "parley.processMounts" -}}
+{{ include "parley.stateMounts" . }}
+{{- if eq .Values.inference.engine "gpu" }}
+  - {name: models, mountPath: /models, readOnly: true}
+{{- end }}
+{{- end -}}
+
 {{- define "parley.stateVolumes" -}}
 - name: state
   emptyDir: {}
 - name: tmp
   emptyDir: {}
+{{- end -}}
+
+{{- define "parley.processVolumes" -}}
+{{ include "parley.stateVolumes" . }}
+{{- if eq .Values.inference.engine "gpu" }}
+- name: models
+  persistentVolumeClaim: {claimName: {{ include "parley.fullname" . }}-models, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{/* engine: gpu. Where a model lives on the models volume, by its Hugging Face id. */}}
+{{- define "parley.modelDir" -}}
+{{- printf "/models/%s" (replace "/" "--" .) -}}
+{{- end -}}
+
+{{/* Every model the GPU pools serve, once each, sorted. */}}
+{{- define "parley.modelRepos" -}}
+{{- $repos := list -}}
+{{- range $_, $pool := .Values.inference.pools -}}
+{{- $repos = append $repos $pool.gpu.modelPath -}}
+{{- end -}}
+{{- $repos | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* engine: gpu. An init container that waits until the models Job has put what this pod reads on the models
+volume: [root, "tokenizer" or "weights", the models' ids]. */}}
+{{- define "parley.modelWait" -}}
+{{- $root := index . 0 -}}
+{{- if eq $root.Values.inference.engine "gpu" -}}
+{{- $marks := list -}}
+{{- range index . 2 -}}
+{{- $marks = append $marks (printf "%s/.%s-ready" (include "parley.modelDir" .) (index $ 1)) -}}
+{{- end -}}
+- name: wait-models
+  image: {{ include "parley.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command: ["python", "-c", {{ $root.Files.Get "files/wait_models.py" | quote }}]
+  args: {{ toJson $marks }}
+  resources: {requests: {cpu: 10m, memory: 32Mi}, limits: {memory: 64Mi}}
+  {{- include "parley.containerSecurity" $root | nindent 2 }}
+  volumeMounts:
+    - {name: models, mountPath: /models, readOnly: true}
+{{- end -}}
 {{- end -}}
 
 {{/* What every pod of the chart takes: the registry's pull secrets. */}}
@@ -224,7 +276,12 @@ spec:
 {{- define "parley.pools" -}}
 {{- $pools := dict -}}
 {{- range $name, $pool := .Values.inference.pools -}}
-{{- $_ := set $pools $name (dict "model" $pool.model "context" $pool.context "prompt_budget" $pool.promptBudget) -}}
+{{- $spec := dict "model" $pool.model "context" $pool.context "prompt_budget" $pool.promptBudget -}}
+{{- if eq $.Values.inference.engine "gpu" -}}
+{{- /* counted with the serving model's own tokenizer, from the models volume */ -}}
+{{- $_ := set $spec "tokenizer" (printf "hf:%s" (include "parley.modelDir" $pool.gpu.modelPath)) -}}
+{{- end -}}
+{{- $_ := set $pools $name $spec -}}
 {{- end -}}
 {{- toJson $pools -}}
 {{- end -}}

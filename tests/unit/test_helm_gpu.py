@@ -1,0 +1,119 @@
+"""The chart's GPU value set (ci/gpu-production.yaml): SGLang engines that start as SGLang behaves, each pool
+its own model from one shared volume, counted with its own tokenizer; the models Job that fills the volume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .test_helm import CHART, engine_of, of_kind, rendered
+
+
+def test_the_gpu_pools_request_a_gpu_and_the_cpu_pools_run_llama_cpp():
+    for values, engine in (("gpu-production", "sglang"), ("cpu-demo", "llama.cpp")):
+        for deployment in of_kind(values, "Deployment"):
+            if not deployment["metadata"]["name"].startswith("rel-parley-inference-"):
+                continue
+            containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+            assert engine in containers["engine"]["image"]
+            limits = containers["engine"]["resources"].get("limits", {})
+            assert ("nvidia.com/gpu" in limits) == (engine == "sglang")
+
+
+def test_the_gpu_engine_starts_as_sglang_behaves():
+    for deployment in of_kind("gpu-production", "Deployment"):
+        containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+        if "engine" not in containers:
+            continue
+        engine = containers["engine"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            check = engine[probe]["exec"]["command"][-1]
+            own = float(check.split("timeout=")[1].rstrip(")"))
+            assert engine[probe]["timeoutSeconds"] > own, probe  # the default 1 s never passes /health
+        assert "/ready" in engine["livenessProbe"]["exec"]["command"][-1]  # no generation to stay alive
+        env = {e["name"]: e["value"] for e in engine["env"]}
+        mounts = {m["mountPath"] for m in engine["volumeMounts"]}
+        assert env["HOME"] in mounts and env["TRITON_CACHE_DIR"].startswith(env["HOME"])  # writable, non-root
+        args = engine["args"]
+        assert "--enable-priority-scheduling" in args  # the consumer sends each run's priority
+        assert args[args.index("--default-priority-value") + 1] == "0"
+
+
+def test_each_gpu_pool_serves_its_own_model_from_one_shared_volume_counted_with_its_own_tokenizer():
+    """The catalogue of ci/gpu-production.yaml: an 8B on one GPU and a 70B over four. One read-many volume is
+    filled once by the models Job (with the Hugging Face token from a Secret); each engine loads its pool's model
+    from it with the pool's tensor-parallel size and as many GPUs; the edge and the stages count each pool's
+    tokens with that model's tokenizer from the same volume, and every pod waits for what it reads."""
+    docs = rendered("gpu-production")
+    [claim] = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    [fetch] = [
+        j for j in of_kind("gpu-production", "Job") if "helm.sh/hook" not in j["metadata"].get("annotations", {})
+    ]
+    pod = fetch["spec"]["template"]["spec"]
+    [fetcher] = pod["containers"]
+    models = ["meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"]
+    assert fetcher["args"] == models
+    token = next(e for e in fetcher["env"] if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "huggingface", "key": "HF_TOKEN"}
+    assert {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v} == {
+        claim["metadata"]["name"]
+    }
+    folder = {m: "/models/" + m.replace("/", "--") for m in models}
+    want = {"small": (models[0], 1, "llama-3.1-8b-instruct"), "large": (models[1], 4, "llama-3.3-70b-instruct")}
+    for deployment in of_kind("gpu-production", "Deployment"):
+        name = deployment["metadata"]["name"].removeprefix("rel-parley-")
+        spec = deployment["spec"]["template"]["spec"]
+        claims = {
+            v["persistentVolumeClaim"]["claimName"]: v["persistentVolumeClaim"].get("readOnly")
+            for v in spec["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        if name == "registry":
+            continue
+        assert claims == {claim["metadata"]["name"]: True}, name
+        [wait] = spec["initContainers"]
+        if name.startswith("inference-"):
+            model, tp, served = want[name.removeprefix("inference-")]
+            args = engine_of(deployment)["args"]
+            assert args[args.index("--model-path") + 1] == folder[model]
+            assert args[args.index("--tp-size") + 1] == str(tp)
+            assert args[args.index("--served-model-name") + 1] == served
+            assert engine_of(deployment)["resources"]["limits"]["nvidia.com/gpu"] == tp
+            assert wait["args"] == [f"{folder[model]}/.weights-ready"]
+        else:
+            assert wait["args"] == [f"{folder[m]}/.tokenizer-ready" for m in models], name
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        pools = json.loads(env["PARLEY_POOLS"])
+        assert {p: pools[p]["tokenizer"] for p in pools} == {p: f"hf:{folder[m]}" for p, (m, _, _) in want.items()}
+        assert {p: pools[p]["model"] for p in pools} == {p: served for p, (_, _, served) in want.items()}
+    assert not [
+        d
+        for d in rendered("cpu-demo")
+        if d["kind"] in ("PersistentVolumeClaim", "Job") and "models" in d["metadata"]["name"]
+    ]
+
+
+def test_the_models_job_fetches_tokenizers_before_any_weights_and_resumes(tmp_path, monkeypatch):
+    """files/fetch_models.py, run as the Job runs it, against a stand-in for the Hugging Face Hub (none is
+    reachable here): every tokenizer is marked ready before any weights are fetched, and a rerun fetches only
+    what is not marked yet."""
+    import runpy
+    import sys
+    import types
+
+    fetched = []
+
+    def snapshot_download(repo, local_dir, allow_patterns=None):
+        fetched.append((repo, "tokenizer" if allow_patterns else "weights"))
+        Path(local_dir).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download))
+    main = runpy.run_path(str(CHART / "files/fetch_models.py"))["main"]
+    main(["org/a", "org/b"], tmp_path)
+    assert fetched == [("org/a", "tokenizer"), ("org/b", "tokenizer"), ("org/a", "weights"), ("org/b", "weights")]
+    assert (tmp_path / "org--a/.weights-ready").exists() and (tmp_path / "org--b/.tokenizer-ready").exists()
+    (tmp_path / "org--b/.weights-ready").unlink()
+    fetched.clear()
+    main(["org/a", "org/b"], tmp_path)
+    assert fetched == [("org/b", "weights")]
