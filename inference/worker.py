@@ -50,7 +50,7 @@ from inference.settings import InferenceSettings
 from runtime import failures, tracing
 from runtime.kafka import AsyncProducer, dead_letter
 from runtime.outage import Outage
-from safety.moderator import Moderator
+from safety.guard_model import moderator_for
 from safety.policy import PolicyView
 from topics import codec
 from topics.clock import now_ms
@@ -87,7 +87,7 @@ class Worker:
         self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace, "inference")
         self.policies = PolicyView(settings.kafka_bootstrap, settings.namespace, "inference")
         # Output moderation runs beside generation, in this process (docs/decisions/0007-safety.md).
-        moderator = Moderator() if settings.output_moderation else None
+        moderator = moderator_for(settings) if settings.output_moderation else None
         self.runs = RunServer(
             settings, engine, self.producer, self.controls, self.policies, moderator, self._down
         )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Publish, Stage, on
+from safety.guard_model import moderator_for
 from safety.moderator import Moderator, Verdict
 from safety.policy import PolicyView
 from topics.clock import now_ms
@@ -89,4 +90,4 @@ HANDLERS: list[Handler[Deps]] = [on(PROMPT_ACCEPTED, on_prompt)]
 def build(stage: Stage, settings: ProcessorSettings) -> None:
     policies = PolicyView(settings.kafka_bootstrap, settings.namespace, stage.name)
     policies.start()
-    stage.serve(HANDLERS, Deps(stage.publish, Moderator(), policies))
+    stage.serve(HANDLERS, Deps(stage.publish, moderator_for(settings), policies))

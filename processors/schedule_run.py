@@ -40,7 +40,7 @@ from conversation.gather import ContextGuard, assemble_chat_run, assemble_given
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Publish, Stage, on
 from runtime.reply_log import published
-from safety.moderator import Moderator
+from safety.guard_model import moderator_for
 from safety.policy import PolicyView
 from storage import schema
 from storage.conversations import Conversations
@@ -332,7 +332,7 @@ def build(stage: Stage, settings: ProcessorSettings) -> None:
         Ledger(session, keyspace, name, settings.run_deadline_s),
         limits,
         pools,
-        ContextGuard(Moderator(), policies),
+        ContextGuard(moderator_for(settings), policies),
         Memory(session, keyspace, name),
     )
     stage.serve(HANDLERS, deps)

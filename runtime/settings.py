@@ -145,6 +145,14 @@ class StackSettings(BaseSettings):
     )
     pools: dict[str, Pool] = Field(default_factory=lambda: dict(DEFAULT_POOLS))
     default_pool: str = "small"
+    # A guard model on an engine (safety/guard_model.py); empty: the embedded encoder's heads judge everything.
+    guard_url: str = Field(
+        "",
+        description="An OpenAI-compatible server (SGLang, vLLM) serving Llama Guard 3 or 4: it judges harmful "
+        "requests, harmful output and toxicity; prompt injection stays with the embedded encoder.",
+    )
+    guard_model: str = Field("llama-guard-3-8b", description="The guard's served model name.")
+    guard_api_key: SecretStr = Field(SecretStr(""), description="Its API key, if it wants one.")
 
     @property
     def models(self) -> tuple[str, ...]:

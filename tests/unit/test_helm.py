@@ -315,7 +315,7 @@ def test_monitoring_scrapes_every_process_and_ships_the_repositorys_alerts_and_d
         assert "http" in {p["name"] for p in consumer["ports"]}  # the port the monitor scrapes
         assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
         scraped += 1
-    assert scraped == 1 + 5 + 2  # the edge, the five stages, the two pools
+    assert scraped == 1 + 5 + 2 + 1  # the edge, the five stages, the two pools, the guard model
     # each engine's own metrics, which its consumer serves from the engine's loopback
     [endpoint] = engines["spec"]["podMetricsEndpoints"]
     assert (endpoint["port"], endpoint["path"]) == ("http", "/engine/metrics")

@@ -27,14 +27,20 @@ def test_the_gpu_engine_starts_as_sglang_behaves():
             continue
         engine = containers["engine"]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            check = engine[probe]["exec"]["command"][-1]
-            own = float(check.split("timeout=")[1].rstrip(")"))
+            if "exec" in engine[probe]:  # an engine on its pod's loopback, checked from inside
+                check = engine[probe]["exec"]["command"][-1]
+                own = float(check.split("timeout=")[1].rstrip(")"))
+            else:  # the guard model, reached over the network
+                own = 5.0 if probe == "livenessProbe" else 10.0
             assert engine[probe]["timeoutSeconds"] > own, probe  # the default 1 s never passes /health
-        assert "/ready" in engine["livenessProbe"]["exec"]["command"][-1]  # no generation to stay alive
+        live = engine["livenessProbe"]
+        assert "/ready" in (live["exec"]["command"][-1] if "exec" in live else live["httpGet"]["path"])
         env = {e["name"]: e["value"] for e in engine["env"]}
         mounts = {m["mountPath"] for m in engine["volumeMounts"]}
         assert env["HOME"] in mounts and env["TRITON_CACHE_DIR"].startswith(env["HOME"])  # writable, non-root
         args = engine["args"]
+        if deployment["metadata"]["name"].endswith("-guard"):
+            continue  # a check, not a run: no tier to order
         assert "--enable-priority-scheduling" in args  # the consumer sends each run's priority
         assert args[args.index("--default-priority-value") + 1] == "0"
 
@@ -53,7 +59,7 @@ def test_each_gpu_pool_serves_its_own_model_from_one_shared_volume_counted_with_
     pod = fetch["spec"]["template"]["spec"]
     [fetcher] = pod["containers"]
     models = ["meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"]
-    assert fetcher["args"] == models
+    assert fetcher["args"] == sorted([*models, "meta-llama/Llama-Guard-3-8B"])  # and the guard model's
     token = next(e for e in fetcher["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"]["secretKeyRef"] == {"name": "huggingface", "key": "HF_TOKEN"}
     assert {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v} == {
@@ -69,7 +75,7 @@ def test_each_gpu_pool_serves_its_own_model_from_one_shared_volume_counted_with_
             for v in spec["volumes"]
             if "persistentVolumeClaim" in v
         }
-        if name == "registry":
+        if name in ("registry", "guard"):
             continue
         assert claims == {claim["metadata"]["name"]: True}, name
         [wait] = spec["initContainers"]
@@ -82,7 +88,8 @@ def test_each_gpu_pool_serves_its_own_model_from_one_shared_volume_counted_with_
             assert engine_of(deployment)["resources"]["limits"]["nvidia.com/gpu"] == tp
             assert wait["args"] == [f"{folder[model]}/.weights-ready"]
         else:
-            assert wait["args"] == [f"{folder[m]}/.tokenizer-ready" for m in models], name
+            every = sorted([*models, "meta-llama/Llama-Guard-3-8B"])
+            assert wait["args"] == [f"/models/{m.replace('/', '--')}/.tokenizer-ready" for m in every], name
         env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
         pools = json.loads(env["PARLEY_POOLS"])
         assert {p: pools[p]["tokenizer"] for p in pools} == {p: f"hf:{folder[m]}" for p, (m, _, _) in want.items()}
@@ -117,3 +124,33 @@ def test_the_models_job_fetches_tokenizers_before_any_weights_and_resumes(tmp_pa
     fetched.clear()
     main(["org/a", "org/b"], tmp_path)
     assert fetched == [("org/b", "weights")]
+
+
+def test_the_guard_model_is_served_on_its_own_gpus_and_every_checker_asks_it():
+    """guard.serve: Llama Guard on SGLang from the models volume, behind a Service only Parley's pods reach;
+    the moderation stage, the scheduler and the inference consumers are pointed at it (safety/guard_model.py)."""
+    docs = rendered("gpu-production")
+    [guard] = [d for d in of_kind("gpu-production", "Deployment") if d["metadata"]["name"] == "rel-parley-guard"]
+    engine = engine_of(guard)
+    args = engine["args"]
+    assert args[args.index("--model-path") + 1] == "/models/meta-llama--Llama-Guard-3-8B"
+    assert args[args.index("--served-model-name") + 1] == "llama-guard-3-8b"
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+    [service] = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "rel-parley-guard"]
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-internal")]
+    [allowed] = policy["spec"]["podSelector"]["matchExpressions"][1:]
+    assert "guard" in allowed["values"] and {"port": 30000, "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]
+    for name in ("moderation", "scheduling", "inference-small", "inference-large"):
+        [d] = [d for d in of_kind("gpu-production", "Deployment") if d["metadata"]["name"] == f"rel-parley-{name}"]
+        env = {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        port = service["spec"]["ports"][0]["port"]
+        assert env["PARLEY_GUARD_URL"]["value"] == f"http://{service['metadata']['name']}:{port}", name
+        assert env["PARLEY_GUARD_MODEL"]["value"] == "llama-guard-3-8b"
+        assert env["PARLEY_GUARD_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    cpu = [
+        e["name"]
+        for d in of_kind("cpu-demo", "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        for e in c.get("env", [])
+    ]
+    assert "PARLEY_GUARD_URL" not in cpu  # off by default: the embedded encoder judges

@@ -97,6 +97,14 @@ app.kubernetes.io/component: {{ index . 1 }}
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: jwt-secret}}
 - name: PARLEY_INTERNAL_TOKEN
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: internal-token}}
+{{- if include "parley.guardUrl" . }}
+- name: PARLEY_GUARD_URL
+  value: {{ include "parley.guardUrl" . | quote }}
+- name: PARLEY_GUARD_MODEL
+  value: {{ .Values.guard.model | quote }}
+- name: PARLEY_GUARD_API_KEY  # when the Secret has one
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: guard-api-key, optional: true}}
+{{- end }}
 - name: PARLEY_METERING_URL
   value: {{ printf "http://%s-metering:%v" (include "parley.fullname" .) .Values.stageDefaults.webPort | quote }}
 - name: PARLEY_LOG_FORMAT
@@ -126,6 +134,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 jwt-secret: {{ required "secrets.jwtSecret (or secrets.existingSecret) is required" .Values.secrets.jwtSecret | quote }}
 internal-token: {{ required "secrets.internalToken (or secrets.existingSecret) is required" .Values.secrets.internalToken | quote }}
 clickhouse-password: {{ required "secrets.clickhousePassword (or secrets.existingSecret) is required" .Values.secrets.clickhousePassword | quote }}
+{{- if .Values.secrets.guardApiKey }}
+guard-api-key: {{ .Values.secrets.guardApiKey | quote }}
+{{- end }}
 {{- if .Values.cassandra.username }}
 cassandra-password: {{ required "secrets.cassandraPassword is required with cassandra.username" .Values.secrets.cassandraPassword | quote }}
 {{- end }}
@@ -185,6 +196,9 @@ tokenizer is. */}}
 {{- $repos := list -}}
 {{- range $_, $pool := .Values.inference.pools -}}
 {{- $repos = append $repos $pool.gpu.modelPath -}}
+{{- end -}}
+{{- if .Values.guard.serve.enabled -}}
+{{- $repos = append $repos .Values.guard.serve.modelPath -}}
 {{- end -}}
 {{- $repos | uniq | sortAlpha | toJson -}}
 {{- end -}}
@@ -284,4 +298,13 @@ spec:
 {{- $_ := set $pools $name $spec -}}
 {{- end -}}
 {{- toJson $pools -}}
+{{- end -}}
+
+{{/* Where the guard model is asked: the one served here, or guard.url; empty: no guard model. */}}
+{{- define "parley.guardUrl" -}}
+{{- if .Values.guard.serve.enabled -}}
+{{- printf "http://%s-guard:30000" (include "parley.fullname" .) -}}
+{{- else -}}
+{{- .Values.guard.url -}}
+{{- end -}}
 {{- end -}}
