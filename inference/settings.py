@@ -57,6 +57,9 @@ class InferenceSettings(StackSettings):
     # check the answer in windows while it streams (safety/output.py)
     output_moderation: bool = True
     moderation_window_tokens: int = 32
+    # output checks run at once (each on a thread of its own): one per CPU the consumer has. At GPU rates (64
+    # streams) one is far behind (bench/results/output_check_load.json).
+    moderation_workers: int = 1
     # a run still unserved this long after scheduling fails with an error
     run_deadline_s: float = 300.0
 

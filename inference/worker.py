@@ -87,7 +87,11 @@ class Worker:
         self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace, "inference")
         self.policies = PolicyView(settings.kafka_bootstrap, settings.namespace, "inference")
         # Output moderation runs beside generation, in this process (docs/decisions/0007-safety.md).
-        moderator = moderator_for(settings) if settings.output_moderation else None
+        moderator = (
+            moderator_for(settings, workers=settings.moderation_workers)
+            if settings.output_moderation
+            else None
+        )
         self.runs = RunServer(
             settings, engine, self.producer, self.controls, self.policies, moderator, self._down
         )

@@ -105,8 +105,9 @@ class GuardModelModerator(Moderator):
         timeout_s: float = 10.0,
         threads: int = 1,
         client: httpx.Client | None = None,
+        workers: int = 1,
     ) -> None:
-        super().__init__(threads)
+        super().__init__(threads, workers)
         self.url = url.rstrip("/")
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -139,14 +140,15 @@ class GuardModelModerator(Moderator):
         return scores
 
 
-def moderator_for(settings: StackSettings, threads: int = 1) -> Moderator:
+def moderator_for(settings: StackSettings, threads: int = 1, workers: int = 1) -> Moderator:
     """The guard model when the deployment names one, else the embedded encoder's heads."""
     if not settings.guard_url:
-        return Moderator(threads)
+        return Moderator(threads, workers)
     log.info("safety checks ask the guard model %s at %s", settings.guard_model, settings.guard_url)
     return GuardModelModerator(
         settings.guard_url,
         settings.guard_model,
         settings.guard_api_key.get_secret_value(),
         threads=threads,
+        workers=workers,
     )

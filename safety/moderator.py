@@ -8,9 +8,12 @@ releases the GIL), so an event loop never stalls on a check.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -73,12 +76,53 @@ def with_rules(
     return {**scores, **dict.fromkeys(hits, 1.0)}
 
 
+class Turns:
+    """Who runs a check next: at most `slots` at once, and an urgent check (one that holds something up: a
+    prompt, a context, the last window of an answer, which holds the end of its stream) before every check
+    waiting that is not (a window checked while its answer streams on, which holds nothing up). Under 64
+    streams the queue of those is long (bench/output_check_load.py); the end of a stream never waits in it."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = slots
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, urgent: bool) -> AsyncIterator[None]:
+        if self.free > 0 and not self._waiting:
+            self.free -= 1
+        else:
+            called: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (0 if urgent else 1, next(self._order), called))
+            try:
+                await called
+            except asyncio.CancelledError:
+                if called.done() and not called.cancelled():  # handed the turn as it was cancelled
+                    self._next()
+                raise
+        try:
+            yield
+        finally:
+            self._next()
+
+    def _next(self) -> None:
+        while self._waiting:
+            _, _, called = heapq.heappop(self._waiting)
+            if not called.done():
+                called.set_result(None)
+                return
+        self.free += 1
+
+
 class Moderator:
-    def __init__(self, threads: int = 1) -> None:
+    def __init__(self, threads: int = 1, workers: int = 1) -> None:
+        """`threads`: the encoder's threads within one check; `workers`: checks run at once (each on its own
+        thread; the encoder's session runs them side by side)."""
         tasks = tuple(dict.fromkeys(heads_mod.INPUT_TASKS + heads_mod.OUTPUT_TASKS))
         self.heads = heads_mod.load(tasks)
         self.encoder = Encoder(threads=threads)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="safety")
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="safety")
+        self._turns = Turns(workers)
 
     def scores(
         self, texts: Sequence[str], categories: Sequence[str], windows: int, plain: bool = False
@@ -129,7 +173,14 @@ class Moderator:
         return Verdict(decision, scores, policy.version, elapsed * 1000, error)
 
     async def check_async(
-        self, policy: Policy, stage: Stage, texts: Sequence[str], windows: int = INPUT_WINDOWS
+        self,
+        policy: Policy,
+        stage: Stage,
+        texts: Sequence[str],
+        windows: int = INPUT_WINDOWS,
+        urgent: bool = True,
     ) -> Verdict:
+        """`check` in a worker thread, in its turn (`Turns`)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.check, policy, stage, texts, windows)
+        async with self._turns.turn(urgent):
+            return await loop.run_in_executor(self._pool, self.check, policy, stage, texts, windows)

@@ -62,15 +62,16 @@ class OutputGuard:
         due = tokens - self._tokens_at_check >= self.window_tokens and len(self.text) >= MIN_CHARS
         if self.blocked is None and idle and due:
             self._tokens_at_check = tokens
-            self._pending = asyncio.create_task(self._check(len(self.text)))
+            self._pending = asyncio.create_task(self._check(len(self.text), urgent=False))
 
-    async def _check(self, end: int) -> None:
+    async def _check(self, end: int, urgent: bool) -> None:
         start = self.checked
         if end <= start:
             return
         window = self.text[max(0, start - CONTEXT_CHARS) : end]
+        # A window checked while the answer streams on holds nothing up; the last one holds its end.
         verdict = await self.moderator.check_async(
-            self.policy, "output", [window], WINDOWS_PER_CHECK
+            self.policy, "output", [window], WINDOWS_PER_CHECK, urgent=urgent
         )
         self.windows.append(
             {
@@ -114,7 +115,7 @@ class OutputGuard:
         """Wait for the check in flight, then check what is left unchecked."""
         await self.idle()
         if self.blocked is None and self.checked < len(self.text) and len(self.text) >= MIN_CHARS:
-            await self._check(len(self.text))
+            await self._check(len(self.text), urgent=True)
 
     def kept(self) -> str:
         """The answer that stays: all of it, or what precedes the retracted part."""

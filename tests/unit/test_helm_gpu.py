@@ -154,3 +154,16 @@ def test_the_guard_model_is_served_on_its_own_gpus_and_every_checker_asks_it():
         for e in c.get("env", [])
     ]
     assert "PARLEY_GUARD_URL" not in cpu  # off by default: the embedded encoder judges
+
+
+def test_a_gpu_consumer_has_the_cpus_its_output_checks_need():
+    """64 streams checked every 32 tokens at ~30 ms a check is more than one CPU's work: the consumer beside an
+    SGLang engine asks for four CPUs and runs as many checks at once (bench/results/output_check_load.json)."""
+    for values, cpus in (("gpu-production", "4"), ("cpu-demo", "250m")):
+        for d in of_kind(values, "Deployment"):
+            if not d["metadata"]["name"].startswith("rel-parley-inference-"):
+                continue
+            consumer = d["spec"]["template"]["spec"]["containers"][0]
+            assert consumer["resources"]["requests"]["cpu"] == cpus
+            env = {e["name"]: e.get("value") for e in consumer["env"]}
+            assert env.get("PARLEY_MODERATION_WORKERS") == ("4" if values == "gpu-production" else None)
