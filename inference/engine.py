@@ -263,17 +263,22 @@ def parse_sse_line(line: str) -> Chunk | None:
 
 
 async def generate(
-    engine: Engine, request: Request, cancel: asyncio.Event | None = None
+    engine: Engine,
+    request: Request,
+    cancel: asyncio.Event | None = None,
+    heartbeat_s: float | None = None,
 ) -> AsyncIterator[tuple[str, Outcome]]:
     """Run one request, yielding (text delta, running outcome); the outcome is complete after the last yield.
 
     When `cancel` is set the engine is told to stop the request (SGLang's abort_request) and its stream is
     closed at once, even mid-prefill (llama-server frees a closed stream's slot at its next step); the outcome
-    ends "cancelled".
+    ends "cancelled". With `heartbeat_s`, an empty delta is yielded whenever the engine has been silent that
+    long: SGLang sends nothing (not even its response headers) while a request waits in its queue or is
+    prefilled, and the edge counts only silence against a run.
     """
     outcome = Outcome()
     async for chunk in _until(
-        engine.stream(request), cancel, outcome, lambda: engine.abort(request)
+        engine.stream(request), cancel, outcome, lambda: engine.abort(request), heartbeat_s
     ):
         if chunk.text:
             outcome.pieces += 1
@@ -298,30 +303,40 @@ async def _until(
     cancel: asyncio.Event | None,
     outcome: Outcome,
     abort: Callable[[], Awaitable[None]],
+    heartbeat_s: float | None = None,
 ) -> AsyncIterator[Chunk]:
     """The engine's chunks until they end or `cancel` is set; then the engine is told to stop the request and
-    its stream is closed."""
+    its stream is closed. An empty chunk stands for each `heartbeat_s` of the engine's silence."""
     stream = aiter(chunks)
     cancelled = asyncio.ensure_future(cancel.wait()) if cancel else None
+    step: asyncio.Future[Chunk] | None = None
     try:
         while True:
-            step = asyncio.ensure_future(anext(stream))
-            waited: set[asyncio.Future[Any]] = {step}
-            if cancelled is not None:
-                waited, _ = await asyncio.wait(
-                    {step, cancelled}, return_when=asyncio.FIRST_COMPLETED
-                )
+            if step is None:
+                step = asyncio.ensure_future(anext(stream))
+            watched: set[asyncio.Future[Any]] = {step} if cancelled is None else {step, cancelled}
+            waited, _ = await asyncio.wait(
+                watched,
+                timeout=heartbeat_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if not waited:  # silence: the request waits in the engine
+                yield Chunk()
+                continue
             if step not in waited:
                 await abort()
                 step.cancel()
                 await asyncio.wait({step})  # let the stream unwind (closes the HTTP response)
                 outcome.finish_reason = "cancelled"
                 return
+            done, step = step, None
             try:
-                yield await step
+                yield await done
             except StopAsyncIteration:
                 return
     finally:
+        if step is not None and not step.done():
+            step.cancel()
         if cancelled is not None:
             cancelled.cancel()
         aclose = getattr(stream, "aclose", None)

@@ -221,7 +221,9 @@ class RunServer:
         outcome: Outcome | None = None
         failure: tuple[str, str] | None = None
         try:
-            async for piece, progress in generate(self.engine, request, flight.stop):
+            async for piece, progress in generate(
+                self.engine, request, flight.stop, heartbeat_s=self.settings.keepalive_s or None
+            ):
                 outcome = progress
                 arrived = time.perf_counter()
                 if (

@@ -30,8 +30,9 @@ class InferenceSettings(StackSettings):
     # prefilled in chunks of this size, each step also advancing every sequence already generating, so it
     # never stalls the others for its whole prefill (chunked prefill, as SGLang does by default).
     batch: int = 256
-    # A run whose prompt is still being prefilled publishes an empty delta this often (the engine reports each
-    # step): the edge's no-progress timeout counts only silence, and a long prompt on a CPU takes minutes.
+    # A run whose prompt is still being prefilled, or waits in the engine's queue, publishes an empty delta
+    # this often (llama-server reports each prefill step; SGLang is silent, so the consumer's own timer
+    # speaks): the edge's no-progress timeout counts only silence, and a long prompt on a CPU takes minutes.
     keepalive_s: float = 10.0
     kv_cache_type: str = "q8_0"  # llama.cpp -ctk/-ctv: f16, q8_0 (half the memory of f16), q4_0
     # llama.cpp --cache-ram: host memory for slots' states that may be reused

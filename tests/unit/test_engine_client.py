@@ -146,3 +146,33 @@ async def test_the_engine_s_metrics_page_is_passed_through_and_its_absence_is_no
 
     engine._client = httpx.AsyncClient(transport=httpx.MockTransport(unreachable))
     assert await engine.metrics() is None
+
+
+class Queued(Engine):
+    """SGLang with a queue: nothing, not even the response headers, until the request is scheduled."""
+
+    def __init__(self, queued_s: float) -> None:
+        super().__init__([], hang=False)
+        self.queued_s = queued_s
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/abort_request":
+            await asyncio.sleep(self.queued_s)
+        return await super().__call__(request)
+
+
+async def test_a_request_waiting_in_the_engine_s_queue_shows_progress_and_can_be_cancelled_there():
+    """The consumer's own timer stands for the engine's silence: an empty delta each heartbeat, which the run
+    publishes as a keepalive (the edge cuts a run after 60 s without progress); a cancel while it waits
+    aborts it in the engine by its rid."""
+    sglang, request = engine("sglang", Queued(0.35)), ask()
+    seen = [text async for text, _ in generate(sglang, request, heartbeat_s=0.1)]
+    first = next(i for i, text in enumerate(seen) if text)
+    assert first >= 2 and seen[:first] == [""] * first and "Hello" in seen
+
+    fake = Queued(5.0)
+    sglang, request, cancel = engine("sglang", fake), ask(), asyncio.Event()
+    async for text, outcome in generate(sglang, request, cancel, heartbeat_s=0.05):
+        assert text == ""
+        cancel.set()  # the user stops it while it is still queued
+    assert outcome.finish_reason == "cancelled" and fake.aborted == [{"rid": request.rid}]
