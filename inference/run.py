@@ -121,6 +121,26 @@ class RunServer:
             )
         return prior
 
+    def _clamped(
+        self, run_id: str, messages: list[dict[str, str]], text: str, max_tokens: int
+    ) -> int:
+        """What is left of a continued answer's `max_tokens` once its text is back in the prompt: re-tokenized,
+        it can count more tokens than were generated, and the engine refuses a request beyond the pool's
+        context (SGLang's 400 above --context-length)."""
+        pool = self.settings.pools[self.settings.pool]
+        held = load_tokenizer(pool.tokenizer).count_continued(messages, text)
+        room = pool.context - held
+        if room >= max_tokens:
+            return max_tokens
+        log.info(
+            "run %s: continuation holds %d tokens; the rest of its answer is clamped from %d to %d",
+            run_id,
+            held,
+            max_tokens,
+            max(room, 0),
+        )
+        return room
+
     async def serve(self, flight: Flight) -> RunCompleted | None:
         """Generate one run: started, coalesced deltas, completed (also on failure), then RunCompleted.
 
@@ -150,9 +170,13 @@ class RunServer:
                 ),
                 timing=timing,
             )
+        messages = [{"role": m["role"], "content": m["content"]} for m in run["messages"]]
+        max_tokens = prompt["max_tokens"] - prior.tokens
+        if prior.text and max_tokens > 0:
+            max_tokens = self._clamped(prompt["run_id"], messages, prior.text, max_tokens)
         if (
-            prior.started and prior.tokens >= prompt["max_tokens"]
-        ):  # it had reached its limit when it stopped
+            prior.started and max_tokens <= 0
+        ):  # it had reached its limit, or its context, when it stopped
             return await self._finish(
                 run,
                 prior,
@@ -162,35 +186,6 @@ class RunServer:
                 error=None,
                 timing=timing,
             )
-        messages = [{"role": m["role"], "content": m["content"]} for m in run["messages"]]
-        max_tokens = prompt["max_tokens"] - prior.tokens
-        if prior.text:
-            # The answer so far goes back in as text, and re-tokenized it can count more tokens than were
-            # generated: the rest of the answer is clamped to what the pool's context still holds, or the
-            # engine refuses the request (SGLang's 400 above --context-length).
-            held = load_tokenizer(self.settings.pools[pool].tokenizer).count_continued(
-                messages, prior.text
-            )
-            room = self.settings.slot_context - held
-            if room < max_tokens:
-                log.info(
-                    "run %s: continuation holds %d tokens; the rest of its answer is clamped from %d to %d",
-                    prompt["run_id"],
-                    held,
-                    max_tokens,
-                    max(room, 0),
-                )
-                max_tokens = room
-            if max_tokens <= 0:
-                return await self._finish(
-                    run,
-                    prior,
-                    prior.seq + 1,
-                    outcome=Outcome(finish_reason="length"),
-                    started=started,
-                    error=None,
-                    timing=timing,
-                )
         seq = prior.seq
         if not prior.started:
             seq = 0
