@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 WEB_DEPS := web/node_modules/.installed-stamp
 WEB_APP  := web/dist/index.html
 
-.PHONY: setup web run up down test test-cluster test-unit test-web check bench safety-heads safety-report clean lock
+.PHONY: setup web run up down test test-cluster test-unit test-web test-sglang check bench safety-heads safety-report clean lock
 
 # Every Python package comes from the lock files, pinned with hashes: requirements.lock is what runs (the
 # Dockerfile installs it too), requirements-dev.lock adds the tests' and tools' packages at the same versions.
@@ -67,6 +67,17 @@ test-web: $(WEB_DEPS)  ## the chat app's unit tests (node --test)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit
+
+# SGLang's server code at the pinned version, in an environment of its own (about 6 GB: torch from PyPI is its
+# CUDA build), for the engine client's conformance run on CPU (tests/conformance/conftest.py).
+SGLANG_VENV := .sglang-venv
+$(SGLANG_VENV)/.installed-stamp: tests/conformance/requirements-sglang.txt
+	python3 -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -r tests/conformance/requirements-sglang.txt
+	touch $@
+
+test-sglang: $(STAMP) $(SGLANG_VENV)/.installed-stamp  ## the engine client against SGLang's own server code (scripted scheduler, CPU); re-records tests/unit/data/sglang/<version>/ for the unit tests
+	$(PY) -m pytest tests/conformance
 
 check: $(STAMP) $(WEB_DEPS)  ## ruff (lint and format), mypy --strict, prettier on the chat app
 	$(VENV)/bin/ruff check .

@@ -40,6 +40,7 @@ class ChatTokenizer:
 
     def __init__(self, tokenizer: Tokenizer, template: str, bos: str = "", eos: str = "") -> None:
         self.tokenizer = tokenizer
+        self.template_source = template
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self.template = env.from_string(template)
         self.bos, self.eos = bos, eos

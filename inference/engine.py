@@ -182,7 +182,7 @@ class OpenAIStreamEngine:
 
     async def stream(self, request: Request) -> AsyncIterator[Chunk]:
         body = self.body(request)
-        broken, pause = 0, 0.25
+        broken, pause, started = 0, 0.25, False
         deadline = time.monotonic() + self.busy_wait_s
         while True:
             try:
@@ -197,10 +197,24 @@ class OpenAIStreamEngine:
                     if response.status_code != 200:  # this request's refusal: the engine stays
                         detail = (await response.aread()).decode(errors="replace")[:300]
                         raise EngineError(f"engine answered {response.status_code}: {detail}")
+                    refused = False
                     async for line in response.aiter_lines():
-                        chunk = parse_sse_line(line)
+                        try:
+                            chunk = parse_sse_line(line)
+                        except EngineBusy:
+                            # SGLang refuses in the stream, with a 200: its queue full (or a request that
+                            # waited too long) before any token. Waited out like a 503; after a token, it fails.
+                            if started or time.monotonic() + pause >= deadline:
+                                raise
+                            refused = True
+                            break
                         if chunk is not None:
+                            started = started or bool(chunk.text)
                             yield chunk
+                if refused:
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 4.0)
+                    continue
                 return
             except httpx.RemoteProtocolError as exc:
                 # llama-server (cpp-httplib) closes a keep-alive connection after 100 requests; a request sent
@@ -220,6 +234,11 @@ class EngineError(RuntimeError):
     abort in its stream: a timeout, out of memory): the run fails; the engine stays in its pool."""
 
 
+class EngineBusy(EngineError):
+    """A 503 in the engine's stream: SGLang's queue full, a request that waited past its timeout, or one retracted
+    under memory pressure (tests/unit/data/sglang/<version>/)."""
+
+
 class EngineDown(RuntimeError):
     """The engine is unreachable, or ended the sequence itself without an error (shutting down): the run is
     handed to a healthy engine."""
@@ -234,7 +253,9 @@ def parse_sse_line(line: str) -> Chunk | None:
         return None
     payload = json.loads(data)
     if "error" in payload:  # SGLang's system abort: {"error": {"message", "type", "code"}}
-        raise EngineError(str(payload["error"])[:300])
+        error = payload["error"]
+        busy = isinstance(error, dict) and error.get("code") == 503
+        raise (EngineBusy if busy else EngineError)(str(error)[:300])
     chunk = Chunk()
     for choice in payload.get("choices") or ():
         delta = choice.get("delta") or {}

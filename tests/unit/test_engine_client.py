@@ -1,7 +1,7 @@
-"""The engine client's side of SGLang's protocol (as its server code behaves at v0.5.23): each attempt named by
-its rid, the run's priority sent, a cancel aborting the request in the engine, a full engine's 503 waited out,
-any other refusal failing the run without evicting the engine. The engine here is httpx's MockTransport
-answering as SGLang's code does; SGLang's own server imports torch, not installed here (docs/gpu.md)."""
+"""The engine client beside SGLang's own wire (tests/unit/test_sglang_wire.py replays that): llama-server gets no
+rid, priority or abort call; an HTTP 503 (llama-server loading its model, a gateway in front of an engine) is
+waited out and any other refusal fails the run without evicting the engine; a health check on a connection the
+server closed is asked again; the engine's metrics page passes through. The engine is httpx's MockTransport."""
 
 from __future__ import annotations
 
@@ -58,20 +58,6 @@ def engine(name: str, fake: Engine, **options) -> OpenAIStreamEngine:
 
 def ask(priority: int | None = 50) -> Request:
     return Request("run-1", "m", [{"role": "user", "content": "Hi"}], 16, priority=priority)
-
-
-async def test_a_cancel_aborts_the_attempt_by_its_rid_and_the_run_carries_its_priority():
-    fake = Engine([])
-    sglang, request, cancel = engine("sglang", fake), ask(), asyncio.Event()
-    texts = []
-    async for text, outcome in generate(sglang, request, cancel):
-        texts.append(text)
-        cancel.set()  # the user stops it after the first token
-    assert texts[0] == "Hello" and outcome.finish_reason == "cancelled"
-    assert fake.aborted == [{"rid": request.rid}]
-    [body] = fake.bodies
-    assert body["rid"] == request.rid and body["rid"].startswith("run-1-") and body["priority"] == 50
-    assert ask().rid != request.rid  # another attempt at the run is another engine request
 
 
 async def test_llama_server_gets_neither_rid_nor_priority_and_no_abort_call():
@@ -146,33 +132,3 @@ async def test_the_engine_s_metrics_page_is_passed_through_and_its_absence_is_no
 
     engine._client = httpx.AsyncClient(transport=httpx.MockTransport(unreachable))
     assert await engine.metrics() is None
-
-
-class Queued(Engine):
-    """SGLang with a queue: nothing, not even the response headers, until the request is scheduled."""
-
-    def __init__(self, queued_s: float) -> None:
-        super().__init__([], hang=False)
-        self.queued_s = queued_s
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path != "/abort_request":
-            await asyncio.sleep(self.queued_s)
-        return await super().__call__(request)
-
-
-async def test_a_request_waiting_in_the_engine_s_queue_shows_progress_and_can_be_cancelled_there():
-    """The consumer's own timer stands for the engine's silence: an empty delta each heartbeat, which the run
-    publishes as a keepalive (the edge cuts a run after 60 s without progress); a cancel while it waits
-    aborts it in the engine by its rid."""
-    sglang, request = engine("sglang", Queued(0.35)), ask()
-    seen = [text async for text, _ in generate(sglang, request, heartbeat_s=0.1)]
-    first = next(i for i, text in enumerate(seen) if text)
-    assert first >= 2 and seen[:first] == [""] * first and "Hello" in seen
-
-    fake = Queued(5.0)
-    sglang, request, cancel = engine("sglang", fake), ask(), asyncio.Event()
-    async for text, outcome in generate(sglang, request, cancel, heartbeat_s=0.05):
-        assert text == ""
-        cancel.set()  # the user stops it while it is still queued
-    assert outcome.finish_reason == "cancelled" and fake.aborted == [{"rid": request.rid}]

@@ -1,6 +1,5 @@
 """Pure parts of the inference stage: pool routing, both engines' stream formats, takeover bookkeeping."""
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +8,7 @@ from api.routes.openai import conversation_key
 from conversation.context import TooLong
 from conversation.gather import assemble_given
 from inference.completion import usage_after
-from inference.engine import EngineDown, OpenAIStreamEngine, Outcome, Request, parse_sse_line
+from inference.engine import OpenAIStreamEngine, Outcome, Request, parse_sse_line
 from inference.takeover import prior_of
 from processors.settings import ProcessorSettings
 
@@ -54,109 +53,6 @@ def test_the_door_counts_a_request_as_the_scheduler_does_and_never_more(monkeypa
     runs.shed_when_full(deps, SimpleNamespace(user_id="u", tier="pro"), "r1", None, messages, 7, False)
     run = assemble_given(prompt(max_tokens=7, messages=messages), SETTINGS)
     assert seen == [run["estimate_tokens"]] and run["context"]["prompt_tokens"] >= 400
-
-
-# SGLang's documented OpenAI-compatible stream (sglang/srt/entrypoints/openai/protocol.py,
-# ChatCompletionStreamResponse): usage on every chunk with stream_options.continuous_usage_stats, cached
-# tokens in prompt_tokens_details when the server runs with --enable-cache-report, a final usage chunk with
-# empty choices when include_usage is set, finish_reason "abort" when the server drops the sequence.
-SGLANG_STREAM = [
-    {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 1763700000,
-        "model": "smollm2-135m-instruct",
-        "choices": [
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None},
-                "logprobs": None,
-                "finish_reason": None,
-                "matched_stop": None,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": 31,
-            "total_tokens": 31,
-            "completion_tokens": 0,
-            "prompt_tokens_details": {"cached_tokens": 24},
-            "reasoning_tokens": 0,
-        },
-    },
-    {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 1763700000,
-        "model": "smollm2-135m-instruct",
-        "choices": [
-            {
-                "index": 0,
-                "delta": {"role": None, "content": "Hello", "reasoning_content": None, "tool_calls": None},
-                "logprobs": None,
-                "finish_reason": None,
-                "matched_stop": None,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": 31,
-            "total_tokens": 32,
-            "completion_tokens": 1,
-            "prompt_tokens_details": {"cached_tokens": 24},
-            "reasoning_tokens": 0,
-        },
-    },
-    {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 1763700000,
-        "model": "smollm2-135m-instruct",
-        "choices": [
-            {
-                "index": 0,
-                "delta": {"role": None, "content": " there", "reasoning_content": None, "tool_calls": None},
-                "logprobs": None,
-                "finish_reason": "stop",
-                "matched_stop": 2,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": 31,
-            "total_tokens": 33,
-            "completion_tokens": 2,
-            "prompt_tokens_details": {"cached_tokens": 24},
-            "reasoning_tokens": 0,
-        },
-    },
-    {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 1763700000,
-        "model": "smollm2-135m-instruct",
-        "choices": [],
-        "usage": {
-            "prompt_tokens": 31,
-            "total_tokens": 33,
-            "completion_tokens": 2,
-            "prompt_tokens_details": {"cached_tokens": 24},
-            "reasoning_tokens": 0,
-        },
-    },
-]
-
-
-def test_sglang_stream_chunks_parse_to_text_finish_and_running_usage():
-    chunks = [parse_sse_line("data: " + json.dumps(c)) for c in SGLANG_STREAM]
-    assert all(c is not None for c in chunks)
-    assert "".join(c.text for c in chunks) == "Hello there"
-    assert chunks[2].finish_reason == "stop"
-    assert [c.completion_tokens for c in chunks] == [0, 1, 2, 2]
-    assert {(c.prompt_tokens, c.cached_tokens) for c in chunks} == {(31, 24)}
-
-
-def test_an_sglang_abort_hands_the_run_off_rather_than_ending_it():
-    aborted = dict(SGLANG_STREAM[1], choices=[{"index": 0, "delta": {"content": ""}, "finish_reason": "abort"}])
-    with pytest.raises(EngineDown):
-        parse_sse_line("data: " + json.dumps(aborted))
 
 
 def test_llama_server_stream_chunks_with_per_token_timings():
