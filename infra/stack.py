@@ -310,8 +310,13 @@ class Stack:
         self._path("run", "timings.json").write_text(json.dumps(self.timings, indent=2))
 
     def stop(self) -> None:
-        for service in reversed(self.services()):
-            terminate(self._path("run", f"{service.name}.pid"))
+        """The pipeline's processes together, then the schema registry and the collector, which the others use
+        until they exit (their records' types, their last spans)."""
+        services = self.services()
+        last = {"schema-registry", "otelcol"}
+        terminate([self._path("run", f"{s.name}.pid") for s in services if s.name not in last])
+        for name in ("schema-registry", "otelcol"):
+            terminate([self._path("run", f"{name}.pid")])
 
     def forget(self) -> None:
         """Drop the namespace's topics and keyspace once its processes are stopped (a benchmark's stack: left
