@@ -77,7 +77,7 @@ $(SGLANG_VENV)/.installed-stamp: tests/conformance/requirements-sglang.txt
 	touch $@
 
 test-sglang: $(STAMP) $(SGLANG_VENV)/.installed-stamp  ## the engine client against SGLang's own server code (scripted scheduler, CPU); re-records tests/unit/data/sglang/<version>/ for the unit tests
-	$(PY) -m pytest tests/conformance
+	PARLEY_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(PY) -m pytest tests/conformance
 
 check: $(STAMP) $(WEB_DEPS)  ## ruff (lint and format), mypy --strict, prettier on the chat app
 	$(VENV)/bin/ruff check .

@@ -60,7 +60,8 @@ async def drive(
         )
     except (EngineError, EngineDown) as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
-    result.update(text="".join(texts), pieces=[t for t in texts if t], heartbeats=texts.count(""))
+    # empty deltas: the consumer's heartbeats, and SGLang's chunks with no text (its role and usage chunks)
+    result.update(text="".join(texts), pieces=[t for t in texts if t], empty_deltas=texts.count(""))
     result["healthy_after"] = await engine.healthy()
     await engine.aclose()
     await asyncio.sleep(0.3)  # the scheduler's last records
@@ -129,7 +130,7 @@ async def test_a_run_waiting_in_the_engine_s_queue_shows_progress_and_its_cancel
     request = Request("run-queued", MODEL, [{"role": "user", "content": "[[queue=60]] Hello."}], 32)
     result = await drive(sglang, request, "queued_cancel", cancel_at_s=2.0, heartbeat_s=0.25)
     assert result["finish_reason"] == "cancelled" and result["pieces"] == []
-    assert result["heartbeats"] >= 4  # SGLang sent nothing meanwhile; the consumer showed progress anyway
+    assert result["empty_deltas"] >= 4  # SGLang sent nothing meanwhile; the consumer showed progress anyway
     [stream] = chats(result)
     assert stream.first_byte_s is None or stream.content.strip() == b"", stream.content[:300]
     [done] = ours(result, request.rid, "finished")
