@@ -48,7 +48,10 @@ class Req:
     queued_until: float
     cached: int
     output: list[int] = field(default_factory=list)
-    surr: list[int] = field(default_factory=list)  # the ids sent to the detokenizer so far
+    # Req.init_incremental_detokenize's state: the prompt's last ids and the output, sent to the detokenizer
+    # as they grow, and where the output starts in them
+    surr: list[int] = field(default_factory=list)
+    read_offset: int = 0
     sent_ids: int = 0
     sent_out: int = 0
     finish: dict | None = None
