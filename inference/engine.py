@@ -189,28 +189,28 @@ class OpenAIStreamEngine:
                 async with self._client.stream(
                     "POST", f"{self.base_url}/v1/chat/completions", json=body
                 ) as response:
-                    if response.status_code == 503 and time.monotonic() + pause < deadline:
-                        await response.aread()  # full: nothing of it ran; wait, then send it again
-                        await asyncio.sleep(pause)
-                        pause = min(pause * 2, 4.0)
-                        continue
-                    if response.status_code != 200:  # this request's refusal: the engine stays
+                    # A full engine refuses before running any of it; waited out while the wait allows, then
+                    # the same request is sent again. Others refuse with an HTTP 503; SGLang with a 200 and a
+                    # 503 error chunk in the stream (after a token, that chunk fails the run instead).
+                    can_wait = time.monotonic() + pause < deadline
+                    refused = response.status_code == 503 and can_wait
+                    if refused:
+                        await response.aread()
+                    elif response.status_code != 200:  # this request's refusal: the engine stays
                         detail = (await response.aread()).decode(errors="replace")[:300]
                         raise EngineError(f"engine answered {response.status_code}: {detail}")
-                    refused = False
-                    async for line in response.aiter_lines():
-                        try:
-                            chunk = parse_sse_line(line)
-                        except EngineBusy:
-                            # SGLang refuses in the stream, with a 200: its queue full (or a request that
-                            # waited too long) before any token. Waited out like a 503; after a token, it fails.
-                            if started or time.monotonic() + pause >= deadline:
-                                raise
-                            refused = True
-                            break
-                        if chunk is not None:
-                            started = started or bool(chunk.text)
-                            yield chunk
+                    else:
+                        async for line in response.aiter_lines():
+                            try:
+                                chunk = parse_sse_line(line)
+                            except EngineBusy:
+                                if started or not can_wait:
+                                    raise
+                                refused = True
+                                break
+                            if chunk is not None:
+                                started = started or bool(chunk.text)
+                                yield chunk
                 if refused:
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 4.0)
