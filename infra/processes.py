@@ -87,9 +87,11 @@ def terminate(pid_files: Sequence[Path], timeout_s: float = 15.0) -> None:
     """SIGTERM to each process's group at once, then SIGKILL to any still running after `timeout_s`: each shuts
     down on its own (a stage commits what it finished, an edge closes its streams), so they need not wait for
     each other, and a stack of twenty stops in the time of its slowest."""
-    running = [(path, int(path.read_text())) for path in pid_files if alive(path)]
+    running = []
     for path in pid_files:
-        if not alive(path):
+        if alive(path):
+            running.append((path, int(path.read_text())))
+        else:
             path.unlink(missing_ok=True)
     for _, pid in running:
         with contextlib.suppress(ProcessLookupError):

@@ -312,10 +312,11 @@ class Stack:
     def stop(self) -> None:
         """The pipeline's processes together, then the schema registry and the collector, which the others use
         until they exit (their records' types, their last spans)."""
-        services = self.services()
-        last = {"schema-registry", "otelcol"}
-        terminate([self._path("run", f"{s.name}.pid") for s in services if s.name not in last])
-        for name in ("schema-registry", "otelcol"):
+        last = ("schema-registry", "otelcol")
+        terminate(
+            [self._path("run", f"{s.name}.pid") for s in self.services() if s.name not in last]
+        )
+        for name in last:
             terminate([self._path("run", f"{name}.pid")])
 
     def forget(self) -> None:

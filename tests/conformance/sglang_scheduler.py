@@ -192,9 +192,8 @@ class Scripted:
         """As OutputStreamer builds it: the ids since the last send, for SGLang's incremental detokenizer."""
         decode_ids, read_offsets, output_ids = [], [], []
         for req in batch:
-            ids = list(req.msg.input_ids)
-            first = not req.surr
-            if first:
+            if not req.surr:  # the first send: the prompt's last ids, then the output
+                ids = list(req.msg.input_ids)
                 start = max(len(ids) - INIT_INCREMENTAL_DETOKENIZATION_OFFSET, 0)
                 req.surr = ids[start:] + req.output
                 req.read_offset = len(ids) - start
