@@ -18,6 +18,7 @@ from admission.placement import PoolView
 from api import errors, openapi
 from api.body_limit import BodyLimit
 from api.deps import Services
+from api.forwarded import Forwarded, Networks
 from api.replies import ReplyHub
 from api.settings import ApiSettings
 from conversation import tokens
@@ -29,6 +30,7 @@ from storage import schema
 from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
+from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             await loop.run_in_executor(None, tokens.load, spec)
         keys = await loop.run_in_executor(None, ApiKeys, session, keyspace, "api")
         decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace, "api")
+        idempotency = await loop.run_in_executor(None, IdempotencyKeys, session, keyspace, "api")
         app.state.services = Services(
             settings,
             producer,
@@ -81,6 +84,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             policies,
             keys,
             decisions,
+            idempotency,
         )
         log.info(
             "edge ready on %s:%d, reply partitions %s",
@@ -110,6 +114,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     # before parsing, before any credential
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s
+    )
+    app.add_middleware(  # outermost: who the client is comes first
+        Forwarded,
+        trusted=Networks(settings.trusted_proxies),
+        max_per_client=settings.max_connections_per_client,
     )
     from api.routes import (
         admin,

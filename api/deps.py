@@ -20,6 +20,7 @@ from safety.policy import PolicyView
 from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
+from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 
 
@@ -37,6 +38,7 @@ class Services:
     keys: ApiKeys
     # the moderation decisions admins review (written by the persistence stage)
     decisions: SafetyDecisions
+    idempotency: IdempotencyKeys
 
 
 def services(request: Request) -> Services:
@@ -86,6 +88,10 @@ def decisions(deps: Deps) -> SafetyDecisions:
     return deps.decisions
 
 
+def idempotency(deps: Deps) -> IdempotencyKeys:
+    return deps.idempotency
+
+
 SettingsDep = Annotated[ApiSettings, Depends(settings)]
 ProducerDep = Annotated[AsyncProducer, Depends(producer)]
 RepliesDep = Annotated[ReplyHub, Depends(replies)]
@@ -96,3 +102,4 @@ LimitsDep = Annotated[LimitsView, Depends(limits)]
 PoliciesDep = Annotated[PolicyView, Depends(policies)]
 KeysDep = Annotated[ApiKeys, Depends(keys)]
 DecisionsDep = Annotated[SafetyDecisions, Depends(decisions)]
+IdempotencyDep = Annotated[IdempotencyKeys, Depends(idempotency)]

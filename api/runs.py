@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from functools import partial
 from typing import Any
 
 from opentelemetry import trace
@@ -33,14 +34,16 @@ from api.replies import (
 )
 from api.settings import ApiSettings
 from conversation import tokens
-from storage.ids import new_id
-from storage.rows import Chat
+from storage.ids import id_time_ms, new_id
+from storage.rows import Chat, ChatBusy
 from storage.withdrawals import TAKEN, WITHDRAW_TIMEOUT_S, WITHDRAWN
 from topics import records
 from topics.events import PromptAccepted, RunRejected
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
 log = logging.getLogger(__name__)
+# the longest a run takes from its claim on the chat to its row (else its opening failed)
+OPENING_S = 30.0
 
 SLOW_DECISIONS = Counter(
     "parley_edge_slow_admissions_total",
@@ -241,7 +244,7 @@ def rejection_error(record: RunRejected) -> ApiError:
     return ApiError(503, message, code)
 
 
-async def withdraw(deps: Services, chat: Chat, run_id: uuid.UUID, opened_at: datetime) -> bool:
+async def withdraw(deps: Services, chat: Chat, run_id: uuid.UUID) -> bool:
     """The run whose prompt the log did not acknowledge: withdrawn (ended, and no longer the chat's latest), and
     True; or False when the scheduler had taken it first (the log had it after all: storage/withdrawals.py).
     Best effort: with the store down too, the run stays listed as unfinished, with nothing behind it."""
@@ -256,7 +259,7 @@ async def withdraw(deps: Services, chat: Chat, run_id: uuid.UUID, opened_at: dat
                 chat.chat_id,
             )
             return False
-        await deps.conversations.withdraw_run(chat, run_id, opened_at)
+        await deps.conversations.withdraw_run(chat, run_id)
     except Exception:
         log.warning(
             "run %s of chat %s: the log did not take it, nor the store its withdrawal",
@@ -276,6 +279,45 @@ async def leave_old_place(deps: Services, chat: Chat) -> None:
         )
 
 
+def busy(run_id: str) -> ApiError:
+    return ApiError(
+        409,
+        f"This chat is still answering its previous message (run {run_id}). Wait for that answer, or "
+        "cancel it, then send again.",
+        "chat_busy",
+        headers={"Retry-After": "1", "X-Run-Id": run_id},
+    )
+
+
+async def not_busy(deps: Services, chat: Chat) -> None:
+    """409 chat_busy at once when the chat's latest run is still answering: one run of a chat at a time, so a
+    second message never waits in the scheduler behind the first (it would hold the chat's partition there).
+    A run whose stream has just ended is stored a moment later by the persistence stage: `busy_grace_s` covers
+    that, so a client sending right after `done` is not refused. A latest run with no row is one being opened
+    (busy) or one whose opening failed (free once `OPENING_S` old)."""
+    if chat.last_run_id is None:
+        return
+    run_id = uuid.UUID(chat.last_run_id)
+    deadline = time.monotonic() + deps.settings.busy_grace_s
+    while True:
+        state = await deps.conversations.get_run(chat.chat_id, run_id)
+        if state is None and time.time() * 1000 - id_time_ms(run_id) > OPENING_S * 1000:
+            return
+        if state is not None and state[1] is not None:
+            return
+        if time.monotonic() >= deadline:
+            raise busy(chat.last_run_id)
+        await asyncio.sleep(0.1)
+
+
+async def mark_ended(deps: Services, chat_id: uuid.UUID, run_id: uuid.UUID, reason: str) -> None:
+    """Best effort, bounded: otherwise the run is over once the persistence stage stores its answer."""
+    try:
+        await asyncio.wait_for(deps.conversations.end_run(chat_id, run_id, reason), 1.0)
+    except Exception:
+        log.warning("run %s of chat %s: its end (%s) was not recorded", run_id, chat_id, reason)
+
+
 async def answer(
     deps: Services,
     user: Principal,
@@ -283,18 +325,27 @@ async def answer(
     question: Question,
     max_tokens: int,
     model: str | None,
+    run: tuple[str, int] | None = None,
+    published: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[EventSourceResponse, str]:
     """Publish the question as a new run of the chat and stream its answer: (the SSE response, the run id).
-    Raises the run's 429/400 before any byte of the stream when it is shed or refused."""
+    Raises the run's 429/400 before any byte of the stream when it is shed or refused.
+
+    run: its id and reply partition, when chosen before (an idempotency key's claim names them); published:
+    called once the prompt is in the log."""
     message = [{"role": "user", "content": question.content}]
-    run_id, partition = str(new_id()), reply_partition(deps)
+    run_id, partition = run or (str(new_id()), reply_partition(deps))
     may_grow = question.prev_run_id is not None
     shed_when_full(deps, user, run_id, model, message, max_tokens, may_grow=may_grow)
     # Recorded before the prompt goes to the log: a store that does not answer refuses the request with nothing
     # in the log (the other way round, a question refused 503 was stored and answered anyway), and a cancel or
     # a resume finds the run from its first event. A log that does not take the prompt withdraws the run.
     try:
-        opened_at = await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
+        await deps.conversations.open_run(chat, uuid.UUID(run_id), partition)
+    except ChatBusy:
+        deps.pools.decided(run_id)
+        now_latest = await deps.conversations.get_chat(chat.chat_id)
+        raise busy((now_latest or chat).last_run_id or "") from None
     except Exception:
         deps.pools.decided(run_id)  # never reached the log: the door stops counting it
         raise
@@ -318,16 +369,19 @@ async def answer(
         replies = aiter(streams.live(deps, run_id, partition, live))
     except Exception:
         deps.pools.decided(run_id)
-        if await asyncio.shield(withdraw(deps, chat, uuid.UUID(run_id), opened_at)):
+        if await asyncio.shield(withdraw(deps, chat, uuid.UUID(run_id))):
             raise
         replies = aiter(
             streams.from_log(deps, partition, run_id, None)
         )  # taken: its replies are in the log
     finally:
         await tidy
+    if published is not None:
+        await published()
     first, replies = await admitted(deps, event, replies, stream_refusals=True)
     log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)
-    stream = streams.sse_stream(deps, run_id, prepend(first, replies), live=True)
+    ended = partial(mark_ended, deps, chat.chat_id, uuid.UUID(run_id))
+    stream = streams.sse_stream(deps, run_id, prepend(first, replies), live=True, ended=ended)
     return EventSourceResponse(stream, ping=15, headers={"X-Run-Id": run_id}), run_id
 
 

@@ -5,7 +5,9 @@
   the first byte and has no other, so 100 clients sending headers a byte at a time held 100 connections
   indefinitely. A late head is answered 408 and the connection closed.
 - One client address holds at most `max_connections_per_client` connections at once; one more is answered
-  429 with Retry-After and closed, so one client cannot take every socket and worker from the others.
+  429 with Retry-After and closed, so one client cannot take every socket and worker from the others. A
+  trusted proxy's connections (`trusted_proxies`) carry many clients: they are not counted here, and each
+  client behind the proxy is limited by its forwarded address instead (api/forwarded.py).
 
 Hand-written because uvicorn offers neither (only a server-wide `limit_concurrency`, which refuses everyone
 once one client has filled it), and the body's own timeout and size limit live in api/body_limit.py.
@@ -22,6 +24,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from api.errors import body
+from api.forwarded import Networks
 
 
 def raw_error(
@@ -43,12 +46,17 @@ def raw_error(
 class GuardedH11(H11Protocol):
     header_timeout_s = 10.0
     max_connections_per_client = 64
+    trusted: Networks = Networks(())
     open_by_client: Counter[str] = Counter()  # one server per process: the count is the process's
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._address = self.client[0] if self.client else ""
         self._head_timer: asyncio.TimerHandle | None = None
+        self._counted = self._address not in self.trusted  # a proxy's clients: by forwarded address
+        if not self._counted:
+            self._arm()
+            return
         self.open_by_client[self._address] += 1
         if self.open_by_client[self._address] > self.max_connections_per_client:
             message = (
@@ -61,6 +69,9 @@ class GuardedH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if not self._counted:
+            super().connection_lost(exc)
+            return
         self.open_by_client[self._address] -= 1
         if self.open_by_client[self._address] <= 0:
             del self.open_by_client[self._address]
@@ -94,7 +105,9 @@ class GuardedH11(H11Protocol):
         self.transport.close()
 
 
-def guarded(header_timeout_s: float, max_connections_per_client: int) -> type[Any]:
+def guarded(
+    header_timeout_s: float, max_connections_per_client: int, trusted: Networks
+) -> type[Any]:
     """The protocol class with this edge's limits (uvicorn instantiates it per connection)."""
     return type(
         "GuardedH11",
@@ -102,5 +115,6 @@ def guarded(header_timeout_s: float, max_connections_per_client: int) -> type[An
         {
             "header_timeout_s": header_timeout_s,
             "max_connections_per_client": max_connections_per_client,
+            "trusted": trusted,
         },
     )

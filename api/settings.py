@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode
 
 from runtime.settings import StackSettings, local_jwt_secret
 
@@ -37,9 +39,20 @@ class ApiSettings(StackSettings):
     max_connections_per_client: int = Field(
         64, description="Connections one client address may hold at once; one more is refused 429."
     )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Addresses or CIDR networks of the proxies in front of the edge (an ingress, a company proxy), "
+        "comma-separated: their connections are not limited per address; each client behind them is, by the "
+        "address in X-Forwarded-For. Empty: forwarded headers are ignored.",
+    )
     answer_store_wait_s: float = Field(
         5.0,
         description="How long a request about an answer whose run just ended waits for it to be stored.",
+    )
+    busy_grace_s: float = Field(
+        0.25,
+        description="A message into a chat whose previous answer is still running is refused 409 chat_busy "
+        "after this long (room for a run whose stream ended unseen by any edge to be stored).",
     )
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
@@ -49,6 +62,14 @@ class ApiSettings(StackSettings):
     # a run that never starts ends with an error event, never hangs
     first_event_timeout_s: float = 120.0
     stream_idle_timeout_s: float = 60.0
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return (
+            [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        )
+
     web_dir: Path = Field(
         Path(__file__).resolve().parent.parent / "web" / "dist",
         description="The built chat app (make web).",

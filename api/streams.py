@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -23,6 +23,7 @@ from api import convert
 from api.deps import Services
 from api.replies import (
     HANDOFF,
+    REJECTED,
     TERMINAL,
     LiveRun,
     Replay,
@@ -131,10 +132,24 @@ def error_event(run_id: str, code: str, message: str) -> dict[str, Any]:
     }
 
 
+def finish_reason(reply: Reply) -> str:
+    """How a run ended, from its terminal record: as its stored answer will say."""
+    if reply.kind == REJECTED:
+        return str(reply.rejection["code"])
+    return str(reply.delta.get("finish_reason") or "error")
+
+
 async def sse_stream(
-    deps: Services, run_id: str, replies: AsyncIterator[Reply], live: bool
+    deps: Services,
+    run_id: str,
+    replies: AsyncIterator[Reply],
+    live: bool,
+    ended: Callable[[str], Awaitable[None]] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
-    """The chat route's SSE events for a run's replies (live from the hub, or read back from the log)."""
+    """The chat route's SSE events for a run's replies (live from the hub, or read back from the log).
+
+    ended: told how the run ended before its last event is sent (so a client's next request, made when it sees
+    that event, finds the run over)."""
     accepted = time.perf_counter()
     first_token = live
     # the run's engine has started it: a `queued` record after that is news of nothing
@@ -150,6 +165,8 @@ async def sse_stream(
             if reply.kind == "delta" and first_token:
                 EDGE_TTFT.observe(time.perf_counter() - accepted)
                 first_token = False
+            if reply.kind in TERMINAL and ended is not None:
+                await ended(finish_reason(reply))
             yield convert.sse(reply)
             if reply.kind in TERMINAL and live:
                 RUNS.labels(reply.kind).inc()

@@ -1,11 +1,10 @@
 """Conversations in Cassandra: chats, their runs and their messages, written idempotently (the primary key is
 the event's id or the request's).
 
-Each table has one writer (WRITERS). The edge writes what a request changes: a chat, its runs as they open, and
-the user's edits and deletes of messages, kept beside them in `message_changes`. Persistence writes what the log
-records: the messages themselves, each run's answer (which says how the run ended) and its rating. A read lays
-the changes over the messages (`overlay`), so an edit shows at once, and a redelivered or replayed event that
-rewrites a message never undoes it."""
+Each table has one writer (WRITERS). The edge writes what a request changes: a chat, its runs as they open, the
+user's edits and deletes of messages (`message_changes`). Persistence writes what the log records: the messages,
+each run's answer (how the run ended) and its rating. A read lays the changes over the messages (`overlay`): an
+edit shows at once, and a redelivered or replayed event that rewrites a message never undoes it."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from storage.ids import MIN_ID, new_id, now
 from storage.rows import (
     Change,
     Chat,
+    ChatBusy,
     Message,
     active_at,
     change_of,
@@ -34,8 +34,7 @@ from storage.rows import (
 )
 from storage.session import Store, create_tables
 
-# How long a stage erasing a deleted chat waits for the edge to delete the chat's row (milliseconds, normally).
-ERASE_WAIT_S = 10.0
+ERASE_WAIT_S = 10.0  # how long an erasing stage waits for the edge to delete a chat's row
 
 SCHEMA = (
     # Ownership and metadata of one chat.
@@ -43,8 +42,7 @@ SCHEMA = (
          chat_id timeuuid PRIMARY KEY, user_id text, title text, created_at timestamp, last_run_id text,
          last_active_at timestamp, context_from timeuuid, memory_changed_at timestamp)""",
     # Where each run's reply stream lives, so any edge replica can replay or resume it. How a run ended is its
-    # answer's finish_reason (the answer's id is the run's); finish_reason here is set only for a run whose
-    # prompt never reached the log (not_accepted).
+    # answer's finish_reason (its id is the run's), or finish_reason here: as the edge saw its stream end.
     """CREATE TABLE IF NOT EXISTS {ks}.runs (
          chat_id timeuuid, run_id timeuuid, reply_partition int, finish_reason text,
          PRIMARY KEY ((chat_id), run_id))""",
@@ -68,10 +66,8 @@ SCHEMA = (
          chat_id timeuuid, message_id timeuuid, content text, changed_at timestamp,
          PRIMARY KEY ((chat_id), message_id))""",
 )
-# Columns added after a table first shipped: (table, column, type), applied when missing.
-# context_from: a reset's marker (earlier messages stay listed but no longer go into prompts); memory_changed_at:
-# when a message was last edited or deleted (a summary begun before it is discarded); pool: the model pool that
-# wrote an answer; feedback: the user's rating of it (up | down).
+# Columns added after a table first shipped: (table, column, type), applied when missing. What they hold:
+# storage/rows.py (Chat, Message).
 COLUMNS_ADDED = (
     ("chats", "last_active_at", "timestamp"),
     ("runs", "finish_reason", "text"),
@@ -125,8 +121,10 @@ class Conversations(Store):
         self._get_chats = p(
             f"SELECT chat_id, title, last_active_at FROM {ks}.chats WHERE chat_id IN ?"
         )
-        self._set_active = p(
-            f"UPDATE {ks}.chats SET last_active_at = ?, last_run_id = ? WHERE chat_id = ?"
+        self._set_active = p(f"UPDATE {ks}.chats SET last_active_at = ? WHERE chat_id = ?")
+        # The chat's latest run changes only by compare-and-set: one run of a chat opens at a time.
+        self._claim = p(
+            f"UPDATE {ks}.chats SET last_run_id = ? WHERE chat_id = ? IF user_id = ? AND last_run_id = ?"
         )
         self._set_title = p(f"UPDATE {ks}.chats SET title = ? WHERE chat_id = ?")
         self._delete_chat = p(f"DELETE FROM {ks}.chats WHERE chat_id = ?")
@@ -140,8 +138,8 @@ class Conversations(Store):
         self._get_run = p(
             f"SELECT reply_partition, finish_reason FROM {ks}.runs WHERE chat_id = ? AND run_id = ?"
         )
-        self._withdraw_run = p(
-            f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ?"
+        self._end_run = p(  # never a row of a deleted chat's run
+            f"UPDATE {ks}.runs SET finish_reason = ? WHERE chat_id = ? AND run_id = ? IF EXISTS"
         )
         self._settle_fate = p(
             f"INSERT INTO {ks}.run_fates (chat_id, run_id, fate) VALUES (?, ?, ?) IF NOT EXISTS"
@@ -191,9 +189,10 @@ class Conversations(Store):
         )
 
     # -- chats -------------------------------------------------------------------------------------
-    async def create_chat(self, user_id: str, title: str) -> tuple[uuid.UUID, datetime]:
-        chat_id = new_id()
-        at = now()
+    async def create_chat(
+        self, user_id: str, title: str, chat_id: uuid.UUID | None = None
+    ) -> tuple[uuid.UUID, datetime]:
+        chat_id, at = chat_id or new_id(), now()
         # Either alone is invisible: a chat is listed only through both, and nobody has its id before the 201.
         await self._all(
             (self._insert_chat, (chat_id, user_id, title, at, at)),
@@ -206,9 +205,8 @@ class Conversations(Store):
         return None if row is None else chat_of(row)
 
     async def deleted(self, chat_id: uuid.UUID, wait_s: float = 0.0) -> bool:
-        """Whether the chat's row is gone, waited for up to `wait_s` (a stage erasing a deleted chat: the edge
-        tells the stages before it deletes the row, and a turn written between would outlive an erasure run
-        first). False after the wait: a delete cut short (deleting again tells the stages again)."""
+        """Whether the chat's row is gone, waited for up to `wait_s` (a stage erasing a deleted chat is told
+        before the row goes). False after the wait: a delete cut short (deleting again tells the stages again)."""
         deadline = time.monotonic() + wait_s
         while await self.get_chat(chat_id) is not None:
             if time.monotonic() >= deadline:
@@ -264,28 +262,37 @@ class Conversations(Store):
 
     # -- runs --------------------------------------------------------------------------------------
     async def open_run(self, chat: Chat, run_id: uuid.UUID, reply_partition: int) -> datetime:
-        """Record a new run of the chat (where its stream lives), make it the chat's latest and the chat active;
-        returns when (the chat's new last activity). The chat's old place in the list is left to
-        `leave_old_place`, which the caller runs off the path to the first token."""
+        """Record a new run (where its stream lives), the chat's latest (by compare-and-set: ChatBusy when another
+        opened since `chat` was read) and the chat active; returns when. See `leave_old_place`."""
+        if not await self._swap_latest(chat, chat.last_run_id, str(run_id)):
+            raise ChatBusy(str(chat.chat_id))
         at = now()
-        # In this order, a failure between two writes leaves the chat listed once, at its old or its new place:
-        # an activity row counts only while the chat row's last_active_at matches it.
-        await self._all(
-            (self._insert_run, (chat.chat_id, run_id, reply_partition)),
-            (self._insert_activity, (chat.user_id, at, chat.chat_id, chat.title, chat.created_at)),
-        )
-        await self._run(self._set_active, (at, str(run_id), chat.chat_id))
+        listed = (chat.user_id, at, chat.chat_id, chat.title, chat.created_at)
+        try:  # in this order, a failure between writes leaves the chat listed once, at its old or new place
+            run = (chat.chat_id, run_id, reply_partition)
+            await self._all((self._insert_run, run), (self._insert_activity, listed))
+            await self._run(self._set_active, (at, chat.chat_id))
+        except Exception:
+            await self._swap_latest(chat, str(run_id), chat.last_run_id)  # best effort
+            raise
         return at
+
+    async def _swap_latest(self, chat: Chat, expected: str | None, new: str | None) -> bool:
+        swap = (new, chat.chat_id, chat.user_id, expected)
+        return bool((await self._run(self._claim, swap)).one()[0])
 
     async def leave_old_place(self, chat: Chat) -> None:
         """After `open_run`: the chat's old activity row, stale from then on (a list skips it until it goes)."""
         await self._run(self._delete_activity, (chat.user_id, active_at(chat), chat.chat_id))
 
-    async def withdraw_run(self, chat: Chat, run_id: uuid.UUID, opened_at: datetime) -> None:
-        """A run opened whose prompt never reached the log: ended (`not_accepted`), and the chat's latest run the
-        one before it again (the chat keeps its new place in the list)."""
-        await self._run(self._withdraw_run, ("not_accepted", chat.chat_id, run_id))
-        await self._run(self._set_active, (opened_at, chat.last_run_id, chat.chat_id))
+    async def withdraw_run(self, chat: Chat, run_id: uuid.UUID) -> None:
+        """A run whose prompt never reached the log: ended, the one before it the latest again (same place)."""
+        await self.end_run(chat.chat_id, run_id, "not_accepted")
+        await self._swap_latest(chat, str(run_id), chat.last_run_id)
+
+    async def end_run(self, chat_id: uuid.UUID, run_id: uuid.UUID, finish_reason: str) -> None:
+        """How a run ended, as the edge saw its stream end (its answer, stored a moment later, says the same)."""
+        await self._run(self._end_run, (finish_reason, chat_id, run_id))
 
     async def settle_fate(self, chat_id: uuid.UUID, run_id: uuid.UUID, fate: str) -> str:
         """Decide a run's fate unless it was decided already; returns the fate that holds (a retry: the same)."""
@@ -296,8 +303,8 @@ class Conversations(Store):
         return getattr((await self._run(self._get_fate, (chat_id, run_id))).one(), "fate", None)
 
     async def get_run(self, chat_id: uuid.UUID, run_id: uuid.UUID) -> tuple[int, str | None] | None:
-        """(reply partition, finish reason or None while it runs), or None when the chat has no such run. A run
-        has ended once its answer is stored (the answer's id is the run's) or when it was withdrawn."""
+        """(reply partition, finish reason or None while it runs), or None when the chat has no such run. Ended
+        once its stream did (`end_run`), its answer is stored (its id is the run's), or it was withdrawn."""
         run, answer = await asyncio.gather(
             self._run(self._get_run, (chat_id, run_id)), self._run(self._run_end, (chat_id, run_id))
         )

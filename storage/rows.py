@@ -26,6 +26,10 @@ class Chat:
     memory_changed_at: datetime | None = None  # when a message was last edited or deleted
 
 
+class ChatBusy(Exception):
+    """Another run of the chat opened first (storage/conversations.py `open_run`)."""
+
+
 @dataclass
 class Message:
     id: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header
@@ -37,7 +38,7 @@ async def run_events(
 
     Works on any edge replica, after an edge restart, and from several devices at once.
     """
-    _, partition, _ = await owned_run(deps.conversations, user, chat_id, run_id)
+    chat, partition, finish = await owned_run(deps.conversations, user, chat_id, run_id)
     after = None
     if last_event_id is not None:
         after = parse_cursor(last_event_id.strip())
@@ -45,8 +46,10 @@ async def run_events(
             raise ApiError(
                 400, "Last-Event-ID is not a cursor of this run's stream.", "invalid_last_event_id"
             )
-    replies = streams.from_log(deps, partition, str(uuid.UUID(run_id)), after)
-    return EventSourceResponse(sse_stream(deps, run_id, replies, live=False), ping=15)
+    parsed = uuid.UUID(run_id)
+    replies = streams.from_log(deps, partition, str(parsed), after)
+    ended = partial(runs.mark_ended, deps, chat.chat_id, parsed) if finish is None else None
+    return EventSourceResponse(sse_stream(deps, run_id, replies, live=False, ended=ended), ping=15)
 
 
 @router.post("/{chat_id}/runs/{run_id}/cancel", status_code=202)

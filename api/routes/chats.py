@@ -10,13 +10,16 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 
+from api import idempotency
 from api.auth import CurrentUser
 from api.chat_state import memory_changed, owned_chat
-from api.deps import ConversationsDep, ProducerDep
+from api.deps import ConversationsDep, IdempotencyDep, ProducerDep
 from api.errors import ApiError
+from api.idempotency import IdempotencyKey
 from api.openapi import CHAT_LINKS
 from api.schemas import ChatDetail, ChatExport, ChatOut, ChatPage, ContextReset, Export, MessageOut
-from storage.ids import decode_cursor, encode_cursor, id_time_ms, parse_id, utc
+from storage.idempotency import Claim
+from storage.ids import decode_cursor, encode_cursor, id_time_ms, new_id, parse_id, utc
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -45,10 +48,28 @@ def activity_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
 
 @router.post("", status_code=201, responses={201: {"links": CHAT_LINKS}})
 async def create_chat(
-    conversations: ConversationsDep, user: CurrentUser, body: NewChat | None = None
+    conversations: ConversationsDep,
+    keys: IdempotencyDep,
+    user: CurrentUser,
+    key: IdempotencyKey = None,
+    body: NewChat | None = None,
 ) -> ChatOut:
+    """A new chat. With an Idempotency-Key, a retry gets the first request's chat."""
     title = body.title if body else "New chat"
-    chat_id, created = await conversations.create_chat(user.user_id, title)
+    chat_id = new_id()
+    if key is not None:
+        wanted = Claim(idempotency.digest("create_chat", body), chat_id=str(chat_id))
+        held = await idempotency.claim(keys, user, idempotency.checked(key), wanted)
+        if held is not None and held.chat_id:
+            _, chat = await owned_chat(conversations, user, held.chat_id)
+            return ChatOut.of(chat)
+    holder = idempotency.Holder(keys, user, key)
+    try:
+        _, created = await conversations.create_chat(user.user_id, title, chat_id)
+    except BaseException as exc:
+        await holder.failed(exc)
+        raise
+    await holder.made()
     iso = created.isoformat()
     return ChatOut(id=str(chat_id), title=title, created_at=iso, last_active_at=iso)
 

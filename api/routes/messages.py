@@ -6,20 +6,35 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import replace
+from functools import partial
 from typing import Literal
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
+from api import idempotency
 from api.auth import CurrentUser
 from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
-from api.deps import ConversationsDep, Deps, ProducerDep, SettingsDep
+from api.deps import ConversationsDep, Deps, ProducerDep, Services, SettingsDep
 from api.errors import ApiError
+from api.idempotency import IdempotencyKey
 from api.openapi import NEW_RUN
 from api.routes.chats import Limit
-from api.runs import Question, answer, checked_content, checked_max_tokens, checked_model
+from api.runs import (
+    Question,
+    answer,
+    checked_content,
+    checked_max_tokens,
+    checked_model,
+    mark_ended,
+    not_busy,
+    prepend,
+    reply_partition,
+)
 from api.schemas import FeedbackOut, MessageOut, MessagePage
+from api.streams import sse_stream
+from storage.idempotency import Claim
 from storage.ids import decode_cursor, encode_cursor, epoch_ms, new_id, parse_id
 from topics.clock import now_ms
 from topics.events import Feedback
@@ -69,8 +84,10 @@ async def list_messages(
 
 @router.post("/{chat_id}/messages", response_class=EventSourceResponse, responses=NEW_RUN)
 async def post_message(
-    deps: Deps, user: CurrentUser, chat_id: str, body: NewMessage
+    deps: Deps, user: CurrentUser, chat_id: str, body: NewMessage, key: IdempotencyKey = None
 ) -> EventSourceResponse:
+    """Ask; the answer streams. With an Idempotency-Key, a retry gets the first request's run, streamed from
+    its start."""
     content = body.content.strip()
     if not content:
         raise ApiError(400, "content must not be empty.", "empty_content", "content")
@@ -78,11 +95,35 @@ async def post_message(
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     checked_model(deps.settings, body.model)
     parsed, chat = await owned_chat(deps.conversations, user, chat_id)
-    question = Question(
-        str(new_id()), body.content, chat.last_run_id
-    )  # sorts before the answer (the run's id)
-    response, _ = await answer(deps, user, chat, question, max_tokens, body.model)
+    message_id = new_id()  # sorts before the answer (the run's id)
+    run = str(new_id()), reply_partition(deps)
+    if key is not None:
+        request = idempotency.digest(f"post_message {parsed}", body)
+        wanted = Claim(request, str(parsed), run[0], run[1])
+        held = await idempotency.claim(deps.idempotency, user, idempotency.checked(key), wanted)
+        if held is not None and held.run_id and held.reply_partition is not None:
+            return await replayed(deps, parsed, held.run_id, held.reply_partition)
+    holder = idempotency.Holder(deps.idempotency, user, key)
+    try:
+        await not_busy(deps, chat)
+        question = Question(str(message_id), body.content, chat.last_run_id)
+        response, _ = await answer(
+            deps, user, chat, question, max_tokens, body.model, run, holder.made
+        )
+    except BaseException as exc:
+        await holder.failed(exc)
+        raise
     return response
+
+
+async def replayed(
+    deps: Services, chat_id: uuid.UUID, run_id: str, partition: int
+) -> EventSourceResponse:
+    """The run an earlier request with the same Idempotency-Key opened, streamed from the log from its start."""
+    first, rest = await idempotency.first_replies(deps, run_id, partition, stream_refusals=True)
+    ended = partial(mark_ended, deps, chat_id, uuid.UUID(run_id))
+    stream = sse_stream(deps, run_id, prepend(first, rest), live=False, ended=ended)
+    return EventSourceResponse(stream, ping=15, headers={"X-Run-Id": run_id})
 
 
 @router.patch("/{chat_id}/messages/{message_id}")

@@ -4,7 +4,8 @@ The run goes through moderation, scheduling, inference and metering like any cha
 conversation the client sent; it is not stored as a chat (the API is stateless) but stays in the event log.
 The edge waits for the run's first record before answering, so a refusal or a failure to start is a proper
 HTTP error, not a broken stream. There is no resume on this route, so a client that disconnects before the
-end cancels the run: nobody could read the rest of it.
+end cancels the run (nobody could read the rest of it), unless it sent an Idempotency-Key: then its retry reads
+the whole run from the log.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any, Literal
 
 from fastapi import APIRouter
@@ -22,14 +24,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
-from api import runs, streams
+from api import idempotency, runs, streams
 from api.auth import CurrentUser, Principal
 from api.deps import Deps, Services
 from api.errors import ApiError
+from api.idempotency import IdempotencyKey
 from api.openapi import CHUNKS, ENGINE_ERRORS
 from api.replies import ACCEPTED, REJECTED, TERMINAL, Reply
 from api.runs import checked_max_tokens, checked_model
 from api.schemas import AssistantMessage, CachedTokens, ChatCompletion, Choice, CompletionUsage
+from storage.idempotency import Claim
 from storage.ids import new_id
 from topics import records
 from topics.events import ChatMessage, PromptAccepted, TokenDelta
@@ -128,16 +132,24 @@ def conversation_key(user_id: str, messages: list[ChatMessage]) -> str:
     responses={**CHUNKS, **ENGINE_ERRORS},
 )
 async def chat_completions(
-    deps: Deps, user: CurrentUser, body: Completion
+    deps: Deps, user: CurrentUser, body: Completion, key: IdempotencyKey = None
 ) -> JSONResponse | EventSourceResponse:
+    """With an Idempotency-Key, a retry gets the first request's run (whole, read from the log), and a client
+    that goes away does not cancel the run: its retry reads it."""
     messages = conversation(deps, body)
     max_tokens = checked_max_tokens(deps.settings, body.max_completion_tokens or body.max_tokens)
     checked_model(deps.settings, body.model)
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
-    runs.shed_when_full(
-        deps, user, run_id, body.model, messages, max_tokens, may_grow=False
-    )  # all here
     partition = runs.reply_partition(deps)
+    if key is not None:
+        wanted = Claim(idempotency.digest("chat_completions", body), None, run_id, partition)
+        held = await idempotency.claim(deps.idempotency, user, idempotency.checked(key), wanted)
+        if held is not None and held.run_id and held.reply_partition is not None:
+            run = held.run_id
+            reply, replies = await idempotency.first_replies(
+                deps, run, held.reply_partition, stream_refusals=False
+            )
+            return await respond(deps, body, run, body.model, reply, replies, None)
     event = records.prompt_accepted(
         run_id=run_id,
         chat_id=chat_id,
@@ -153,27 +165,46 @@ async def chat_completions(
         temperature=body.temperature,
         store=False,
     )
+    abandon = None if key else partial(cancel, deps, user, event, "client_disconnected")
+    holder = idempotency.Holder(deps.idempotency, user, key)
     try:
-        live = await runs.start_run(deps, event)
-    except Exception:
-        deps.pools.decided(run_id)  # never reached the log: the door stops counting it
+        runs.shed_when_full(deps, user, run_id, body.model, messages, max_tokens, may_grow=False)
+        try:
+            live = await runs.start_run(deps, event)
+        except Exception:
+            deps.pools.decided(run_id)  # never reached the log: the door stops counting it
+            raise
+        await holder.made()
+        replies = aiter(streams.live(deps, run_id, partition, live))
+        reply, replies = await runs.admitted(deps, event, replies, stream_refusals=False)
+    except BaseException as exc:
+        await holder.failed(exc)
         raise
-    replies = aiter(streams.live(deps, run_id, partition, live))
-    reply, replies = await runs.admitted(deps, event, replies, stream_refusals=False)
+    return await respond(deps, body, run_id, body.model, reply, replies, abandon)
+
+
+async def respond(
+    deps: Services,
+    body: Completion,
+    run_id: str,
+    model: str | None,
+    reply: Reply,
+    replies: AsyncIterator[Reply],
+    abandon: Callable[[], Awaitable[None]] | None,
+) -> JSONResponse | EventSourceResponse:
+    """The run's answer as chunks or one completion, from its first reply; `abandon`: what to do when it is
+    left before its end (the client went away or it stalled)."""
     handed_over = ended = False
     try:
         ended = reply.kind in TERMINAL
-        check_end(reply, run_id)
+        check_end(reply)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             handed_over = True  # the generator owns the run from here
-            return EventSourceResponse(
-                chunk_stream(deps, user, event, reply, replies, include_usage), ping=15
-            )
+            chunks = chunk_stream(deps, run_id, model, reply, replies, include_usage, abandon)
+            return EventSourceResponse(chunks, ping=15)
         text: list[str] = []
-        while (
-            reply.kind not in TERMINAL
-        ):  # a slow decision (`accepted`) only means a longer wait here
+        while reply.kind not in TERMINAL:  # a slow decision (`accepted`) only means a longer wait
             if reply.kind == "delta":
                 text.append(reply.delta["text"])
             elif (
@@ -182,20 +213,18 @@ async def chat_completions(
                 text = ["".join(text)[: reply.delta["retract_from"] or 0]]
             reply = await anext(replies)
         ended = True
-        check_end(reply, run_id)
+        check_end(reply)
         return JSONResponse(completion(run_id, reply, "".join(text)).model_dump(mode="json"))
     except streams.StreamTimeout as exc:
         raise ApiError(504, str(exc), "timeout") from None
     finally:
         if not handed_over:
             deps.replies.close(run_id)
-            if (
-                not ended
-            ):  # the client went away or the run stalled: stop it, nobody can read the rest
-                await asyncio.shield(cancel(deps, user, event, "client_disconnected"))
+            if not ended and abandon is not None:
+                await asyncio.shield(abandon())
 
 
-def check_end(reply: Reply, run_id: str) -> None:
+def check_end(reply: Reply) -> None:
     """A refusal or an engine failure becomes an HTTP error (before any byte of a stream is sent)."""
     if reply.kind == REJECTED:
         raise runs.rejection_error(reply.rejection)
@@ -271,15 +300,16 @@ def data(payload: dict[str, Any]) -> dict[str, str]:
 
 async def chunk_stream(
     deps: Services,
-    user: Principal,
-    event: PromptAccepted,
+    run_id: str,
+    model: str | None,
     first: Reply,
     replies: AsyncIterator[Reply],
     include_usage: bool,
+    abandon: Callable[[], Awaitable[None]] | None,
 ) -> AsyncIterator[dict[str, Any]]:
-    run_id, created = event["run_id"], int(time.time())
+    created = int(time.time())
     opened = first.accepted if first.kind == ACCEPTED else first.delta  # never a refusal: check_end
-    model = opened.get("model") or event["model"] or deps.settings.models[0]
+    model = opened.get("model") or model or deps.settings.models[0]
     ended = False
     try:
         yield data(chunk(run_id, model, created, {"role": "assistant", "content": ""}))
@@ -318,5 +348,5 @@ async def chunk_stream(
         yield data({"error": {"message": str(exc), "type": "api_error", "code": "timeout"}})
     finally:
         deps.replies.close(run_id)
-        if not ended:
-            await asyncio.shield(cancel(deps, user, event, "client_disconnected"))
+        if not ended and abandon is not None:
+            await asyncio.shield(abandon())

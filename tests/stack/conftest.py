@@ -98,6 +98,9 @@ def live() -> Iterator[Live]:
     # than its replicas of anything), so a broker killed mid-burst recovers, and groups rebalance, sooner.
     os.environ.setdefault("PARLEY_CHAT_PARTITIONS", "4")
     os.environ.setdefault("PARLEY_REPLY_PARTITIONS", "8")
+    # A client connecting from 127.0.0.2 is a trusted proxy to the suite's edges (tests/stack/test_proxy.py);
+    # from 127.0.0.1, as every other test connects, forwarded headers are ignored and each address is limited.
+    os.environ.setdefault("PARLEY_TRUSTED_PROXIES", "127.0.0.2")
     stack = Stack(namespace=namespace, port_base=PORT_BASE, replicas=2, stages=2, workers={"small": 2, "large": 1})
     stack.up()
     registry.connect(stack.registry_url)  # the tests decode what the stages wrote

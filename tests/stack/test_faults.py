@@ -93,9 +93,9 @@ def test_a_prompt_the_edge_gave_up_on_is_served_only_when_the_scheduler_took_it_
     session = Cluster(["127.0.0.1"], protocol_version=5).connect()
     edge = Conversations(session, f"parley_{live.namespace}".replace("-", "_"), "api")
     try:
-        chat_row = asyncio.run(edge.get_chat(uuid.UUID(chat)))
         withdrawn, taken = new_id(), new_id()
-        for run in (withdrawn, taken):
+        for run in (withdrawn, taken):  # each as the edge opens one: on the chat as it reads it then
+            chat_row = asyncio.run(edge.get_chat(uuid.UUID(chat)))
             asyncio.run(edge.open_run(chat_row, run, prompt["reply_partition"]))
         assert asyncio.run(edge.settle_fate(chat_row.chat_id, withdrawn, WITHDRAWN)) == WITHDRAWN
         late = int(time.time() * 1000) - SUSPECT_AFTER_MS - 5_000

@@ -77,7 +77,11 @@ class Burst:
     def refuse(self, response: httpx.Response | Run) -> None:
         status = response.status_code if isinstance(response, httpx.Response) else response.status
         self.refused.append((status, response.headers.get("retry-after", "")))
-        if not (status in (429, 503) and response.headers.get("retry-after")):
+        # a 409 chat_busy: the chat's previous run goes on after its stream broke (one run of a chat at a time)
+        busy = status == 409 and "chat_busy" in (
+            response.text if isinstance(response, httpx.Response) else str(response.error)
+        )
+        if not (status in (429, 503) or busy) or not response.headers.get("retry-after"):
             said = response.text[:200] if isinstance(response, httpx.Response) else str(response.error)[:200]
             self.unclear.append(f"{status}: {said}")
         time.sleep(0.2)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from storage.api_keys import ApiKey
+from storage.idempotency import Claim
 from storage.ids import new_id
 from storage.rows import Change, Chat, Message, overlay
 
@@ -42,9 +43,11 @@ class FakeChats(FakeConversations):
         self.runs: dict[tuple[uuid.UUID, uuid.UUID], tuple[int, str | None]] = {}
         self.resets: dict[uuid.UUID, uuid.UUID] = {}
 
-    async def create_chat(self, user_id: str, title: str) -> tuple[uuid.UUID, datetime]:
+    async def create_chat(
+        self, user_id: str, title: str, chat_id: uuid.UUID | None = None
+    ) -> tuple[uuid.UUID, datetime]:
         at = now()
-        chat_id = new_id()
+        chat_id = chat_id or new_id()
         self.chats[chat_id] = Chat(chat_id, user_id, title, at, last_active_at=at)  # type: ignore[assignment]
         return chat_id, at
 
@@ -113,3 +116,21 @@ class FakeKeys:
                 self.keys[digest] = (owner, tier, replace(key, revoked_at=key.revoked_at or now()))
                 return True
         return False
+
+
+class FakeIdempotencyKeys:
+    """The claims, by (user, key): first wins."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], Claim] = {}
+
+    async def claim(self, user_id: str, key: str, claim: Claim) -> Claim | None:
+        held = self.claims.setdefault((user_id, key), claim)
+        return None if held is claim else held
+
+    async def published(self, user_id: str, key: str) -> None:
+        if (user_id, key) in self.claims:
+            self.claims[(user_id, key)] = replace(self.claims[(user_id, key)], published=True)
+
+    async def release(self, user_id: str, key: str) -> None:
+        self.claims.pop((user_id, key), None)

@@ -20,7 +20,7 @@ from storage.ids import new_id
 from storage.rows import Message
 from topics.pipeline import FEEDBACK, MEMORY_CHANGED
 
-from .edge_fakes import FakeChats, FakeKeys, FakeProducer, now
+from .edge_fakes import FakeChats, FakeIdempotencyKeys, FakeKeys, FakeProducer, now
 
 
 @pytest.fixture
@@ -29,6 +29,8 @@ def edge():
     app = create_app(settings)
     chats, keys, producer = FakeChats(), FakeKeys(), FakeProducer()
     app.dependency_overrides[deps.conversations] = lambda: chats
+    idempotency = FakeIdempotencyKeys()
+    app.dependency_overrides[deps.idempotency] = lambda: idempotency
     app.dependency_overrides[deps.keys] = lambda: keys
     app.dependency_overrides[deps.producer] = lambda: producer
     client = TestClient(app, raise_server_exceptions=False)  # no lifespan: nothing to connect to
@@ -42,6 +44,23 @@ def edge():
 def told(producer: FakeProducer) -> list[tuple[str, str | None]]:
     """What the memory and persistence stages were told: (action, message id)."""
     return [(s.record["action"], s.record["message_id"]) for s in producer.log.on(MEMORY_CHANGED)]
+
+
+def test_a_retried_chat_creation_with_the_same_idempotency_key_gets_the_same_chat(edge):
+    ada, bob = edge.signed("ada"), edge.signed("bob")
+    keyed = {**ada, "Idempotency-Key": "create-1"}
+    first = edge.http.post("/v1/chats", json={"title": "Plans"}, headers=keyed)
+    again = edge.http.post("/v1/chats", json={"title": "Plans"}, headers=keyed)
+    assert first.status_code == again.status_code == 201
+    assert again.json() == first.json() and len(edge.chats.chats) == 1
+    other = edge.http.post("/v1/chats", json={"title": "Other"}, headers=keyed)
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+    # a key is the caller's own: another person's same key makes their own chat
+    bobs = edge.http.post("/v1/chats", json={"title": "Plans"}, headers={**bob, "Idempotency-Key": "create-1"})
+    assert bobs.status_code == 201 and bobs.json()["id"] != first.json()["id"] and len(edge.chats.chats) == 2
+    bad = edge.http.post("/v1/chats", headers={**ada, "Idempotency-Key": "x" * 256})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_idempotency_key"
+    assert len(edge.chats.chats) == 2
 
 
 def test_a_chat_is_created_listed_renamed_reset_and_deleted(edge):

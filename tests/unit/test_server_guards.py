@@ -15,9 +15,11 @@ from fastapi import FastAPI, Request
 
 from api import errors
 from api.body_limit import BodyLimit
+from api.forwarded import Networks
 from api.server import GuardedH11, guarded
 
 LIMIT = 4
+PROXY = Networks(["127.0.0.2"])  # a trusted proxy: its connections carry many clients
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def server():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=guarded(0.5, LIMIT))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=guarded(0.5, LIMIT, PROXY))
     running = uvicorn.Server(config)
     thread = threading.Thread(target=running.run, daemon=True)
     thread.start()
@@ -45,8 +47,8 @@ def server():
     thread.join(10)
 
 
-def connect(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=5)
+def connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
 
 
 def answer(conn: socket.socket) -> tuple[int, dict[str, str], dict]:
@@ -99,3 +101,15 @@ def test_one_client_holds_at_most_its_share_of_connections(server):
         time.sleep(0.05)
     with httpx.Client(base_url=f"http://127.0.0.1:{server}") as client:
         assert client.post("/echo", content=b"ok").status_code == 200
+
+
+def test_a_trusted_proxy_holds_more_connections_than_one_client_may(server):
+    held = [connect(server, "127.0.0.2") for _ in range(LIMIT + 2)]
+    try:
+        for conn in held:
+            conn.sendall(b"POST /echo HTTP/1.1\r\nhost: edge\r\ncontent-length: 2\r\n\r\nok")
+        assert [answer(conn)[0] for conn in held] == [200] * (LIMIT + 2)
+        assert "127.0.0.2" not in GuardedH11.open_by_client
+    finally:
+        for conn in held:
+            conn.close()

@@ -18,6 +18,7 @@ import pytest
 from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
+from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.memory import Memory
 from storage.rows import Change, Message, overlay
@@ -25,7 +26,7 @@ from storage.rows import deletions as deleted
 from storage.session import WRITE, NotTheWriter
 
 ROOT = Path(__file__).resolve().parents[2]
-STORES = (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger)
+STORES = (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger, IdempotencyKeys)
 
 
 class Sent(Exception):
