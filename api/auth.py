@@ -1,15 +1,20 @@
 """Credentials: HS256 JWTs carrying the user id and tier (issuer, audience and expiry checked), and API keys.
 
-An API key is `pk-` + 43 url-safe characters (256 random bits). Only its SHA-256 is stored, with the owner
-and the tier it was minted with; a revoked key is refused on the next request (no cache).
+An API key is `pk-` + 43 url-safe characters (256 random bits). Only its SHA-256 is stored, with the owner,
+the tier it was minted with, its scopes and its expiry; a revoked or expired key is refused on the next request
+on every replica (no cache), and one used outside its scopes is refused 403. Its last use is recorded at most
+once a minute per replica.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated
 
 import jwt
@@ -18,7 +23,9 @@ from fastapi import Depends, Request
 from api.deps import KeysDep, SettingsDep
 from api.errors import ApiError
 from api.settings import ApiSettings
+from storage.api_keys import ApiKeys, KeyOwner
 
+log = logging.getLogger(__name__)
 TIERS = ("free", "pro", "enterprise")
 
 
@@ -30,8 +37,26 @@ class Principal:
     user_id: str
     tier: str
     via_key: bool = False
-    # may change limits (a claim of a signed credential; API keys never carry it)
+    # may change limits (a claim of a signed credential, or an admin-scoped key an admin minted)
     admin: bool = False
+
+
+# the scopes a key needs for each family of routes (by path prefix; the first that matches); other routes
+# (`/v1/me`) take any key, and key management none (api/routes/keys.py)
+ROUTE_SCOPES = (
+    ("/v1/admin", {"admin"}),
+    ("/v1/usage", {"usage"}),
+    ("/v1/chat/completions", {"openai"}),
+    ("/v1/models", {"openai", "chat"}),
+    ("/v1/chats", {"chat"}),
+)
+LAST_USED_EVERY_S = 60.0
+_last_used: dict[str, float] = {}  # key hash -> when this replica last recorded its use (monotonic)
+_recording: set[asyncio.Task[None]] = set()
+
+
+def needed_scopes(path: str) -> set[str] | None:
+    return next((scopes for prefix, scopes in ROUTE_SCOPES if path.startswith(prefix)), None)
 
 
 def new_key() -> tuple[str, str]:
@@ -115,13 +140,49 @@ async def principal(request: Request, keys: KeysDep, settings: SettingsDep) -> P
         )
     token = token.strip()
     if token.startswith(KEY_PREFIX):
-        owner = await keys.key_owner(key_hash(token))
-        if owner is None:
-            raise ApiError(401, "The API key is not valid or has been revoked.", "invalid_api_key")
-        return Principal(owner[0], owner[1], via_key=True)
+        return await key_principal(request, keys, key_hash(token))
     return verify(
         token, settings.jwt_secret.get_secret_value(), settings.jwt_issuer, settings.jwt_audience
     )
+
+
+async def key_principal(request: Request, keys: ApiKeys, digest: str) -> Principal:
+    owner = await keys.key_owner(digest)
+    if owner is None:
+        raise ApiError(401, "The API key is not valid or has been revoked.", "invalid_api_key")
+    if owner.expires_at is not None and owner.expires_at <= datetime.now(UTC):
+        raise ApiError(401, "The API key has expired.", "expired_api_key")
+    route = request.scope.get("route")
+    needed = needed_scopes(getattr(route, "path", request.url.path))
+    if needed is not None and not needed & owner.scopes:
+        raise ApiError(
+            403,
+            f"This API key's scopes ({', '.join(sorted(owner.scopes))}) do not cover this route: it needs "
+            f"{' or '.join(sorted(needed))}.",
+            "insufficient_scope",
+        )
+    mark_used(keys, digest, owner)
+    return Principal(owner.user_id, owner.tier, via_key=True, admin="admin" in owner.scopes)
+
+
+def mark_used(keys: ApiKeys, digest: str, owner: KeyOwner) -> None:
+    """Record the key's use off the request's path, at most once per LAST_USED_EVERY_S on this replica."""
+    now = time.monotonic()
+    if now - _last_used.get(digest, -LAST_USED_EVERY_S) < LAST_USED_EVERY_S:
+        return
+    if len(_last_used) > 100_000:  # bounded: forgetting only means recording a use again
+        _last_used.clear()
+    _last_used[digest] = now
+
+    async def record() -> None:
+        try:
+            await keys.used(owner.user_id, owner.key_id)
+        except Exception:
+            log.warning("API key %s of %s: its last use not recorded", owner.key_id, owner.user_id)
+
+    task = asyncio.create_task(record())
+    _recording.add(task)
+    task.add_done_callback(_recording.discard)
 
 
 CurrentUser = Annotated[Principal, Depends(principal)]

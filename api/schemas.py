@@ -4,6 +4,7 @@ strings, as the stores give them."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -125,19 +126,29 @@ class ApiKeyOut(BaseModel):
     name: str
     prefix: str = Field(description="the key's first characters, to tell keys apart")
     tier: str
+    scopes: list[str] = Field(
+        description="chat, openai, usage, admin: the routes it may be used on"
+    )
     created_at: str
+    expires_at: str | None = Field(description="null: until revoked")
+    last_used_at: str | None = Field(description="recorded at most once a minute per edge replica")
     revoked_at: str | None
 
     @classmethod
     def of(cls, key: ApiKey) -> ApiKeyOut:
-        revoked = key.revoked_at.isoformat() if key.revoked_at else None
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat() if value else None
+
         return cls(
             id=key.key_id,
             name=key.name,
             prefix=key.prefix,
             tier=key.tier,
+            scopes=sorted(key.scopes),
             created_at=key.created_at.isoformat(),
-            revoked_at=revoked,
+            expires_at=iso(key.expires_at),
+            last_used_at=iso(key.last_used_at),
+            revoked_at=iso(key.revoked_at),
         )
 
 

@@ -4,6 +4,9 @@ cannot mint itself successors that outlive its revocation.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
@@ -17,8 +20,20 @@ from storage.ids import parse_id
 router = APIRouter(prefix="/v1/api-keys")
 
 
+Scope = Literal["chat", "openai", "usage", "admin"]
+
+
 class NewKey(BaseModel):
     name: str = Field("default", min_length=1, max_length=100)
+    scopes: list[Scope] = Field(
+        ["chat", "openai", "usage"],
+        min_length=1,
+        description="chat: the chat routes; openai: the OpenAI-compatible routes; usage: reading one's usage; "
+        "admin: the admin routes (only an admin may mint it)",
+    )
+    expires_in_days: int | None = Field(
+        90, ge=1, le=3650, description="null: the key never expires (until revoked)"
+    )
 
 
 def signed_in(user: Principal) -> None:
@@ -33,9 +48,18 @@ def signed_in(user: Principal) -> None:
 @router.post("", status_code=201, responses={201: {"links": KEY_LINKS}})
 async def create_key(keys: KeysDep, user: CurrentUser, body: NewKey | None = None) -> NewApiKey:
     signed_in(user)
+    body = body or NewKey()
+    if "admin" in body.scopes and not user.admin:
+        raise ApiError(
+            403, "Only an admin may mint a key with the admin scope.", "admin_required", "scopes"
+        )
     key, digest = new_key()
-    name = body.name if body else "default"
-    stored = await keys.create_key(user.user_id, user.tier, name, digest, key[:7])
+    days = body.expires_in_days
+    expires = datetime.now(UTC) + timedelta(days=days) if days is not None else None
+    scopes = frozenset(body.scopes)
+    stored = await keys.create_key(
+        user.user_id, user.tier, body.name, digest, key[:7], scopes, expires
+    )
     return NewApiKey(
         **ApiKeyOut.of(stored).model_dump(), key=key
     )  # the only time the key is returned

@@ -1,9 +1,13 @@
 """API keys: minted once, hashed at rest, usable as a Bearer credential, revocable, owned."""
 
+from datetime import UTC, datetime, timedelta
+
 from cassandra.cluster import Cluster
 
 from api.auth import key_hash
 from api.settings import ApiSettings
+
+from .conftest import wait_for
 
 
 def test_a_key_works_until_revoked_and_is_stored_only_as_a_hash(live):
@@ -46,3 +50,48 @@ def test_unknown_keys_and_other_users_keys(live):
     assert bob.delete("/v1/api-keys/not-an-id").status_code == 404
     with live.client("pk-" + "A" * 43) as forged:
         assert forged.get("/v1/chats").status_code == 401
+
+
+def test_a_key_is_held_to_its_scopes_records_its_use_and_ends_when_it_expires(live):
+    client = live.client(live.token())
+    made = client.post("/v1/api-keys", json={"name": "reports", "scopes": ["usage"], "expires_in_days": 1}).json()
+    assert made["scopes"] == ["usage"] and made["expires_at"] and made["last_used_at"] is None
+    completion = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with live.client(made["key"]) as by_key:
+        assert by_key.get("/v1/usage").status_code == 200
+        for refused in (by_key.post("/v1/chats"), by_key.post("/v1/chat/completions", json=completion)):
+            assert refused.status_code == 403 and refused.json()["error"]["code"] == "insufficient_scope"
+        assert by_key.get("/v1/admin/limits").status_code == 403
+
+        def used():
+            [key] = client.get("/v1/api-keys").json()["data"]
+            return key["last_used_at"]
+
+        assert wait_for(used), "its last use is recorded"
+
+        # time passes: the stored expiry is a moment ago, and the next request on any replica is refused
+        session = Cluster(["127.0.0.1"], port=9042).connect()
+        try:
+            ks = ApiSettings(namespace=live.namespace).keyspace_name
+            past = datetime.now(UTC) - timedelta(seconds=1)
+            session.execute(
+                f"UPDATE {ks}.api_keys SET expires_at = %s WHERE key_hash = %s", (past, key_hash(made["key"]))
+            )
+        finally:
+            session.cluster.shutdown()
+        for replica in (0, 1):
+            with live.client(made["key"], replica=replica) as on_replica:
+                expired = on_replica.get("/v1/usage")
+                assert expired.status_code == 401 and expired.json()["error"]["code"] == "expired_api_key"
+
+
+def test_only_an_admin_mints_an_admin_key_and_it_is_for_the_admin_routes(live):
+    member = live.client(live.token())
+    refused = member.post("/v1/api-keys", json={"scopes": ["admin"]})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "admin_required"
+    admin = live.client(live.token(admin=True))
+    key = admin.post("/v1/api-keys", json={"scopes": ["admin"], "expires_in_days": None}).json()
+    assert key["expires_at"] is None
+    with live.client(key["key"]) as by_key:
+        assert by_key.get("/v1/admin/limits").status_code == 200
+        assert by_key.get("/v1/chats").status_code == 403

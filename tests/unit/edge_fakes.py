@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from storage.api_keys import ApiKey
+from storage.api_keys import UNSCOPED, ApiKey, KeyOwner
 from storage.idempotency import Claim
 from storage.ids import new_id
 from storage.rows import Change, Chat, Message, overlay
@@ -98,14 +98,31 @@ class FakeKeys:
     def __init__(self) -> None:
         self.keys: dict[str, tuple[str, str, ApiKey]] = {}  # hash -> (user, tier, key)
 
-    async def create_key(self, user_id: str, tier: str, name: str, key_hash: str, prefix: str) -> ApiKey:
-        key = ApiKey(str(new_id()), name, prefix, tier, now(), None)
+    async def create_key(
+        self,
+        user_id: str,
+        tier: str,
+        name: str,
+        key_hash: str,
+        prefix: str,
+        scopes: frozenset[str] = UNSCOPED,
+        expires_at: datetime | None = None,
+    ) -> ApiKey:
+        key = ApiKey(str(new_id()), name, prefix, tier, now(), None, scopes, expires_at)
         self.keys[key_hash] = (user_id, tier, key)
         return key
 
-    async def key_owner(self, key_hash: str) -> tuple[str, str] | None:
+    async def key_owner(self, key_hash: str) -> KeyOwner | None:
         found = self.keys.get(key_hash)
-        return None if found is None or found[2].revoked_at else (found[0], found[1])
+        if found is None or found[2].revoked_at:
+            return None
+        user_id, tier, key = found
+        return KeyOwner(user_id, tier, uuid.UUID(key.key_id), key.scopes, key.expires_at)
+
+    async def used(self, user_id: str, key_id: uuid.UUID) -> None:
+        for digest, (owner, tier, key) in self.keys.items():
+            if owner == user_id and key.key_id == str(key_id):
+                self.keys[digest] = (owner, tier, replace(key, last_used_at=now()))
 
     async def list_keys(self, user_id: str) -> list[ApiKey]:
         return [k for u, _, k in self.keys.values() if u == user_id]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
+from datetime import timedelta
 from types import SimpleNamespace
 from urllib.parse import unquote
 
@@ -161,6 +163,28 @@ def test_an_api_key_speaks_for_its_owner_cannot_manage_keys_and_ends_when_revoke
     assert edge.http.delete(f"/v1/api-keys/{key['id']}", headers=ada).status_code == 204
     refused = edge.http.get("/v1/me", headers=by_key)
     assert (refused.status_code, refused.json()["error"]["code"]) == (401, "invalid_api_key")
+
+
+def test_a_key_is_held_to_its_scopes_and_refused_once_expired(edge):
+    ada = edge.signed("ada")
+    key = edge.http.post("/v1/api-keys", json={"scopes": ["usage"], "expires_in_days": 1}, headers=ada).json()
+    assert key["scopes"] == ["usage"] and key["expires_at"] > key["created_at"]
+    by_key = {"Authorization": f"Bearer {key['key']}"}
+    for outside in (edge.http.post("/v1/chats", headers=by_key), edge.http.get("/v1/chats", headers=by_key)):
+        assert (outside.status_code, outside.json()["error"]["code"]) == (403, "insufficient_scope")
+    assert edge.chats.chats == {}, "nothing made"
+    assert edge.http.get("/v1/me", headers=by_key).status_code == 200, "who it speaks for: any key"
+
+    [(digest, (owner, tier, stored))] = edge.keys.keys.items()
+    edge.keys.keys[digest] = (owner, tier, replace(stored, expires_at=now() - timedelta(seconds=1)))
+    expired = edge.http.get("/v1/me", headers=by_key)
+    assert (expired.status_code, expired.json()["error"]["code"]) == (401, "expired_api_key")
+    never = edge.http.post("/v1/api-keys", json={"expires_in_days": None}, headers=ada).json()
+    assert never["expires_at"] is None and never["scopes"] == ["chat", "openai", "usage"]
+    too_long = edge.http.post("/v1/api-keys", json={"expires_in_days": 4000}, headers=ada)
+    assert too_long.status_code == 400
+    admin_key = edge.http.post("/v1/api-keys", json={"scopes": ["admin"]}, headers=ada)
+    assert (admin_key.status_code, admin_key.json()["error"]["code"]) == (403, "admin_required")
 
 
 def test_bad_input_is_an_openai_shaped_400_and_nothing_is_written(edge):
