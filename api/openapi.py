@@ -27,10 +27,13 @@ STATUSES: dict[int | str, str] = {
     401: "No valid credential.",
     403: "The credential may not do this.",
     404: "No such chat, run or message for this caller.",
-    409: "The run's state does not allow it.",
+    409: "The chat's or run's state does not allow it (a run already ended; `chat_busy`: the chat is still "
+    "answering, and `idempotency_key_in_use`: the first request with that key is still opening, both with "
+    "`Retry-After`).",
     413: "The body is larger than the edge accepts.",
     429: "Over capacity, over budget or too many runs at once: retry after `Retry-After` seconds.",
-    "4XX": "Another client error (405 on a method the path does not take).",
+    "4XX": "Another client error (405 on a method the path does not take; `idempotency_key_reused` for a key "
+    "sent before with another request).",
     503: "A part the edge needs did not answer in time: retry after `Retry-After` seconds.",
 }
 ERRORS: dict[int | str, dict[str, Any]] = {

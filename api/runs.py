@@ -292,22 +292,18 @@ def busy(run_id: str) -> ApiError:
 async def not_busy(deps: Services, chat: Chat) -> None:
     """409 chat_busy at once when the chat's latest run is still answering: one run of a chat at a time, so a
     second message never waits in the scheduler behind the first (it would hold the chat's partition there).
-    A run whose stream has just ended is stored a moment later by the persistence stage: `busy_grace_s` covers
-    that, so a client sending right after `done` is not refused. A latest run with no row is one being opened
-    (busy) or one whose opening failed (free once `OPENING_S` old)."""
+    The edge streaming a run records its end before its last event (`mark_ended`), so a client's next message,
+    sent when it sees that event, finds the run over. A latest run with no row is one being opened (busy) or
+    one whose opening failed (free once `OPENING_S` old)."""
     if chat.last_run_id is None:
         return
     run_id = uuid.UUID(chat.last_run_id)
-    deadline = time.monotonic() + deps.settings.busy_grace_s
-    while True:
-        state = await deps.conversations.get_run(chat.chat_id, run_id)
-        if state is None and time.time() * 1000 - id_time_ms(run_id) > OPENING_S * 1000:
-            return
-        if state is not None and state[1] is not None:
-            return
-        if time.monotonic() >= deadline:
-            raise busy(chat.last_run_id)
-        await asyncio.sleep(0.1)
+    state = await deps.conversations.get_run(chat.chat_id, run_id)
+    if state is None and time.time() * 1000 - id_time_ms(run_id) > OPENING_S * 1000:
+        return
+    if state is not None and state[1] is not None:
+        return
+    raise busy(chat.last_run_id)
 
 
 async def mark_ended(deps: Services, chat_id: uuid.UUID, run_id: uuid.UUID, reason: str) -> None:

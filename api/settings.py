@@ -49,11 +49,6 @@ class ApiSettings(StackSettings):
         5.0,
         description="How long a request about an answer whose run just ended waits for it to be stored.",
     )
-    busy_grace_s: float = Field(
-        0.25,
-        description="A message into a chat whose previous answer is still running is refused 409 chat_busy "
-        "after this long (room for a run whose stream ended unseen by any edge to be stored).",
-    )
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
     metering_url: str = "http://127.0.0.1:6069"
