@@ -232,6 +232,11 @@ class UserBudget(BaseModel):
     limits: Limits
 
 
+class AccessRevoked(BaseModel):
+    user_id: str
+    revoked_keys: int = Field(description="how many live API keys were revoked")
+
+
 class PolicyList(BaseModel):
     effective: dict[str, Policy] = Field(description="the policy each tier runs under now")
     set: list[str] = Field(description="the tiers with a policy set on the topic ('*': every tier)")

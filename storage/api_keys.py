@@ -125,6 +125,13 @@ class ApiKeys(Store):
     async def list_keys(self, user_id: str) -> list[ApiKey]:
         return [_key(r) for r in await self._run(self._user_keys, (user_id,))]
 
+    async def revoke_all(self, user_id: str) -> int:
+        """Revoke every live key of the user; how many were live."""
+        rows = [r for r in await self._run(self._user_keys, (user_id,)) if r.revoked_at is None]
+        for row in rows:
+            await self.revoke_key(user_id, row.key_id)
+        return len(rows)
+
     async def revoke_key(self, user_id: str, key_id: uuid.UUID) -> bool:
         rows = [r for r in await self._run(self._user_keys, (user_id,)) if r.key_id == key_id]
         if not rows:

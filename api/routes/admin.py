@@ -1,4 +1,5 @@
-"""Admin: tier and per-user limits, changed at run time by an event on the limits topic (no restart).
+"""Admin: tier and per-user limits, changed at run time by an event on the limits topic (no restart), and ending
+a person's API keys at once.
 
 Every scheduler, inference consumer and edge replica follows the topic; a change answers once this replica
 has read it back, and applies to the next message everywhere within moments.
@@ -7,6 +8,7 @@ has read it back, and applies to the next message everywhere within moments.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
@@ -16,13 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from admission.limits import FIELDS, change, effective, row_key
 from api.auth import TIERS, Admin
-from api.deps import LedgerDep, LimitsDep, ProducerDep
+from api.deps import KeysDep, LedgerDep, LimitsDep, ProducerDep
 from api.errors import ApiError
-from api.schemas import LimitsList, TierLimits, UserBudget, UserOverrides
+from api.schemas import AccessRevoked, LimitsList, TierLimits, UserBudget, UserOverrides
 from runtime.kafka import AsyncProducer
 from runtime.tables import TopicTable
 from topics.pipeline import LIMITS, Topic
 
+log = logging.getLogger(__name__)
 E = TypeVar("E")  # the table's event type
 router = APIRouter(prefix="/v1/admin")
 
@@ -114,3 +117,12 @@ async def user_budget(
     return UserBudget(
         user_id=user_id, remaining_budget=remaining, in_flight=in_flight, limits=limits
     )
+
+
+@router.post("/users/{user_id}/revoke")
+async def revoke_access(keys: KeysDep, admin: Admin, user_id: str) -> AccessRevoked:
+    """End every API key a person holds, at once: each is refused on its next request on every replica (someone
+    who left, a key that leaked). Their signed credentials end when they expire."""
+    revoked = await keys.revoke_all(user_id)
+    log.info("admin %s revoked the %d live API keys of %s", admin.user_id, revoked, user_id)
+    return AccessRevoked(user_id=user_id, revoked_keys=revoked)

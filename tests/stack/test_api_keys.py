@@ -95,3 +95,17 @@ def test_only_an_admin_mints_an_admin_key_and_it_is_for_the_admin_routes(live):
     with live.client(key["key"]) as by_key:
         assert by_key.get("/v1/admin/limits").status_code == 200
         assert by_key.get("/v1/chats").status_code == 403
+
+
+def test_an_admin_ends_all_of_a_persons_keys_at_once_on_every_replica(live):
+    user = f"leaver-{live.namespace}"
+    person = live.client(live.token(user))
+    keys = [person.post("/v1/api-keys", json={"name": name}).json()["key"] for name in ("laptop", "ci")]
+    admin = live.client(live.token(admin=True))
+    ended = admin.post(f"/v1/admin/users/{user}/revoke")
+    assert ended.status_code == 200 and ended.json()["revoked_keys"] == 2
+    for key, replica in zip(keys, (0, 1), strict=True):
+        with live.client(key, replica=replica) as by_key:
+            refused = by_key.get("/v1/chats")
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert all(k["revoked_at"] for k in person.get("/v1/api-keys").json()["data"])

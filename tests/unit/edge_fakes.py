@@ -127,6 +127,12 @@ class FakeKeys:
     async def list_keys(self, user_id: str) -> list[ApiKey]:
         return [k for u, _, k in self.keys.values() if u == user_id]
 
+    async def revoke_all(self, user_id: str) -> int:
+        live = [k for u, _, k in self.keys.values() if u == user_id and k.revoked_at is None]
+        for key in live:
+            await self.revoke_key(user_id, uuid.UUID(key.key_id))
+        return len(live)
+
     async def revoke_key(self, user_id: str, key_id: uuid.UUID) -> bool:
         for digest, (owner, tier, key) in self.keys.items():
             if owner == user_id and key.key_id == str(key_id):

@@ -187,6 +187,21 @@ def test_a_key_is_held_to_its_scopes_and_refused_once_expired(edge):
     assert (admin_key.status_code, admin_key.json()["error"]["code"]) == (403, "admin_required")
 
 
+def test_an_admin_ends_every_key_of_a_person_at_once(edge):
+    ada, root = edge.signed("ada"), {"Authorization": f"Bearer {credential('root', admin=True)}"}
+    keys = [edge.http.post("/v1/api-keys", json={"name": n}, headers=ada).json()["key"] for n in ("a", "b")]
+    bobs = edge.http.post("/v1/api-keys", headers=edge.signed("bob")).json()["key"]
+    assert edge.http.post("/v1/admin/users/ada/revoke", headers=ada).status_code == 403, "an admin's alone"
+    ended = edge.http.post("/v1/admin/users/ada/revoke", headers=root)
+    assert ended.status_code == 200 and ended.json() == {"user_id": "ada", "revoked_keys": 2}
+    for key in keys:
+        refused = edge.http.get("/v1/me", headers={"Authorization": f"Bearer {key}"})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (401, "invalid_api_key")
+    assert edge.http.get("/v1/me", headers={"Authorization": f"Bearer {bobs}"}).status_code == 200
+    again = edge.http.post("/v1/admin/users/ada/revoke", headers=root).json()
+    assert again["revoked_keys"] == 0
+
+
 def test_bad_input_is_an_openai_shaped_400_and_nothing_is_written(edge):
     ada = edge.signed("ada")
     long_title = edge.http.post("/v1/chats", json={"title": "x" * 201}, headers=ada)
