@@ -32,6 +32,7 @@ class Limits(BaseModel):
     # share of an engine's slots this tier may hold; the rest stays free for higher tiers
     slot_share: float
     degrade: bool  # under pressure, move to a smaller pool before rejecting
+    max_runs_per_minute: int = 0  # requests (runs) one user may start in any 60 s; 0: no limit
 
 
 FIELDS = tuple(Limits.model_fields)
@@ -49,6 +50,7 @@ DEFAULT_TIERS = {
         max_queue_wait_s=1.0,
         slot_share=0.5,
         degrade=True,
+        max_runs_per_minute=30,
     ),
     "pro": Limits(
         budget_tokens=500_000,

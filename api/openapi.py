@@ -31,7 +31,7 @@ STATUSES: dict[int | str, str] = {
     "answering, and `idempotency_key_in_use`: the first request with that key is still opening, both with "
     "`Retry-After`).",
     413: "The body is larger than the edge accepts.",
-    429: "Over capacity, over budget or too many runs at once: retry after `Retry-After` seconds.",
+    429: "Over capacity, over budget, too many runs at once or per minute: retry after `Retry-After` seconds.",
     "4XX": "Another client error (405 on a method the path does not take; `idempotency_key_reused` for a key "
     "sent before with another request).",
     503: "A part the edge needs did not answer in time: retry after `Retry-After` seconds.",

@@ -32,10 +32,20 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.budgets (
     user_id text, run_id text,
     used double static, refilled_at bigint static, version bigint static, in_flight map<text, bigint> static,
+    started list<bigint> static,
     estimate int, actual int, settled boolean, scheduled boolean, decided_at bigint, pool text, pool_partition int,
     PRIMARY KEY ((user_id), run_id))""",
 )
-COLUMNS_ADDED = (("budgets", "pool", "text"), ("budgets", "pool_partition", "int"))
+COLUMNS_ADDED = (
+    ("budgets", "pool", "text"),
+    ("budgets", "pool_partition", "int"),
+    (
+        "budgets",
+        "started",
+        "list<bigint>",
+    ),  # when the user's runs of the last minute were admitted (ms)
+)
+RATE_WINDOW_MS = 60_000
 RUN_ROW_TTL_S = 7 * 24 * 3600  # how long a run's row stays to recognise a redelivered event
 
 
@@ -49,12 +59,16 @@ class Account:
     refilled_at: int = 0  # ms, when `used` was written
     version: int | None = None
     in_flight: dict[str, int] = field(default_factory=dict)  # run id -> admitted at (ms)
+    started: list[int] = field(
+        default_factory=list
+    )  # admissions of the last minute (ms), for the rate limit
 
 
 @dataclass(frozen=True)
 class Decision:
     admitted: bool
-    code: str = ""  # when not admitted: token_budget_exceeded | concurrency_limit_exceeded | budget_too_small
+    # when not admitted: token_budget_exceeded | concurrency_limit_exceeded | rate_limit_exceeded | budget_too_small
+    code: str = ""
     message: str = ""
     retry_after_s: int | None = None
     scheduled: bool = False  # admitted before and already handed to its pool (a redelivered event)
@@ -80,6 +94,15 @@ def live_runs(account: Account, now_ms: int, deadline_ms: int) -> dict[str, int]
     return {run: at for run, at in account.in_flight.items() if now_ms - at < deadline_ms}
 
 
+def recent_starts(account: Account, limits: Limits, now_ms: int) -> list[int]:
+    """The admissions that count against the rate limit now: those of the last minute, at most as many as the
+    limit (pure; none kept without a limit)."""
+    if limits.max_runs_per_minute <= 0:
+        return []
+    window = sorted(t for t in account.started if now_ms - t < RATE_WINDOW_MS)
+    return window[-limits.max_runs_per_minute :]
+
+
 def decide(
     account: Account, limits: Limits, estimate: int, now_ms: int, deadline_ms: int
 ) -> Decision:
@@ -98,6 +121,15 @@ def decide(
             "concurrency_limit_exceeded",
             f"You have {len(running)} requests in progress, the most your plan allows at once. Wait for one to finish.",
             retry_after_s=2,
+        )
+    started = recent_starts(account, limits, now_ms)
+    if limits.max_runs_per_minute > 0 and len(started) >= limits.max_runs_per_minute:
+        wait_s = math.ceil((started[0] + RATE_WINDOW_MS - now_ms) / 1000)
+        return Decision(
+            False,
+            "rate_limit_exceeded",
+            f"You started {len(started)} requests in the last minute, the most your plan allows.",
+            retry_after_s=max(1, wait_s),
         )
     have = available(account, limits, now_ms)
     if have < estimate:
@@ -171,7 +203,7 @@ class Ledger:
             session
         )  # all but the compare-and-set batch's statements: run twice, it would conflict
         self._account = p(
-            f"SELECT used, refilled_at, version, in_flight FROM {ks}.budgets WHERE user_id = ? LIMIT 1"
+            f"SELECT used, refilled_at, version, in_flight, started FROM {ks}.budgets WHERE user_id = ? LIMIT 1"
         )
         self._run = p(
             f"SELECT estimate, settled, scheduled, pool, pool_partition, decided_at FROM {ks}.budgets "
@@ -181,7 +213,7 @@ class Ledger:
             f"UPDATE {ks}.budgets USING TTL {RUN_ROW_TTL_S} SET scheduled = true WHERE user_id = ? AND run_id = ?"
         )
         self._set_bucket = session.prepare(
-            f"UPDATE {ks}.budgets SET used = ?, refilled_at = ?, version = ?, in_flight = ? "
+            f"UPDATE {ks}.budgets SET used = ?, refilled_at = ?, version = ?, in_flight = ?, started = ? "
             "WHERE user_id = ? IF version = ?"
         )
         self._insert_run = session.prepare(
@@ -203,7 +235,11 @@ class Ledger:
         if row is None or row.version is None:
             return Account()
         return Account(
-            row.used or 0.0, row.refilled_at or 0, row.version, dict(row.in_flight or {})
+            row.used or 0.0,
+            row.refilled_at or 0,
+            row.version,
+            dict(row.in_flight or {}),
+            list(row.started or []),
         )
 
     @counted
@@ -224,13 +260,15 @@ class Ledger:
         before: Account,
         used: float,
         in_flight: dict[str, int],
+        started: list[int],
         now_ms: int,
         run: tuple[Any, tuple[Any, ...]],
     ) -> bool:
         self._writing()
         batch = BatchStatement()
         version = (before.version or 0) + 1
-        batch.add(self._set_bucket, (used, now_ms, version, in_flight, user_id, before.version))
+        bucket = (used, now_ms, version, in_flight, started, user_id, before.version)
+        batch.add(self._set_bucket, bucket)
         batch.add(*run)
         result = (await wait(self.session.execute_async(batch))).one()
         return bool(result[0])
@@ -271,8 +309,11 @@ class Ledger:
                 return decision
             used = outstanding(account, limits, now) + estimate
             in_flight = {**live_runs(account, now, self.deadline_ms), run_id: now}
+            started = (
+                [*recent_starts(account, limits, now), now] if limits.max_runs_per_minute else []
+            )
             insert = (self._insert_run, (user_id, run_id, estimate, now, pool, partition))
-            if await self._write(user_id, account, used, in_flight, now, insert):
+            if await self._write(user_id, account, used, in_flight, started, now, insert):
                 return decision
             await asyncio.sleep(
                 0.002 * (attempt + 1)
@@ -301,7 +342,8 @@ class Ledger:
                 r: at for r, at in live_runs(account, now, self.deadline_ms).items() if r != run_id
             }
             update = (self._settle_run, (actual, user_id, run_id))
-            if await self._write(user_id, account, used, in_flight, now, update):
+            started = recent_starts(account, limits, now)
+            if await self._write(user_id, account, used, in_flight, started, now, update):
                 return True
             await asyncio.sleep(0.002 * (attempt + 1))
         raise TimeoutError(f"budget of {user_id} is contended; giving up for now")

@@ -78,6 +78,7 @@ class LimitsChanged(TypedDict):
     max_queue_wait_s: NotRequired[ReadOnly[float | None]]
     slot_share: NotRequired[ReadOnly[float | None]]
     degrade: NotRequired[ReadOnly[bool | None]]
+    max_runs_per_minute: NotRequired[ReadOnly[int | None]]
     changed_by: ReadOnly[str]
     changed_at: ReadOnly[int]
 

@@ -41,6 +41,7 @@ class LimitsPatch(BaseModel):
     max_queue_wait_s: float | None = Field(None, ge=0, strict=True)
     slot_share: float | None = Field(None, gt=0, le=1, strict=True)
     degrade: bool | None = Field(None, strict=True)
+    max_runs_per_minute: int | None = Field(None, ge=0, strict=True)
 
 
 async def publish(

@@ -305,3 +305,20 @@ def test_under_pressure_free_runs_are_degraded_to_the_small_pool_or_refused_fast
         finally:
             for chat, run in long_runs:  # stop the long runs
                 client.post(f"/v1/chats/{chat}/runs/{run}/cancel")
+
+
+def test_a_user_over_the_rate_limit_gets_a_429_saying_when_to_retry_on_every_replica(live):
+    user = f"rate-{uuid.uuid4().hex[:6]}"
+    set_limits(live, user, max_runs_per_minute=2)
+    token = live.token(user)
+    for replica in (0, 1):  # one window for the user, whichever replica takes the request
+        status, _, _ = post(live, token, replica, max_tokens=2)
+        assert status == 200
+    status, headers, error = post(live, token, 1, max_tokens=2)
+    assert status == 429 and error["error"]["code"] == "rate_limit_exceeded", error
+    assert 1 <= int(headers["retry-after"]) <= 60
+    completion = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with live.client(token) as client:
+        refused = client.post("/v1/chat/completions", json=completion)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert budget(live, user, "pro")["limits"]["max_runs_per_minute"] == 2

@@ -12,7 +12,7 @@ from admission.placement import (
 )
 from admission.slots import RunQueue
 from runtime.settings import DEFAULT_POOLS
-from storage.ledger import Account, available, decide, live_runs
+from storage.ledger import Account, available, decide, live_runs, recent_starts
 
 FREE, PRO = DEFAULT_TIERS["free"], DEFAULT_TIERS["pro"]
 TIERS = dict(DEFAULT_TIERS)
@@ -50,6 +50,20 @@ def test_runs_in_flight_are_limited_per_user_and_a_lost_completion_frees_its_slo
     assert not refused.admitted and refused.code == "concurrency_limit_exceeded" and refused.retry_after_s
     assert live_runs(busy, 300_500, 300_000) == {"b": 1000}  # "a" outlived the run deadline
     assert decide(busy, lim, 10, 300_500, 300_000).admitted
+
+
+def test_a_user_starts_at_most_the_rate_limit_of_runs_in_any_minute_and_is_told_when_to_retry():
+    lim = DEFAULT_TIERS["pro"].model_copy(update={"max_runs_per_minute": 3})
+    at = [1_000, 20_000, 50_000]
+    full = Account(version=1, started=at)
+    refused = decide(full, lim, 10, 59_000, 300_000)
+    assert (refused.admitted, refused.code) == (False, "rate_limit_exceeded")
+    assert refused.retry_after_s == 2, "the oldest of the three leaves the window at 61 s"
+    assert decide(full, lim, 10, 61_000, 300_000).admitted
+    assert recent_starts(full, lim, 61_000) == [20_000, 50_000]
+    unlimited = lim.model_copy(update={"max_runs_per_minute": 0})
+    assert decide(full, unlimited, 10, 59_000, 300_000).admitted and recent_starts(full, unlimited, 0) == []
+    assert DEFAULT_TIERS["free"].max_runs_per_minute == 30 and DEFAULT_TIERS["pro"].max_runs_per_minute == 0
 
 
 def test_limits_are_defaults_then_the_tier_row_then_the_user_row():
