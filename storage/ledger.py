@@ -32,18 +32,15 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.budgets (
     user_id text, run_id text,
     used double static, refilled_at bigint static, version bigint static, in_flight map<text, bigint> static,
-    started list<bigint> static,
+    started frozen<list<bigint>> static,
     estimate int, actual int, settled boolean, scheduled boolean, decided_at bigint, pool text, pool_partition int,
     PRIMARY KEY ((user_id), run_id))""",
 )
 COLUMNS_ADDED = (
     ("budgets", "pool", "text"),
     ("budgets", "pool_partition", "int"),
-    (
-        "budgets",
-        "started",
-        "list<bigint>",
-    ),  # when the user's runs of the last minute were admitted (ms)
+    # when the user's runs of the last minute were admitted (ms); frozen: one cell, rewritten without tombstones
+    ("budgets", "started", "frozen<list<bigint>> static"),
 )
 RATE_WINDOW_MS = 60_000
 RUN_ROW_TTL_S = 7 * 24 * 3600  # how long a run's row stays to recognise a redelivered event
