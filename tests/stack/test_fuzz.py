@@ -19,6 +19,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from runtime.settings import REPO_ROOT
@@ -63,12 +64,20 @@ def test_fuzzing_the_live_edge_finds_no_server_error_and_nothing_undocumented(li
     user = f"fuzz-{uuid.uuid4().hex[:6]}"
     set_limits(live, user, budget_tokens=10**9, refill_tokens_per_hour=10**9, max_concurrent=64)
     token = live.token(user)
-    # Every phase over every operation; then the stateful phase alone over the chat routes, where the links
-    # are (alone, its sequences go deeper: a chat, a message, then its answer's run).
+    # Every phase over every operation, and beside it the stateful phase alone over the chat routes, where the
+    # links are (alone, its sequences go deeper: a chat, a message, then its answer's run). The two run at once,
+    # each with its own time budget: the edge spends most of a request waiting on the stores and the engines.
     everything, chats = tmp_path / "all.har.json", tmp_path / "chats.har.json"
-    fuzz(live, token, everything, tmp_path, "--max-examples", "25", "--max-time", "100")
+    (tmp_path / "all").mkdir()
+    (tmp_path / "chats").mkdir()
     stateful = ("--phases", "stateful", "--include-path-regex", "^/v1/chats", "--max-time", "60")
-    fuzz(live, token, chats, tmp_path, *stateful)
+    with ThreadPoolExecutor(2) as pool:
+        runs = [
+            pool.submit(fuzz, live, token, everything, tmp_path / "all", "--max-examples", "25", "--max-time", "100"),
+            pool.submit(fuzz, live, token, chats, tmp_path / "chats", *stateful),
+        ]
+        for run in runs:
+            run.result()
 
     # The stateful phase really followed the links: answers of real runs were resumed, cancelled, rated...
     entries = [e for har in (everything, chats) for e in json.loads(har.read_text())["log"]["entries"]]
@@ -79,4 +88,5 @@ def test_fuzzing_the_live_edge_finds_no_server_error_and_nothing_undocumented(li
     )
     print(f"{len(entries)} requests; on real runs and answers: {dict(reached)}")
     assert sum(n for (_, status), n in reached.items() if status < 300 or status == 409) >= 1, reached
-    shutil.rmtree(tmp_path / "schemathesis-report", ignore_errors=True)
+    for folder in ("all", "chats"):
+        shutil.rmtree(tmp_path / folder / "schemathesis-report", ignore_errors=True)
