@@ -21,10 +21,6 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from api.errors import body
 
-VIA_PROXY = (
-    "parley.via_proxy"  # set in the request's scope when its connection is a trusted proxy's
-)
-
 
 class Networks:
     """Addresses and networks, `address in networks` for an address string (False for one that is not an IP)."""
@@ -57,7 +53,7 @@ class Forwarded:
         if scope["type"] != "http" or not client or client[0] not in self.trusted:
             await self.app(scope, receive, send)
             return
-        await self.resolving({**scope, VIA_PROXY: True}, receive, send)  # type: ignore[arg-type]
+        await self.resolving(scope, receive, send)  # type: ignore[arg-type]
 
     async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
         address = scope["client"][0]

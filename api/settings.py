@@ -58,14 +58,14 @@ class ApiSettings(StackSettings):
     first_event_timeout_s: float = 120.0
     stream_idle_timeout_s: float = 60.0
 
+    web_dir: Path = Field(
+        Path(__file__).resolve().parent.parent / "web" / "dist",
+        description="The built chat app (make web).",
+    )
+
     @field_validator("trusted_proxies", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return (
             [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
         )
-
-    web_dir: Path = Field(
-        Path(__file__).resolve().parent.parent / "web" / "dist",
-        description="The built chat app (make web).",
-    )

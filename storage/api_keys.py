@@ -31,7 +31,6 @@ COLUMNS_ADDED = (
     ("api_keys_by_user", "expires_at", "timestamp"),
     ("api_keys_by_user", "last_used_at", "timestamp"),
 )
-SCOPES = ("chat", "openai", "usage", "admin")
 # what a key made before scopes were kept may do (keys never carried admin)
 UNSCOPED = frozenset({"chat", "openai", "usage"})
 
@@ -129,17 +128,21 @@ class ApiKeys(Store):
         """Revoke every live key of the user; how many were live."""
         rows = [r for r in await self._run(self._user_keys, (user_id,)) if r.revoked_at is None]
         for row in rows:
-            await self.revoke_key(user_id, row.key_id)
+            await self._revoke(user_id, row)
         return len(rows)
 
     async def revoke_key(self, user_id: str, key_id: uuid.UUID) -> bool:
         rows = [r for r in await self._run(self._user_keys, (user_id,)) if r.key_id == key_id]
         if not rows:
             return False
-        await self._run(self._revoke_key, (rows[0].key_hash,))
-        if rows[0].revoked_at is None:
-            await self._run(self._revoke_key_by_user, (now(), user_id, key_id))
+        await self._revoke(user_id, rows[0])
         return True
+
+    async def _revoke(self, user_id: str, row: Any) -> None:
+        """A key as its owner's listing holds it: refused from now on, and listed as revoked (once)."""
+        await self._run(self._revoke_key, (row.key_hash,))
+        if row.revoked_at is None:
+            await self._run(self._revoke_key_by_user, (now(), user_id, row.key_id))
 
 
 def _scopes(stored: Any) -> frozenset[str]:

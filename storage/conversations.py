@@ -261,9 +261,9 @@ class Conversations(Store):
         return found[:limit]
 
     # -- runs --------------------------------------------------------------------------------------
-    async def open_run(self, chat: Chat, run_id: uuid.UUID, reply_partition: int) -> datetime:
+    async def open_run(self, chat: Chat, run_id: uuid.UUID, reply_partition: int) -> None:
         """Record a new run (where its stream lives), the chat's latest (by compare-and-set: ChatBusy when another
-        opened since `chat` was read) and the chat active; returns when. See `leave_old_place`."""
+        opened since `chat` was read) and the chat active. See `leave_old_place`."""
         if not await self._swap_latest(chat, chat.last_run_id, str(run_id)):
             raise ChatBusy(str(chat.chat_id))
         at = now()
@@ -275,7 +275,6 @@ class Conversations(Store):
         except Exception:
             await self._swap_latest(chat, str(run_id), chat.last_run_id)  # best effort
             raise
-        return at
 
     async def _swap_latest(self, chat: Chat, expected: str | None, new: str | None) -> bool:
         swap = (new, chat.chat_id, chat.user_id, expected)

@@ -46,10 +46,6 @@ class IdempotencyKeys(Store):
             f"INSERT INTO {ks}.idempotency_keys (user_id, key, request, chat_id, run_id, reply_partition, "
             "published) VALUES (?, ?, ?, ?, ?, ?, false) IF NOT EXISTS"
         )
-        self._get = p(
-            f"SELECT request, chat_id, run_id, reply_partition, published FROM {ks}.idempotency_keys "
-            "WHERE user_id = ? AND key = ?"
-        )
         self._published = p(
             f"UPDATE {ks}.idempotency_keys SET published = true WHERE user_id = ? AND key = ? IF EXISTS"
         )
@@ -62,10 +58,6 @@ class IdempotencyKeys(Store):
         values = (user_id, key, claim.request, claim.chat_id, claim.run_id, claim.reply_partition)
         row = (await self._run(self._claim, values)).one()
         return None if row[0] else _claim(row)
-
-    async def get(self, user_id: str, key: str) -> Claim | None:
-        row = (await self._run(self._get, (user_id, key))).one()
-        return None if row is None else _claim(row)
 
     async def published(self, user_id: str, key: str) -> None:
         await self._run(self._published, (user_id, key))

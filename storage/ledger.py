@@ -56,9 +56,8 @@ class Account:
     refilled_at: int = 0  # ms, when `used` was written
     version: int | None = None
     in_flight: dict[str, int] = field(default_factory=dict)  # run id -> admitted at (ms)
-    started: list[int] = field(
-        default_factory=list
-    )  # admissions of the last minute (ms), for the rate limit
+    # admissions of the last minute (ms), for the rate limit
+    started: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
