@@ -34,6 +34,7 @@ web: $(WEB_APP)      ## build the chat app the edge serves at /
 setup: $(STAMP) $(WEB_APP)
 	bash infra/local/kafka.sh fetch
 	bash infra/local/cassandra.sh fetch
+	bash infra/local/keycloak.sh fetch
 	bash infra/local/build-llama-server.sh >/dev/null
 	bash infra/local/build-otelcol.sh >/dev/null
 	bash infra/local/build-helm.sh >/dev/null
