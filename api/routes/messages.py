@@ -138,6 +138,8 @@ async def edit_message(
 ) -> MessageOut:
     """Change a message's text. Memory follows: the next prompt carries neither its old embedding nor a summary
     covering it (conversation/gather.py), and the memory stage embeds the new text and summarises again."""
+    if not body.content.strip():
+        raise ApiError(400, "content must not be empty.", "empty_content", "content")
     checked_content(settings, body.content)
     parsed, _ = await owned_chat(conversations, user, chat_id)
     message = await owned_message(conversations, settings, parsed, message_id)
