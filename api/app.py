@@ -19,6 +19,7 @@ from api import errors, openapi
 from api.body_limit import BodyLimit
 from api.deps import Services
 from api.forwarded import Forwarded, Networks
+from api.oidc import Provider
 from api.replies import ReplyHub
 from api.settings import ApiSettings
 from conversation import tokens
@@ -32,6 +33,7 @@ from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
+from storage.people import People
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,16 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         keys = await loop.run_in_executor(None, ApiKeys, session, keyspace, "api")
         decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace, "api")
         idempotency = await loop.run_in_executor(None, IdempotencyKeys, session, keyspace, "api")
+        people = await loop.run_in_executor(None, People, session, keyspace, "api")
+        provider = None
+        if settings.oidc_issuer:
+            provider = Provider(
+                settings.oidc_issuer,
+                settings.oidc_client_id,
+                settings.oidc_client_secret.get_secret_value(),
+                settings.oidc_scopes,
+                http,
+            )
         app.state.services = Services(
             settings,
             producer,
@@ -85,6 +97,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             keys,
             decisions,
             idempotency,
+            people,
+            provider,
         )
         log.info(
             "edge ready on %s:%d, reply partitions %s",
@@ -125,18 +139,24 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         chat_runs,
         chats,
         keys,
+        local_accounts,
         messages,
         openai,
+        people,
         runs,
         safety,
+        signin,
         system,
         web,
     )
 
-    for api in (chats, messages, chat_runs, openai, keys, system, admin, safety, runs):
+    for api in (chats, messages, chat_runs, openai, keys, system, admin, people, safety, runs):
         app.include_router(api.router, responses=openapi.ERRORS)
     app.include_router(system.probes)
     app.include_router(web.router)
+    app.include_router(signin.router)
+    app.include_router(local_accounts.router)
+    app.include_router(local_accounts.admin_router, responses=openapi.ERRORS)
     app.mount(
         "/static", StaticFiles(directory=system.STATIC), name="static"
     )  # the dashboard's page and Chart.js

@@ -1,4 +1,8 @@
-"""Credentials: HS256 JWTs carrying the user id and tier (issuer, audience and expiry checked), and API keys.
+"""Credentials: browser sessions (api/sessions.py), API keys, and, where `dev_tokens` is on, HS256 JWTs carrying
+the user id, tier and role (issuer, audience and expiry checked).
+
+Roles, least to most: member; auditor (reads the audit log); admin (limits, safety policies, people, others'
+runs, each read of another person's data on the audit record); owner (both).
 
 An API key is `pk-` + 43 url-safe characters (256 random bits). Only its SHA-256 is stored, with the owner,
 the tier it was minted with, its scopes and its expiry; a revoked or expired key is refused on the next request
@@ -13,15 +17,17 @@ import hashlib
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated
 
 import jwt
 from fastapi import Depends, Request
 
-from api.deps import KeysDep, SettingsDep
+from api import sessions
+from api.deps import KeysDep, PeopleDep, ProviderDep, SettingsDep
 from api.errors import ApiError
+from api.oidc import ROLES
 from api.settings import ApiSettings
 from storage.api_keys import ApiKeys, KeyOwner
 
@@ -37,8 +43,16 @@ class Principal:
     user_id: str
     tier: str
     via_key: bool = False
-    # may change limits (a claim of a signed credential, or an admin-scoped key an admin minted)
+    # may change limits (an owner's or admin's session or token, or an admin-scoped key an admin minted)
     admin: bool = False
+    role: str = "member"
+    session: bool = False  # signed in by a browser session (api/sessions.py)
+    csrf: str = field(default="", repr=False)  # that session's CSRF token, for the app (/v1/me)
+
+    @property
+    def auditor(self) -> bool:
+        """May read the audit log."""
+        return self.role in ("owner", "auditor")
 
 
 # the scopes a key needs for each family of routes (by path prefix; the first that matches); other routes
@@ -77,6 +91,7 @@ def issue(
     audience: str,
     ttl_s: int = 30 * 24 * 3600,
     admin: bool = False,
+    role: str | None = None,
 ) -> str:
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {', '.join(TIERS)}")
@@ -91,6 +106,8 @@ def issue(
     }
     if admin:
         claims["admin"] = True
+    if role:
+        claims["role"] = role
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
@@ -100,12 +117,22 @@ def credential(
     ttl_s: int = 3600,
     admin: bool = False,
     settings: ApiSettings | None = None,
+    role: str | None = None,
 ) -> str:
     """A credential signed with the settings' secret (by default this machine's: the local stack's), for the
     CLI's `parley token`, the tests and the benches."""
     settings = settings or ApiSettings()
     secret = settings.jwt_secret.get_secret_value()
-    return issue(secret, user, tier, settings.jwt_issuer, settings.jwt_audience, ttl_s, admin=admin)
+    return issue(
+        secret,
+        user,
+        tier,
+        settings.jwt_issuer,
+        settings.jwt_audience,
+        ttl_s,
+        admin=admin,
+        role=role,
+    )
 
 
 def verify(token: str, secret: str, issuer: str, audience: str) -> Principal:
@@ -122,25 +149,48 @@ def verify(token: str, secret: str, issuer: str, audience: str) -> Principal:
         raise ApiError(401, "The credential has expired.", "expired_token") from exc
     except jwt.PyJWTError as exc:
         raise ApiError(401, "The credential is not valid.", "invalid_token") from exc
-    tier = claims.get("tier")
-    if tier not in TIERS or not isinstance(claims["sub"], str) or not claims["sub"]:
+    tier, role = claims.get("tier"), claims.get("role")
+    if role is None:
+        role = "admin" if claims.get("admin") is True else "member"
+    if (
+        tier not in TIERS
+        or role not in ROLES
+        or not isinstance(claims["sub"], str)
+        or not claims["sub"]
+    ):
         raise ApiError(401, "The credential is not valid.", "invalid_token")
-    return Principal(claims["sub"], tier, admin=claims.get("admin") is True)
+    return Principal(claims["sub"], tier, admin=role in ("owner", "admin"), role=role)
 
 
-async def principal(request: Request, keys: KeysDep, settings: SettingsDep) -> Principal:
+async def principal(
+    request: Request, keys: KeysDep, settings: SettingsDep, people: PeopleDep, provider: ProviderDep
+) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
+    if not header and sessions.COOKIE in request.cookies:
+        s = await sessions.current(request, people, settings, provider)
+        admin = s.role in ("owner", "admin")
+        return Principal(s.user_id, s.tier, admin=admin, role=s.role, session=True, csrf=s.csrf)
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(
             401,
-            "Missing credential: send Authorization: Bearer <token>.",
+            "Missing credential: sign in, or send Authorization: Bearer <API key>.",
             "missing_token",
             headers={"WWW-Authenticate": "Bearer"},
         )
     token = token.strip()
     if token.startswith(KEY_PREFIX):
         return await key_principal(request, keys, key_hash(token))
+    return dev_token(token, settings)
+
+
+def dev_token(token: str, settings: ApiSettings) -> Principal:
+    if not settings.dev_tokens:
+        raise ApiError(
+            401,
+            "Signed development tokens are not accepted here: sign in, or use an API key.",
+            "invalid_token",
+        )
     return verify(
         token, settings.jwt_secret.get_secret_value(), settings.jwt_issuer, settings.jwt_audience
     )
@@ -195,3 +245,12 @@ async def admin_principal(user: CurrentUser) -> Principal:
 
 
 Admin = Annotated[Principal, Depends(admin_principal)]
+
+
+async def auditor_principal(user: CurrentUser) -> Principal:
+    if not user.auditor:
+        raise ApiError(403, "This needs the owner or auditor role.", "auditor_required")
+    return user
+
+
+Auditor = Annotated[Principal, Depends(auditor_principal)]

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 
 from admission.limits import LimitsView
 from admission.placement import PoolView
+from api.oidc import Provider
 from api.replies import ReplyHub
 from api.settings import ApiSettings
 from runtime.kafka import AsyncProducer
@@ -22,6 +23,7 @@ from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
+from storage.people import People
 
 
 @dataclass
@@ -39,6 +41,8 @@ class Services:
     # the moderation decisions admins review (written by the persistence stage)
     decisions: SafetyDecisions
     idempotency: IdempotencyKeys
+    people: People  # the directory, browser sessions and sign-ins under way
+    provider: Provider | None  # the OpenID Connect provider, when one is configured
 
 
 def services(request: Request) -> Services:
@@ -92,6 +96,14 @@ def idempotency(deps: Deps) -> IdempotencyKeys:
     return deps.idempotency
 
 
+def people(deps: Deps) -> People:
+    return deps.people
+
+
+def provider(deps: Deps) -> Provider | None:
+    return deps.provider
+
+
 SettingsDep = Annotated[ApiSettings, Depends(settings)]
 ProducerDep = Annotated[AsyncProducer, Depends(producer)]
 RepliesDep = Annotated[ReplyHub, Depends(replies)]
@@ -103,3 +115,5 @@ PoliciesDep = Annotated[PolicyView, Depends(policies)]
 KeysDep = Annotated[ApiKeys, Depends(keys)]
 DecisionsDep = Annotated[SafetyDecisions, Depends(decisions)]
 IdempotencyDep = Annotated[IdempotencyKeys, Depends(idempotency)]
+PeopleDep = Annotated[People, Depends(people)]
+ProviderDep = Annotated[Provider | None, Depends(provider)]

@@ -179,6 +179,11 @@ class Me(BaseModel):
     tier: str
     admin: bool
     via_key: bool
+    role: str = Field("member", description="owner, admin, auditor or member")
+    name: str | None = Field(None, description="the name the identity provider gives")
+    csrf_token: str | None = Field(
+        None, description="signed in by a browser session: send it in X-CSRF-Token on every change"
+    )
 
 
 class Budget(BaseModel):
@@ -235,6 +240,7 @@ class UserBudget(BaseModel):
 class AccessRevoked(BaseModel):
     user_id: str
     revoked_keys: int = Field(description="how many live API keys were revoked")
+    ended_sessions: int = Field(0, description="how many browser sessions were ended")
 
 
 class PolicyList(BaseModel):
@@ -315,3 +321,65 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[Choice]
     usage: CompletionUsage
+
+
+class AuditEntry(BaseModel):
+    event_id: str
+    at: str
+    actor: str
+    actor_role: str
+    action: str = Field(
+        description="e.g. read.run, read.usage, limits.set_user, access.revoke, people.disable"
+    )
+    target_user: str = Field(description="whose data or access it touched (empty: no one person's)")
+    resource: str
+    from_addr: str
+    detail: str = Field(description="the change, as JSON (empty for a read)")
+
+
+class AuditPage(BaseModel):
+    data: list[AuditEntry]
+
+
+class PersonOut(BaseModel):
+    user_id: str
+    name: str
+    email: str
+    role: str = Field(
+        description="owner, admin, auditor or member, from their groups at their last sign-in"
+    )
+    tier: str
+    source: str = Field(
+        description="oidc (the identity provider), token (a development token) or local"
+    )
+    disabled: bool
+    created_at: str | None
+    last_seen: str | None
+    runs: int = Field(0, description="their runs to date (0 when usage could not be read)")
+    tokens: int = Field(0, description="prompt and completion tokens to date")
+    cost_usd: float = 0.0
+
+    @classmethod
+    def of(cls, person: Any, usage: dict[str, Any]) -> PersonOut:
+        def iso(value: Any) -> str | None:
+            return value.isoformat() if value else None
+
+        return cls(
+            user_id=person.user_id,
+            name=person.name,
+            email=person.email,
+            role=person.role,
+            tier=person.tier,
+            source=person.source,
+            disabled=person.disabled,
+            created_at=iso(person.created_at),
+            last_seen=iso(person.last_seen),
+            runs=int(usage.get("runs", 0)),
+            tokens=int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)),
+            cost_usd=float(usage.get("cost_usd", 0.0)),
+        )
+
+
+class PersonList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[PersonOut]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
+from api.oidc import RoleMap
 from runtime.settings import StackSettings, local_jwt_secret
 
 
@@ -21,6 +23,11 @@ class ApiSettings(StackSettings):
         "stream a hand-off and new runs 10 s of 503s at most broker kills (bench/cluster.py, 10 s sessions).",
     )
     jwt_secret: SecretStr = Field(default_factory=local_jwt_secret)
+    dev_tokens: bool = Field(
+        False,
+        description="Accept the HS256 tokens `parley token` signs with jwt_secret (a local development "
+        "convenience: the local stack turns it on). Off: only API keys and browser sessions sign in.",
+    )
     jwt_issuer: str = "parley-local"
     jwt_audience: str = "parley"
     max_content_chars: int = 32_000
@@ -39,6 +46,12 @@ class ApiSettings(StackSettings):
     max_connections_per_client: int = Field(
         64, description="Connections one client address may hold at once; one more is refused 429."
     )
+    max_streams_per_person: int = Field(
+        32,
+        ge=1,
+        description="Resume streams one person may hold open at once on one replica (new runs are bounded by the "
+        "admission limits); one more is refused 429 too_many_streams.",
+    )
     trusted_proxies: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Addresses or CIDR networks of the proxies in front of the edge (an ingress, a company proxy), "
@@ -48,6 +61,38 @@ class ApiSettings(StackSettings):
     answer_store_wait_s: float = Field(
         5.0,
         description="How long a request about an answer whose run just ended waits for it to be stored.",
+    )
+    oidc_issuer: str = Field(
+        "", description="The OpenID Connect provider's issuer URL (empty: no provider sign-in)."
+    )
+    oidc_client_id: str = "parley"
+    oidc_client_secret: SecretStr = SecretStr("")
+    oidc_scopes: str = "openid profile email"
+    oidc_role_map: str = Field(
+        "",
+        description='JSON: {"claim": "groups", "roles": {group: owner|admin|auditor|member}, "tiers": '
+        '{group: free|pro|enterprise}, "default_role", "default_tier"} (api/oidc.py RoleMap has the defaults).',
+    )
+    local_accounts: bool | None = Field(
+        None,
+        description="Sign-in with local accounts (name and password, argon2id): on, off, or unset: on exactly "
+        "when no identity provider is configured.",
+    )
+    public_url: str = Field(
+        "",
+        description="The edge's address as browsers reach it (the sign-in's redirect address is built on it); "
+        "empty: the address each request came to.",
+    )
+    session_check_s: int = Field(
+        120,
+        ge=1,
+        description="A browser session is checked again at the identity provider this often: a person disabled "
+        "there loses access within this bound.",
+    )
+    session_max_s: int = Field(12 * 3600, ge=60, description="A browser session's longest life.")
+    cookie_secure: bool = Field(
+        True,
+        description="Session cookies only over HTTPS (browsers treat http://localhost as secure).",
     )
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
@@ -62,6 +107,20 @@ class ApiSettings(StackSettings):
         Path(__file__).resolve().parent.parent / "web" / "dist",
         description="The built chat app (make web).",
     )
+
+    @property
+    def local_accounts_enabled(self) -> bool:
+        return self.local_accounts if self.local_accounts is not None else not self.oidc_issuer
+
+    @cached_property
+    def role_map(self) -> RoleMap:
+        return RoleMap.parse(self.oidc_role_map)
+
+    @field_validator("oidc_role_map")
+    @classmethod
+    def _role_map(cls, value: str) -> str:
+        RoleMap.parse(value)  # refused at start, not at the first sign-in
+        return value
 
     @field_validator("trusted_proxies", mode="before")
     @classmethod

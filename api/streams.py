@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from api import convert
 from api.deps import Services
+from api.errors import ApiError
 from api.replies import (
     HANDOFF,
     REJECTED,
@@ -30,6 +31,7 @@ from api.replies import (
     Reply,
     parse_cursor,
 )
+from api.settings import ApiSettings
 from runtime.kafka import until_ready
 from storage.ids import id_time_ms
 
@@ -137,6 +139,45 @@ def finish_reason(reply: Reply) -> str:
     if reply.kind == REJECTED:
         return str(reply.rejection["code"])
     return str(reply.delta.get("finish_reason") or "error")
+
+
+# Resume streams each person holds open on this replica (api/routes/chat_runs.py): new runs are bounded per person
+# by the admission limits (max_concurrent) and one run per chat; replays are not, so they are capped here.
+_open: dict[str, int] = {}
+
+
+def claim(settings: ApiSettings, user_id: str) -> Callable[[], None]:
+    """Hold one of the person's streams on this replica (429 over the cap); the release, to call once."""
+    if _open.get(user_id, 0) >= settings.max_streams_per_person:
+        raise ApiError(
+            429,
+            f"You have {settings.max_streams_per_person} streams open on this server; close one and retry.",
+            "too_many_streams",
+            headers={"Retry-After": "5"},
+        )
+    _open[user_id] = _open.get(user_id, 0) + 1
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            _open[user_id] -= 1
+            if not _open[user_id]:
+                del _open[user_id]
+
+    return release
+
+
+async def held(
+    stream: AsyncIterator[dict[str, Any]], release: Callable[[], None]
+) -> AsyncIterator[dict[str, Any]]:
+    """The stream, releasing its hold when it ends, however it ends."""
+    try:
+        async for event in stream:
+            yield event
+    finally:
+        release()
 
 
 async def sse_stream(

@@ -57,19 +57,19 @@ def _stack(args: argparse.Namespace) -> Stack:
 def cmd_token(args: argparse.Namespace) -> None:
     from api.auth import credential
 
-    print(credential(args.user, args.tier, args.ttl, args.admin))
+    print(credential(args.user, args.tier, args.ttl, args.admin, role=args.role))
 
 
 def sign_in_links(api_url: str) -> str:
-    """Links that open the chat app (and the usage dashboard) signed in as the local user, for 30 days."""
+    """A link that opens the chat app signed in as the local owner (its token, good for a day, becomes a browser
+    session), and the usage dashboard, which that session opens too."""
     from api.auth import credential
 
     user = getpass.getuser() or "you"
-    chat = credential(user, "pro", 30 * 86_400)
-    dashboard = credential(user, "pro", 30 * 86_400, admin=True)
+    owner = credential(user, "pro", 86_400, role="owner")
     return (
-        f"  chat (signed in as {user}): {api_url}/#token={chat}\n"
-        f"  usage dashboard (admin):  {api_url}/dashboard#token={dashboard}"
+        f"  chat (signed in as {user}, the owner): {api_url}/#token={owner}\n"
+        f"  usage dashboard:  {api_url}/dashboard"
     )
 
 
@@ -207,11 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__, epilog=EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"parley {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    token = sub.add_parser("token", help="print a credential for the local stack")
+    token = sub.add_parser("token", help="print a development token for the local stack (PARLEY_DEV_TOKENS)")
     token.add_argument("--user", required=True)
     token.add_argument("--tier", choices=("free", "pro", "enterprise"), default="free")
     token.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="seconds until it expires")
-    token.add_argument("--admin", action="store_true", help="may change tier and per-user limits")
+    token.add_argument("--admin", action="store_true", help="the admin role: limits, people, others' runs")
+    token.add_argument("--role", choices=("owner", "admin", "auditor", "member"), help="a role (over --admin)")
     token.set_defaults(fn=cmd_token)
     for name, fn, text in (
         ("up", cmd_up, "start everything in the background"),

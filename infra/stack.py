@@ -112,6 +112,8 @@ class Stack:
         base = {
             "PARLEY_NAMESPACE": self.namespace,
             "LOCAL_INFRA_STATE": str(self.state),
+            # the local stack accepts `parley token`'s development tokens (scripts, tests, the sign-in link)
+            "PARLEY_DEV_TOKENS": "true",
             "PARLEY_METERING_URL": f"http://127.0.0.1:{self.port_base + 13}",
             "PARLEY_USAGE_URL": f"chdb://{self.state / 'clickhouse' / self.tag}",
             "PARLEY_SCHEMA_REGISTRY_URL": self.registry or self.registry_url,

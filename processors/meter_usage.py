@@ -1,4 +1,5 @@
-"""RunCompleted | RunRejected -> ClickHouse usage rows, in batches, exactly one row per run.
+"""RunCompleted | RunRejected -> ClickHouse usage rows, in batches, exactly one row per run; and the audit
+record (AuditEvent) -> ClickHouse audit_log.
 
 A batch is written, then its offsets are committed (faust commits acked events); a crash between the two
 delivers the batch again, and `UsageStore.write` skips the runs already stored, so neither the rows nor the
@@ -23,14 +24,16 @@ from processors import usage_pages
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Stage, on_batches
 from processors.usage_pages import in_thread
+from storage import audit
 from storage.clickhouse import iso
 from storage.usage import UsageStore, open_usage
-from topics.events import PromptAccepted, RunCompleted, RunRejected
-from topics.pipeline import RUN_COMPLETED, RUN_REJECTED, Topic
+from topics.events import AuditEvent, PromptAccepted, RunCompleted, RunRejected
+from topics.pipeline import AUDIT, RUN_COMPLETED, RUN_REJECTED, Topic
 
 log = logging.getLogger(__name__)
 
 ROWS = Counter("parley_metering_rows_total", "Usage rows", ["outcome"])  # written | already stored
+AUDITED = Counter("parley_audit_events_total", "Audit events kept in ClickHouse")
 UNPRICED = Counter(
     "parley_metering_unpriced_runs_total", "Runs of a model missing from the price table", ["model"]
 )
@@ -193,9 +196,16 @@ async def on_rejected(batch: list[RunRejected], deps: Deps) -> None:
     await in_thread(write, rows, [rejected["rejected_at"] for rejected in batch], deps)
 
 
+async def on_audit(batch: list[AuditEvent], deps: Deps) -> None:
+    """The audit record, kept (a redelivered event replaces its own row)."""
+    await in_thread(audit.write, deps.store.backend, deps.store.db, list(batch))
+    AUDITED.inc(len(batch))
+
+
 HANDLERS: list[Handler[Deps]] = [
     on_batches(RUN_COMPLETED, on_completed),
     on_batches(RUN_REJECTED, on_rejected),
+    on_batches(AUDIT, on_audit),
 ]
 
 

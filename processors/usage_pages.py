@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from faust.web import View
 
 from processors.stage import Stage
+from storage import audit
 from storage.clickhouse import quote
 from storage.usage import UsageStore
 
@@ -34,6 +35,24 @@ def add(stage: Stage, store: UsageStore) -> None:
     async def totals(web: Any, request: Any, user_id: str) -> Any:
         stage.require_internal(request)
         return web.json(await run(store.totals, user_id))
+
+    @stage.app.page("/audit")
+    async def audit_rows(web: Any, request: Any) -> Any:
+        """?since=&until= (epoch ms)[&actor=][&target_user=][&action=][&limit=]: the audit record, newest first."""
+        stage.require_internal(request)
+        q = request.query
+        found = await run(
+            audit.read,
+            store.backend,
+            store.db,
+            int(q["since"]),
+            int(q["until"]),
+            q.get("actor", ""),
+            q.get("target_user", ""),
+            q.get("action", ""),
+            min(int(q.get("limit", 200)), 1000),
+        )
+        return web.json({"data": found})
 
     @stage.app.page("/usage-rows/{run_id}")
     async def rows(web: Any, request: Any, run_id: str) -> Any:

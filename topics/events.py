@@ -49,6 +49,22 @@ class PromptAccepted(TypedDict):
     created_at: ReadOnly[int]
 
 
+class AuditEvent(TypedDict):
+    """One admin action, or one read of another person's data (a run, a conversation, a safety decision, usage),
+    by whom, of whose, from where. Written by the edge before it answers; the metering stage keeps it in
+    ClickHouse (audit_log), which only the owner and auditors read. Keyed by the actor."""
+
+    event_id: ReadOnly[str]
+    at: ReadOnly[int]
+    actor: ReadOnly[str]
+    actor_role: ReadOnly[str]
+    action: ReadOnly[str]
+    target_user: NotRequired[ReadOnly[str | None]]
+    resource: ReadOnly[str]
+    from_addr: ReadOnly[str]
+    detail: NotRequired[ReadOnly[str]]
+
+
 class Feedback(TypedDict):
     """A user's thumbs up or down on one answer (or taking it back). Kept in the log for evals; the persistence
     stage shows it on the stored answer. Keyed by chat_id."""

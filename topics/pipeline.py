@@ -232,6 +232,19 @@ POOL_STATUS = Topic(
     (("retention.ms", str(3600_000)),),
 )
 
+# The audit record: every admin action and every read of another person's data, written by the edge before it
+# answers (api/audit.py) and kept by the metering stage in ClickHouse. The log keeps it 400 days, longer than any
+# conversation's events.
+AUDIT = Topic(
+    "admin.audit.v1",
+    events.AuditEvent,
+    ("api",),
+    ("metering",),
+    CHAT,
+    "actor",
+    (("retention.ms", str(400 * 86_400_000)),),
+)
+
 TOPICS: tuple[Topic[Any], ...] = (
     PROMPT_ACCEPTED,
     PROMPT_MODERATED,
@@ -246,6 +259,7 @@ TOPICS: tuple[Topic[Any], ...] = (
     LIMITS,
     SAFETY_POLICIES,
     POOL_STATUS,
+    AUDIT,
 )
 
 

@@ -17,8 +17,9 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from admission.limits import FIELDS, change, effective, row_key
+from api.audit import TrailDep
 from api.auth import TIERS, Admin
-from api.deps import KeysDep, LedgerDep, LimitsDep, ProducerDep
+from api.deps import KeysDep, LedgerDep, LimitsDep, PeopleDep, ProducerDep
 from api.errors import ApiError
 from api.schemas import AccessRevoked, LimitsList, TierLimits, UserBudget, UserOverrides
 from runtime.kafka import AsyncProducer
@@ -78,41 +79,60 @@ async def list_limits(limits: LimitsDep, admin: Admin) -> LimitsList:
 
 @router.put("/limits/tiers/{tier}")
 async def set_tier(
-    producer: ProducerDep, limits: LimitsDep, admin: Admin, tier: str, body: LimitsPatch
+    producer: ProducerDep,
+    limits: LimitsDep,
+    admin: Admin,
+    trail: TrailDep,
+    tier: str,
+    body: LimitsPatch,
 ) -> TierLimits:
     if tier not in TIERS:
         raise ApiError(404, f"No tier '{tier}'; one of {', '.join(TIERS)}.", "tier_not_found")
     key = row_key("tier", tier)
     fields = {**overrides(limits.get(key)), **body.model_dump(exclude_none=True)}
+    await trail("limits.set_tier", tier, detail=fields)
     await publish(producer, limits, LIMITS, key, change("tier", tier, fields, admin.user_id))
     return TierLimits(tier=tier, limits=limits.tier(tier))
 
 
 @router.put("/limits/users/{user_id}")
 async def set_user(
-    producer: ProducerDep, limits: LimitsDep, admin: Admin, user_id: str, body: LimitsPatch
+    producer: ProducerDep,
+    limits: LimitsDep,
+    admin: Admin,
+    trail: TrailDep,
+    user_id: str,
+    body: LimitsPatch,
 ) -> UserOverrides:
     key = row_key("user", user_id)
     fields = {**overrides(limits.get(key)), **body.model_dump(exclude_none=True)}
+    await trail("limits.set_user", user_id, user_id, fields)
     await publish(producer, limits, LIMITS, key, change("user", user_id, fields, admin.user_id))
     return UserOverrides(user_id=user_id, overrides=overrides(limits.get(key)))
 
 
 @router.delete("/limits/users/{user_id}", status_code=204)
 async def clear_user(
-    producer: ProducerDep, limits: LimitsDep, admin: Admin, user_id: str
+    producer: ProducerDep, limits: LimitsDep, admin: Admin, trail: TrailDep, user_id: str
 ) -> Response:
+    await trail("limits.clear_user", user_id, user_id)
     await publish(producer, limits, LIMITS, row_key("user", user_id), None)
     return Response(status_code=204)
 
 
 @router.get("/users/{user_id}/budget")
 async def user_budget(
-    views: LimitsDep, ledger: LedgerDep, admin: Admin, user_id: str, tier: str = "free"
+    views: LimitsDep,
+    ledger: LedgerDep,
+    admin: Admin,
+    trail: TrailDep,
+    user_id: str,
+    tier: str = "free",
 ) -> UserBudget:
     """A user's bucket as the schedulers see it (tier: the user's tier, which lives in their credentials)."""
     if tier not in TIERS:
         raise ApiError(400, f"tier must be one of {', '.join(TIERS)}.", "invalid_value", "tier")
+    await trail("read.budget", user_id, user_id)
     limits = views.for_user(user_id, tier)
     remaining, in_flight = await ledger.standing(user_id, limits)
     return UserBudget(
@@ -121,9 +141,19 @@ async def user_budget(
 
 
 @router.post("/users/{user_id}/revoke")
-async def revoke_access(keys: KeysDep, admin: Admin, user_id: str) -> AccessRevoked:
-    """End every API key a person holds, at once: each is refused on its next request on every replica (someone
-    who left, a key that leaked). Their signed credentials end when they expire."""
+async def revoke_access(
+    keys: KeysDep, people: PeopleDep, admin: Admin, trail: TrailDep, user_id: str
+) -> AccessRevoked:
+    """End every API key and browser session a person holds, at once: each is refused on its next request on
+    every replica (someone who left, a key that leaked). Signed development tokens end when they expire."""
+    await trail("access.revoke", user_id, user_id)
     revoked = await keys.revoke_all(user_id)
-    log.info("admin %s revoked the %d live API keys of %s", admin.user_id, revoked, user_id)
-    return AccessRevoked(user_id=user_id, revoked_keys=revoked)
+    ended = await people.end_all(user_id)
+    log.info(
+        "admin %s revoked the %d live API keys and %d sessions of %s",
+        admin.user_id,
+        revoked,
+        ended,
+        user_id,
+    )
+    return AccessRevoked(user_id=user_id, revoked_keys=revoked, ended_sessions=ended)

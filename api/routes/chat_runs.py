@@ -36,7 +36,8 @@ async def run_events(
 ) -> EventSourceResponse:
     """Replay a run's stream from the log: whole, or after the Last-Event-ID cursor; live until it ends.
 
-    Works on any edge replica, after an edge restart, and from several devices at once.
+    Works on any edge replica, after an edge restart, and from several devices at once (a person holds at most
+    `max_streams_per_person` of these open on one replica: 429 `too_many_streams` after).
     """
     chat, partition, finish = await owned_run(deps.conversations, user, chat_id, run_id)
     after = None
@@ -47,9 +48,11 @@ async def run_events(
                 400, "Last-Event-ID is not a cursor of this run's stream.", "invalid_last_event_id"
             )
     parsed = uuid.UUID(run_id)
+    release = streams.claim(deps.settings, user.user_id)
     replies = streams.from_log(deps, partition, str(parsed), after)
     ended = partial(runs.mark_ended, deps, chat.chat_id, parsed) if finish is None else None
-    return EventSourceResponse(sse_stream(deps, run_id, replies, live=False, ended=ended), ping=15)
+    stream = sse_stream(deps, run_id, replies, live=False, ended=ended)
+    return EventSourceResponse(streams.held(stream, release), ping=15)
 
 
 @router.post("/{chat_id}/runs/{run_id}/cancel", status_code=202)

@@ -7,20 +7,24 @@ drawn by /runs/{run_id}; the dashboard and each answer in the chat app link ther
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 
-from api.auth import Admin
+from api.audit import TrailDep
+from api.auth import Admin, Auditor
 from api.deps import ConversationsDep, HttpDep, SettingsDep
 from api.errors import ApiError
 from api.routes.system import metering
+from api.schemas import AuditPage
 from runtime.window import Window
 from storage import history
+from topics.pipeline import PROMPT_ACCEPTED
 
 router = APIRouter()
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -37,10 +41,11 @@ async def inspect_run(
     http: HttpDep,
     conversations: ConversationsDep,
     admin: Admin,
+    trail: TrailDep,
     run_id: str,
 ) -> dict[str, Any]:
     """{"run_id", "chat_id", "trace_id", "events": [{"topic", "partition", "offset", "type", "time", ...}],
-    "stored": {"messages": [...], "usage": [...]}}"""
+    "stored": {"messages": [...], "usage": [...]}}. Each read is on the audit record, with whose run it is."""
     try:
         history.minted_ms(run_id)
     except ValueError as exc:
@@ -51,6 +56,8 @@ async def inspect_run(
         )
     except history.RunNotFound as exc:
         raise ApiError(404, str(exc), "run_not_found") from None
+    owner = next((r.event["user_id"] for r in run.records if r.topic is PROMPT_ACCEPTED), None)
+    await trail("read.run", run_id, owner)
     chat_id = uuid.UUID(run.chat_id)
     found = [await conversations.get_message(chat_id, uuid.UUID(m)) for m in run.stored_ids]
     run.stored = {
@@ -82,6 +89,34 @@ async def eval_results(
 ) -> dict[str, Any]:
     """Every eval label's totals (no label), or one label's case results (`parley eval run` writes them)."""
     return await metering(settings, http, "/eval-results", {"label": label} if label else None)
+
+
+@router.get("/v1/admin/audit")
+async def audit_log(
+    settings: SettingsDep,
+    http: HttpDep,
+    auditor: Auditor,
+    trail: TrailDep,
+    since: Annotated[int | None, Query(description="epoch ms; default: 30 days ago")] = None,
+    until: Annotated[int | None, Query(description="epoch ms; default: now")] = None,
+    actor: Annotated[str | None, Query(max_length=256)] = None,
+    target_user: Annotated[str | None, Query(max_length=256)] = None,
+    action: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> AuditPage:
+    """The audit record, newest first: every admin action and every read of another person's data (owner and
+    auditors only; this read is recorded too)."""
+    now_ms = int(time.time() * 1000)
+    params: dict[str, Any] = {
+        "since": since if since is not None else now_ms - 30 * 86_400_000,
+        "until": until if until is not None else now_ms + 1,
+        "limit": limit,
+    }
+    params |= {
+        k: v for k, v in (("actor", actor), ("target_user", target_user), ("action", action)) if v
+    }
+    await trail("read.audit", "audit_log", detail={k: v for k, v in params.items() if k != "limit"})
+    return AuditPage.model_validate(await metering(settings, http, "/audit", params))
 
 
 @router.get("/runs/{run_id}", include_in_schema=False)

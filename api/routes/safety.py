@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.audit import TrailDep
 from api.auth import TIERS, Admin
 from api.deps import DecisionsDep, PoliciesDep, ProducerDep
 from api.errors import ApiError
@@ -41,19 +42,26 @@ async def list_policies(policies: PoliciesDep, admin: Admin) -> PolicyList:
 
 @router.put("/policies/{tier}")
 async def set_policy(
-    producer: ProducerDep, policies: PoliciesDep, admin: Admin, tier: str, body: PolicyBody
+    producer: ProducerDep,
+    policies: PoliciesDep,
+    admin: Admin,
+    trail: TrailDep,
+    tier: str,
+    body: PolicyBody,
 ) -> TierPolicy:
     """Replace a tier's policy ('*': every tier without its own); the next message is moderated under it."""
     policy = Policy(version=body.version, rules=tuple(body.rules), on_error=body.on_error)
     record = to_record(checked_tier(tier), policy, admin.user_id)
+    await trail("safety.set_policy", tier, detail=body.model_dump())
     await publish(producer, policies, SAFETY_POLICIES, tier, record)
     return TierPolicy(tier=tier, policy=policy)
 
 
 @router.delete("/policies/{tier}", status_code=204)
 async def clear_policy(
-    producer: ProducerDep, policies: PoliciesDep, admin: Admin, tier: str
+    producer: ProducerDep, policies: PoliciesDep, admin: Admin, trail: TrailDep, tier: str
 ) -> Response:
+    await trail("safety.clear_policy", tier)
     await publish(producer, policies, SAFETY_POLICIES, checked_tier(tier), None)
     return Response(status_code=204)
 
@@ -62,8 +70,11 @@ async def clear_policy(
 async def recent_decisions(
     decisions: DecisionsDep,
     admin: Admin,
+    trail: TrailDep,
     limit: int = Query(50, ge=1, le=500),
     days: int = Query(7, ge=1, le=90),
 ) -> DecisionPage:
-    """Recent blocks, warnings and retractions, newest first: the false-positive review list."""
+    """Recent blocks, warnings and retractions, newest first: the false-positive review list (people's words:
+    each read is on the audit record)."""
+    await trail("read.safety_decisions", f"last {days} days")
     return DecisionPage(data=[Decision.of(d) for d in await decisions.recent(limit, days)])

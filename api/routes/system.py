@@ -11,8 +11,9 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from api.audit import TrailDep
 from api.auth import CurrentUser
-from api.deps import HttpDep, LedgerDep, LimitsDep, RepliesDep, SettingsDep
+from api.deps import HttpDep, LedgerDep, LimitsDep, PeopleDep, RepliesDep, SettingsDep
 from api.errors import ApiError
 from api.schemas import Alive, Budget, Me, Model, ModelList, Ready, Usage
 from api.settings import ApiSettings
@@ -49,9 +50,18 @@ async def metering(
 
 
 @router.get("/v1/me")
-async def me(user: CurrentUser) -> Me:
-    """Who the credential speaks for (the chat app shows it, and checks a credential with it)."""
-    return Me(user_id=user.user_id, tier=user.tier, admin=user.admin, via_key=user.via_key)
+async def me(user: CurrentUser, people: PeopleDep) -> Me:
+    """Who the credential speaks for (the chat app shows it, and checks its session with it)."""
+    person = await people.person(user.user_id) if user.session else None
+    return Me(
+        user_id=user.user_id,
+        tier=user.tier,
+        admin=user.admin,
+        via_key=user.via_key,
+        role=user.role,
+        name=person.name if person and person.name else None,
+        csrf_token=user.csrf or None,
+    )
 
 
 @router.get("/v1/usage")
@@ -91,6 +101,7 @@ async def usage_report(
     settings: SettingsDep,
     http: HttpDep,
     user: CurrentUser,
+    trail: TrailDep,
     since: Annotated[
         int | None,
         Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms; default: `until` minus 24 hours"),
@@ -119,6 +130,10 @@ async def usage_report(
                 403, "Only an admin can read another user's usage.", "permission_denied", "user_id"
             )
         user_id = user.user_id
+    elif (
+        user_id != user.user_id
+    ):  # an admin reading everyone's usage or another person's: on the record
+        await trail("read.usage", user_id or "everyone", user_id, {"since": since, "until": until})
     params: dict[str, str | int] = {"since": since, "until": until}
     if user_id is not None:
         params["user_id"] = user_id
@@ -129,6 +144,13 @@ async def usage_report(
 async def dashboard() -> FileResponse:
     """The usage dashboard (charts drawn in the browser from /v1/usage/report; the page asks for a credential)."""
     return FileResponse(STATIC / "dashboard.html", media_type="text/html")
+
+
+@probes.get("/admin", include_in_schema=False)
+async def admin_area() -> FileResponse:
+    """The admin area (people, keys, limits, safety policies, the audit log), drawn from the admin routes with
+    the browser's session."""
+    return FileResponse(STATIC / "admin.html", media_type="text/html")
 
 
 @probes.get("/livez")

@@ -30,12 +30,23 @@ from topics.pipeline import Topic, named
 
 PORT_BASE = int(os.environ.get("PARLEY_TEST_PORT_BASE", "18000"))
 BOOTSTRAP = "127.0.0.1:9092"
+KEYCLOAK = "http://127.0.0.1:8180"
+# How often the suite's edges check a browser session again at the provider (production: 120 s): the bound
+# tests/stack/test_signin.py holds a person disabled at Keycloak to.
+SESSION_CHECK_S = 3
 
 
 @dataclass
 class Live:
     stack: Stack
     url: str
+    keycloak: subprocess.Popen[bytes] | None = None  # its start, when this session started it
+
+    def identity_provider(self) -> str:
+        """The local Keycloak's address, once it answers."""
+        if self.keycloak is not None:
+            assert self.keycloak.wait(timeout=240) == 0, "keycloak did not start (infra/local/keycloak.sh logs)"
+        return KEYCLOAK
 
     @property
     def namespace(self) -> str:
@@ -89,6 +100,15 @@ def _running(script: str) -> bool:
 @pytest.fixture(scope="session")
 def live() -> Iterator[Live]:
     started_here = [s for s in ("kafka.sh", "cassandra.sh") if not _running(s)]
+    # The identity provider starts beside the stack (its JVM is up in ~25 s); the edges discover it at the first
+    # sign-in, and only tests/stack/test_signin.py waits for it (the `keycloak` fixture).
+    keycloak = None
+    if not _running("keycloak.sh"):
+        keycloak = subprocess.Popen(["bash", str(LOCAL / "keycloak.sh"), "start"], stdout=subprocess.DEVNULL)
+    os.environ.setdefault("PARLEY_OIDC_ISSUER", f"{KEYCLOAK}/realms/parley")
+    os.environ.setdefault("PARLEY_OIDC_CLIENT_SECRET", "parley-local-client-secret")  # the local realm's
+    os.environ.setdefault("PARLEY_SESSION_CHECK_S", str(SESSION_CHECK_S))
+    os.environ.setdefault("PARLEY_LOCAL_ACCOUNTS", "true")  # beside the provider (off by default when one is set)
     # Two edge replicas and two of each processor stage (metering: one, chdb is single-process); two consumers
     # (two engines) in the small pool so one can die, one in the large pool.
     namespace = f"t{uuid.uuid4().hex[:10]}"
@@ -101,14 +121,18 @@ def live() -> Iterator[Live]:
     # A client connecting from 127.0.0.2 is a trusted proxy to the suite's edges (tests/stack/test_proxy.py);
     # from 127.0.0.1, as every other test connects, forwarded headers are ignored and each address is limited.
     os.environ.setdefault("PARLEY_TRUSTED_PROXIES", "127.0.0.2")
+    os.environ.setdefault("PARLEY_MAX_STREAMS_PER_PERSON", "80")  # tests/stack/test_proxy.py holds 81
     stack = Stack(namespace=namespace, port_base=PORT_BASE, replicas=2, stages=2, workers={"small": 2, "large": 1})
     stack.up()
     registry.connect(stack.registry_url)  # the tests decode what the stages wrote
     try:
-        yield Live(stack, stack.api_url)
+        yield Live(stack, stack.api_url, keycloak)
     finally:
         stack.stop()
         forget_topics(namespace)  # a broker holding every past run's topics restarts slowly after a kill -9
+        if keycloak is not None:
+            keycloak.wait()
+            started_here.append("keycloak.sh")
         for script in started_here:  # leave a `make up` stack as we found it, stop what we started
             subprocess.run(["bash", str(LOCAL / script), "stop"], check=False)
 

@@ -157,3 +157,13 @@ class FakeIdempotencyKeys:
 
     async def release(self, user_id: str, key: str) -> None:
         self.claims.pop((user_id, key), None)
+
+
+class FakePeople:
+    """The browser sessions, by person: only how many each has (the routes here sign in with tokens and keys)."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, int] = {}
+
+    async def end_all(self, user_id: str) -> int:
+        return self.sessions.pop(user_id, 0)

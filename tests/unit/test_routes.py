@@ -20,14 +20,14 @@ from api.auth import credential
 from api.settings import ApiSettings
 from storage.ids import new_id
 from storage.rows import Message
-from topics.pipeline import FEEDBACK, MEMORY_CHANGED
+from topics.pipeline import AUDIT, FEEDBACK, MEMORY_CHANGED
 
-from .edge_fakes import FakeChats, FakeIdempotencyKeys, FakeKeys, FakeProducer, now
+from .edge_fakes import FakeChats, FakeIdempotencyKeys, FakeKeys, FakePeople, FakeProducer, now
 
 
 @pytest.fixture
 def edge():
-    settings = ApiSettings()
+    settings = ApiSettings(dev_tokens=True)
     app = create_app(settings)
     chats, keys, producer = FakeChats(), FakeKeys(), FakeProducer()
     app.dependency_overrides[deps.conversations] = lambda: chats
@@ -35,12 +35,17 @@ def edge():
     app.dependency_overrides[deps.idempotency] = lambda: idempotency
     app.dependency_overrides[deps.keys] = lambda: keys
     app.dependency_overrides[deps.producer] = lambda: producer
+    people = FakePeople()  # browser sessions themselves: tests/stack/test_signin.py
+    app.dependency_overrides[deps.people] = lambda: people
+    app.dependency_overrides[deps.provider] = lambda: None
     client = TestClient(app, raise_server_exceptions=False)  # no lifespan: nothing to connect to
 
     def signed(user: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {credential(user, settings=settings)}"}
 
-    return SimpleNamespace(app=app, http=client, chats=chats, keys=keys, producer=producer, signed=signed)
+    return SimpleNamespace(
+        app=app, http=client, chats=chats, keys=keys, producer=producer, people=people, signed=signed
+    )
 
 
 def told(producer: FakeProducer) -> list[tuple[str, str | None]]:
@@ -123,6 +128,10 @@ def test_an_edit_and_a_delete_reach_memory_and_only_an_answer_is_rated(edge):
     stored[question] = Message(question, "user", "What is Kafka?", now(), run_id=run)
     stored[run] = Message(run, "assistant", "A log.", now(), run_id=run, model="m", finish_reason="stop")
 
+    for blank in (" ", "\f", "\n\t"):  # what the schema's pattern refuses, the route refuses, nothing told
+        empty = edge.http.patch(f"/v1/chats/{chat_id}/messages/{question}", json={"content": blank}, headers=ada)
+        assert (empty.status_code, empty.json()["error"]["code"]) == (400, "empty_content")
+    assert not edge.producer.log.on(MEMORY_CHANGED)
     edited = edge.http.patch(f"/v1/chats/{chat_id}/messages/{question}", json={"content": "What is Avro?"}, headers=ada)
     assert edited.status_code == 200, edited.text
     assert edited.json()["content"] == "What is Avro?" and edited.json()["role"] == "user"
@@ -191,9 +200,14 @@ def test_an_admin_ends_every_key_of_a_person_at_once(edge):
     ada, root = edge.signed("ada"), {"Authorization": f"Bearer {credential('root', admin=True)}"}
     keys = [edge.http.post("/v1/api-keys", json={"name": n}, headers=ada).json()["key"] for n in ("a", "b")]
     bobs = edge.http.post("/v1/api-keys", headers=edge.signed("bob")).json()["key"]
+    edge.people.sessions["ada"] = 2
     assert edge.http.post("/v1/admin/users/ada/revoke", headers=ada).status_code == 403, "an admin's alone"
+    assert not edge.producer.log.on(AUDIT), "a refused request leaves no trace"
     ended = edge.http.post("/v1/admin/users/ada/revoke", headers=root)
-    assert ended.status_code == 200 and ended.json() == {"user_id": "ada", "revoked_keys": 2}
+    assert ended.status_code == 200
+    assert ended.json() == {"user_id": "ada", "revoked_keys": 2, "ended_sessions": 2}
+    [trace] = [s.record for s in edge.producer.log.on(AUDIT)]
+    assert (trace["actor"], trace["action"], trace["target_user"]) == ("root", "access.revoke", "ada")
     for key in keys:
         refused = edge.http.get("/v1/me", headers={"Authorization": f"Bearer {key}"})
         assert (refused.status_code, refused.json()["error"]["code"]) == (401, "invalid_api_key")

@@ -27,15 +27,46 @@ export async function errorOf(response) {
   );
 }
 
+/** The app signs in with a server-side session: its cookie is HttpOnly (no script reads it), and each change
+ * carries the session's CSRF token, which /v1/me hands to this page alone. */
 export class Api {
-  constructor(token, { base = "", fetch: fetcher = globalThis.fetch.bind(globalThis) } = {}) {
-    this.token = token;
+  constructor({ base = "", fetch: fetcher = globalThis.fetch.bind(globalThis) } = {}) {
+    this.csrf = null;
     this.base = base;
     this.fetch = fetcher;
   }
 
   headers(extra = {}) {
-    return { Authorization: `Bearer ${this.token}`, ...extra };
+    return this.csrf ? { "X-CSRF-Token": this.csrf, ...extra } : { ...extra };
+  }
+
+  /** Exchange a development token (the link `make run` prints) for a session. */
+  async tokenSignIn(token) {
+    const response = await this.fetch(`${this.base}/auth/token`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ token }),
+    });
+    if (!response.ok) throw await errorOf(response);
+  }
+
+  /** Sign in with a local account (owner: make the install's first account, its owner's). */
+  async localSignIn(username, password, owner = false) {
+    const response = await this.fetch(`${this.base}/auth/local/${owner ? "owner" : "login"}`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ username, password }),
+    });
+    if (!response.ok) throw await errorOf(response);
+  }
+
+  methods() {
+    return this.call("GET", "/auth/methods");
+  }
+
+  /** End the session here (and at the provider: the answer names its sign-out page, if any). */
+  signOut() {
+    return this.call("POST", "/auth/logout");
   }
 
   async call(method, path, body = undefined) {

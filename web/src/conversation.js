@@ -177,7 +177,7 @@ function answerActions(run, message, last) {
   }
   if (state.me?.admin && message.run_id) {
     // admins open the run's history: every stage's event and what was stored
-    const href = `/runs/${encodeURIComponent(message.run_id)}#token=${encodeURIComponent(state.api.token)}`;
+    const href = `/runs/${encodeURIComponent(message.run_id)}`;
     actionsOf.push(
       h("a", { class: "text inspect", href, target: "_blank", rel: "noopener" }, "Inspect"),
     );

@@ -14,7 +14,7 @@ import {
   toggleTheme,
 } from "./page.js";
 import { loadChats } from "./sidebar.js";
-import { $, actions, chatOfPath, EXPIRED, state, THEME_KEY, TOKEN_KEY } from "./state.js";
+import { $, actions, chatOfPath, state, THEME_KEY } from "./state.js";
 
 Object.assign(actions, { openChat, newChat, stream, regenerate });
 
@@ -25,20 +25,21 @@ function tokenFromUrl() {
   return decodeURIComponent(match[1]);
 }
 
-async function signIn(token, { quiet = false } = {}) {
-  const api = new Api(token);
+/** Open the app on this browser's session, if it has one; the sign-in screen otherwise. */
+async function signIn(message = "") {
+  const api = new Api();
   try {
     state.me = await api.me();
   } catch (error) {
-    const refused = quiet ? EXPIRED : "That credential was not accepted.";
-    showSignIn(error.status === 401 ? refused : error.message);
+    showSignIn(error.status === 401 ? message : error.message);
     return;
   }
+  api.csrf = state.me.csrf_token;
   state.api = api;
-  localStorage.setItem(TOKEN_KEY, token);
   $("#signin").hidden = true;
   $("#app").hidden = false;
-  $("#who").textContent = `${state.me.user_id} · ${state.me.tier}`;
+  $("#who").textContent = `${state.me.name || state.me.user_id} · ${state.me.tier}`;
+  $("#admin-link").hidden = state.me.role === "member";
   await loadChats();
   showPath({ push: false });
 }
@@ -67,12 +68,24 @@ function wire() {
   const stored = localStorage.getItem(THEME_KEY);
   applyTheme(stored || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light"));
   $("#theme").addEventListener("click", toggleTheme);
-  $("#signin-form").addEventListener("submit", (event) => {
+  $("#signin-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const token = $("#credential").value.trim();
-    if (token) signIn(token);
+    if (token) await withToken(token);
   });
-  $("#signout").addEventListener("click", () => showSignIn("Signed out."));
+  $("#local-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const owner = Boolean($("#local-form").dataset.owner);
+    try {
+      await new Api().localSignIn($("#username").value.trim(), $("#password").value, owner);
+    } catch (error) {
+      showSignIn(error.message);
+      return;
+    }
+    $("#password").value = "";
+    await signIn();
+  });
+  $("#signout").addEventListener("click", signOut);
   $("#new-chat").addEventListener("click", () => {
     closeSidebar();
     newChat();
@@ -104,7 +117,43 @@ function wire() {
   );
 }
 
-wire();
-const token = tokenFromUrl() || localStorage.getItem(TOKEN_KEY);
-if (token) signIn(token, { quiet: true });
-else showSignIn();
+async function withToken(token) {
+  try {
+    await new Api().tokenSignIn(token);
+  } catch (error) {
+    showSignIn(error.status === 401 ? "That token was not accepted." : error.message);
+    return;
+  }
+  await signIn();
+}
+
+async function signOut() {
+  let page = null;
+  try {
+    page = (await state.api.signOut()).provider_logout;
+  } catch {
+    page = null; // the session is gone or going: the sign-in screen either way
+  }
+  if (page) window.location.assign(page);
+  else showSignIn("Signed out.");
+}
+
+async function start() {
+  wire();
+  try {
+    const methods = await new Api().methods();
+    $("#signin-provider").hidden = !methods.oidc;
+    $("#signin-form").hidden = !methods.dev_tokens;
+    $("#local-form").hidden = !methods.local;
+    $("#local-owner").hidden = !methods.needs_owner;
+    $("#local-form").dataset.owner = methods.needs_owner ? "1" : "";
+    $("#local-submit").textContent = methods.needs_owner ? "Create the owner account" : "Sign in";
+  } catch {
+    $("#signin-form").hidden = false;
+  }
+  const token = tokenFromUrl();
+  if (token) await withToken(token);
+  else await signIn();
+}
+
+start();

@@ -2,18 +2,19 @@
 // readers, the capacity countdown, the composer's buttons, scrolling, the theme and the sidebar drawer.
 import { ApiError } from "./api.js";
 import { icon } from "./icons.js";
-import { $, EXPIRED, h, state, THEME_KEY, TOKEN_KEY } from "./state.js";
+import { $, EXPIRED, h, state, THEME_KEY } from "./state.js";
 
 // -- sign in --------------------------------------------------------------------------------------------------
 
 export function showSignIn(message = "") {
   stopLive();
   state.api = null;
-  localStorage.removeItem(TOKEN_KEY);
   $("#app").hidden = true;
   $("#signin").hidden = false;
   $("#signin-error").textContent = message;
-  $("#credential").focus();
+  const provider = $("#signin-provider");
+  provider.href = `/auth/login?return_to=${encodeURIComponent(window.location.pathname)}`;
+  (provider.hidden ? $("#credential") : provider).focus();
 }
 
 /** Every call goes through here: an expired credential sends the user back to sign in. */

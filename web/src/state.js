@@ -1,10 +1,9 @@
 // What every view shares: the one mutable state of the page, DOM helpers, and the few calls a view makes to a
 // view above it (`actions`, filled in by main.js), so the views import each other in one direction only.
 
-export const TOKEN_KEY = "parley.token";
 export const THEME_KEY = "parley.theme";
 export const PAGE = 20; // chats listed at a time
-export const EXPIRED = "Your credential has expired. Sign in again.";
+export const EXPIRED = "Your session has ended. Sign in again.";
 
 export const state = {
   api: null,

@@ -122,6 +122,26 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
+{{/* The edge's sign-in settings (docs/signin.md). */}}
+{{- define "parley.authEnv" -}}
+- name: PARLEY_OIDC_ISSUER
+  value: {{ .Values.auth.oidcIssuer | quote }}
+- name: PARLEY_OIDC_CLIENT_ID
+  value: {{ .Values.auth.oidcClientId | quote }}
+- name: PARLEY_OIDC_CLIENT_SECRET  # when the Secret has one
+  valueFrom: {secretKeyRef: {name: {{ include "parley.secretName" . }}, key: oidc-client-secret, optional: true}}
+- name: PARLEY_OIDC_ROLE_MAP
+  value: {{ .Values.auth.roleMap | quote }}
+- name: PARLEY_PUBLIC_URL
+  value: {{ .Values.auth.publicUrl | quote }}
+{{- with .Values.auth.localAccounts }}
+- name: PARLEY_LOCAL_ACCOUNTS
+  value: {{ . | quote }}
+{{- end }}
+- name: PARLEY_SESSION_CHECK_S
+  value: {{ .Values.auth.sessionCheckS | quote }}
+{{- end -}}
+
 {{/* The operator's own variables, last in every Parley container's env (so they win). */}}
 {{- define "parley.extraEnv" -}}
 {{- with .Values.extraEnv }}
@@ -136,6 +156,9 @@ internal-token: {{ required "secrets.internalToken (or secrets.existingSecret) i
 clickhouse-password: {{ required "secrets.clickhousePassword (or secrets.existingSecret) is required" .Values.secrets.clickhousePassword | quote }}
 {{- if .Values.secrets.guardApiKey }}
 guard-api-key: {{ .Values.secrets.guardApiKey | quote }}
+{{- end }}
+{{- if .Values.secrets.oidcClientSecret }}
+oidc-client-secret: {{ .Values.secrets.oidcClientSecret | quote }}
 {{- end }}
 {{- if .Values.cassandra.username }}
 cassandra-password: {{ required "secrets.cassandraPassword is required with cassandra.username" .Values.secrets.cassandraPassword | quote }}
