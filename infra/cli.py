@@ -207,12 +207,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parley", description=__doc__, epilog=EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"parley {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    token = sub.add_parser("token", help="print a development token for the local stack (PARLEY_DEV_TOKENS)")
+    token = sub.add_parser(
+        "token", help="print a development token for the local stack (PARLEY_DEV_TOKENS)"
+    )
     token.add_argument("--user", required=True)
     token.add_argument("--tier", choices=("free", "pro", "enterprise"), default="free")
     token.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="seconds until it expires")
-    token.add_argument("--admin", action="store_true", help="the admin role: limits, people, others' runs")
-    token.add_argument("--role", choices=("owner", "admin", "auditor", "member"), help="a role (over --admin)")
+    token.add_argument(
+        "--admin", action="store_true", help="the admin role: limits, people, others' runs"
+    )
+    token.add_argument(
+        "--role", choices=("owner", "admin", "auditor", "member"), help="a role (over --admin)"
+    )
     token.set_defaults(fn=cmd_token)
     for name, fn, text in (
         ("up", cmd_up, "start everything in the background"),
