@@ -21,6 +21,7 @@ from storage.ids import now, utc
 from storage.session import Store, create_tables
 
 PENDING_TTL_S = 600
+FAILURE_WINDOW_S = 900  # a local account's failed sign-ins count this long
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.people (
@@ -36,6 +37,8 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.local_accounts (
          username text PRIMARY KEY, password_hash text, created_at timestamp)""",
     """CREATE TABLE IF NOT EXISTS {ks}.install_owner (k text PRIMARY KEY, user_id text)""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.signin_failures (
+         username text, at timeuuid, PRIMARY KEY ((username), at)) WITH default_time_to_live = {FAILURE_WINDOW_S}""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.signins_pending (
          state text PRIMARY KEY, verifier text, nonce text, return_to text)
          WITH default_time_to_live = {PENDING_TTL_S}""",
@@ -87,6 +90,7 @@ class People(Store):
         "signins_pending": "api",
         "local_accounts": "api",
         "install_owner": "api",
+        "signin_failures": "api",
     }
 
     def __init__(self, session: Session, keyspace: str, writer: str) -> None:
@@ -133,6 +137,9 @@ class People(Store):
             f"INSERT INTO {ks}.install_owner (k, user_id) VALUES ('owner', ?) IF NOT EXISTS"
         )
         self._owner = p(f"SELECT user_id FROM {ks}.install_owner WHERE k = 'owner'")
+        self._failed = p(f"INSERT INTO {ks}.signin_failures (username, at) VALUES (?, now())")
+        self._failures = p(f"SELECT count(*) FROM {ks}.signin_failures WHERE username = ?")
+        self._cleared = p(f"DELETE FROM {ks}.signin_failures WHERE username = ?")
 
     # -- people ---------------------------------------------------------------------------------------------
 
@@ -225,6 +232,16 @@ class People(Store):
 
     async def rehash(self, username: str, password_hash: str) -> None:
         await self._run(self._rehash, (password_hash, username))
+
+    async def failures(self, username: str) -> int:
+        """Failed sign-ins of the name in the last FAILURE_WINDOW_S, on every replica."""
+        return int((await self._run(self._failures, (username,))).one()[0])
+
+    async def failed(self, username: str) -> None:
+        await self._run(self._failed, (username,))
+
+    async def cleared(self, username: str) -> None:
+        await self._run(self._cleared, (username,))
 
     async def claim_owner(self, user_id: str) -> bool:
         """True for the one first account of the install (compare-and-set: one of two at once wins)."""

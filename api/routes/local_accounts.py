@@ -3,7 +3,9 @@ signing in to the same server-side session as the provider's sign-in (api/sessio
 
 The first account made on an install becomes its owner (compare-and-set: of two made at once, one wins); after
 that, only an admin makes accounts (POST /v1/admin/local-accounts), with the role and tier they give. A wrong
-name and a wrong password are refused alike, in the same time (a hash is checked either way).
+name and a wrong password are refused alike, in the same time (a hash is checked either way). After
+`MAX_FAILURES` failed sign-ins of one name within 15 minutes, on any replicas, that name is refused 429 until the
+window passes (a password guessed online gets 10 tries a quarter hour).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from api.auth import Admin
 from api.deps import Deps
 from api.errors import ApiError
 from api.schemas import PersonOut
-from storage.people import Person
+from storage.people import FAILURE_WINDOW_S, Person
 
 log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
@@ -34,6 +36,7 @@ HASHER = (
 )  # argon2id, the library's defaults (RFC 9106's second recommended settings)
 # checked when the name is unknown, so an unknown name costs what a wrong password does
 DECOY = HASHER.hash("not any account's password")
+MAX_FAILURES = 10
 
 
 class Credentials(BaseModel):
@@ -83,14 +86,23 @@ async def make_owner(body: Credentials, deps: Deps) -> Response:
 @router.post("/auth/local/login")
 async def local_login(body: Credentials, deps: Deps) -> Response:
     enabled(deps)
+    if await deps.people.failures(body.username) >= MAX_FAILURES:
+        raise ApiError(
+            429,
+            "Too many failed sign-ins for this name; wait a quarter of an hour, or ask an admin.",
+            "too_many_attempts",
+            headers={"Retry-After": str(FAILURE_WINDOW_S)},
+        )
     stored = await deps.people.password_hash(body.username)
     try:
         await asyncio.to_thread(HASHER.verify, stored or DECOY, body.password)
         if stored is None:
             raise VerificationError()
     except (VerificationError, InvalidHashError):
+        await deps.people.failed(body.username)
         log.info("local sign-in refused for %r", body.username)
         raise ApiError(401, "The name or the password is wrong.", "invalid_credentials") from None
+    await deps.people.cleared(body.username)
     if HASHER.check_needs_rehash(stored):
         await deps.people.rehash(body.username, await asyncio.to_thread(HASHER.hash, body.password))
     person = await deps.people.person(body.username)
