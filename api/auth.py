@@ -49,6 +49,11 @@ class Principal:
     session: bool = False  # signed in by a browser session (api/sessions.py)
     csrf: str = field(default="", repr=False)  # that session's CSRF token, for the app (/v1/me)
 
+    @staticmethod
+    def administers(role: str) -> bool:
+        """The roles that may administer (limits, people, policies, others' runs)."""
+        return role in ("owner", "admin")
+
     @property
     def auditor(self) -> bool:
         """May read the audit log."""
@@ -159,7 +164,7 @@ def verify(token: str, secret: str, issuer: str, audience: str) -> Principal:
         or not claims["sub"]
     ):
         raise ApiError(401, "The credential is not valid.", "invalid_token")
-    return Principal(claims["sub"], tier, admin=role in ("owner", "admin"), role=role)
+    return Principal(claims["sub"], tier, admin=Principal.administers(role), role=role)
 
 
 async def principal(
@@ -169,7 +174,7 @@ async def principal(
     scheme, _, token = header.partition(" ")
     if not header and sessions.COOKIE in request.cookies:
         s = await sessions.current(request, people, settings, provider)
-        admin = s.role in ("owner", "admin")
+        admin = Principal.administers(s.role)
         return Principal(s.user_id, s.tier, admin=admin, role=s.role, session=True, csrf=s.csrf)
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(

@@ -18,7 +18,6 @@ import base64
 import hashlib
 import json
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -254,7 +253,3 @@ def unavailable() -> ApiError:
         "identity_provider_unavailable",
         headers={"Retry-After": "5"},
     )
-
-
-def now_s() -> int:
-    return int(time.time())

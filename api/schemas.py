@@ -120,6 +120,11 @@ class FeedbackOut(BaseModel):
     rating: Literal["up", "down"] | None
 
 
+def iso(value: datetime | None) -> str | None:
+    """An optional moment as ISO 8601."""
+    return value.isoformat() if value else None
+
+
 class ApiKeyOut(BaseModel):
     id: str
     object: Literal["api_key"] = "api_key"
@@ -136,9 +141,6 @@ class ApiKeyOut(BaseModel):
 
     @classmethod
     def of(cls, key: ApiKey) -> ApiKeyOut:
-        def iso(value: datetime | None) -> str | None:
-            return value.isoformat() if value else None
-
         return cls(
             id=key.key_id,
             name=key.name,
@@ -361,9 +363,6 @@ class PersonOut(BaseModel):
 
     @classmethod
     def of(cls, person: Any, usage: dict[str, Any]) -> PersonOut:
-        def iso(value: Any) -> str | None:
-            return value.isoformat() if value else None
-
         return cls(
             user_id=person.user_id,
             name=person.name,

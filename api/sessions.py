@@ -25,7 +25,7 @@ from fastapi import Request, Response
 from api.errors import ApiError
 from api.oidc import Provider, Refused
 from api.settings import ApiSettings
-from storage.people import People, WebSession
+from storage.people import People, Person, WebSession
 
 log = logging.getLogger(__name__)
 COOKIE = "parley_session"
@@ -58,14 +58,16 @@ async def open_session(
     people: People,
     settings: ApiSettings,
     response: Response,
-    user_id: str,
-    role: str,
-    tier: str,
-    provider: str,
+    person: Person,
     refresh: str | None = None,
 ) -> WebSession:
+    """A session for the person, signed in by their source (oidc, token, local), its cookie set on the
+    response; a person an admin disabled here is refused."""
+    if person.disabled:
+        raise ApiError(403, "Your access here has been disabled by an admin.", "account_disabled")
     secret = secrets.token_urlsafe(32)
     at = datetime.now(UTC)
+    user_id, role, tier, provider = person.user_id, person.role, person.tier, person.source
     session = WebSession(
         user_id, digest(secret), role, tier, secrets.token_urlsafe(24), provider, refresh, at, at
     )

@@ -77,9 +77,7 @@ async def make_owner(body: Credentials, deps: Deps) -> Response:
     person = await _make(deps, body, "owner", "enterprise")
     log.info("local account %s made: the install's owner", person.user_id)
     response = JSONResponse({"user_id": person.user_id, "role": person.role}, status_code=201)
-    await sessions.open_session(
-        deps.people, deps.settings, response, person.user_id, "owner", person.tier, "local"
-    )
+    await sessions.open_session(deps.people, deps.settings, response, person)
     return response
 
 
@@ -106,13 +104,13 @@ async def local_login(body: Credentials, deps: Deps) -> Response:
     if HASHER.check_needs_rehash(stored):
         await deps.people.rehash(body.username, await asyncio.to_thread(HASHER.hash, body.password))
     person = await deps.people.person(body.username)
-    if person is None or person.disabled:
-        raise ApiError(403, "Your access here has been disabled by an admin.", "account_disabled")
-    await deps.people.seen(person.user_id)
+    if (
+        person is None
+    ):  # the account was made but its person never recorded (a crash between the two)
+        raise ApiError(403, "This account has no record here; ask an admin.", "account_disabled")
     response = JSONResponse({"user_id": person.user_id, "role": person.role, "tier": person.tier})
-    await sessions.open_session(
-        deps.people, deps.settings, response, person.user_id, person.role, person.tier, "local"
-    )
+    await sessions.open_session(deps.people, deps.settings, response, person)
+    await deps.people.seen(person.user_id)
     return response
 
 

@@ -104,20 +104,9 @@ async def callback(
             "oidc",
         )
     )
-    if person.disabled:
-        raise ApiError(403, "Your access here has been disabled by an admin.", "account_disabled")
     response = RedirectResponse(pending.return_to, status_code=303)
     sessions.clear_cookie(response, deps.settings, sessions.SIGNIN_COOKIE)
-    await sessions.open_session(
-        deps.people,
-        deps.settings,
-        response,
-        person.user_id,
-        person.role,
-        person.tier,
-        "oidc",
-        tokens.refresh,
-    )
+    await sessions.open_session(deps.people, deps.settings, response, person, tokens.refresh)
     return response
 
 
@@ -133,12 +122,8 @@ async def token_signin(body: TokenSignIn, deps: Deps) -> Response:
     person = await deps.people.signed_in(
         Person(user.user_id, user.user_id, "", user.role, user.tier, "token")
     )
-    if person.disabled:
-        raise ApiError(403, "Your access here has been disabled by an admin.", "account_disabled")
     response = JSONResponse({"user_id": user.user_id, "role": user.role, "tier": user.tier})
-    await sessions.open_session(
-        deps.people, deps.settings, response, user.user_id, user.role, user.tier, "token"
-    )
+    await sessions.open_session(deps.people, deps.settings, response, person)
     return response
 
 
