@@ -33,6 +33,7 @@ class Limits(BaseModel):
     slot_share: float
     degrade: bool  # under pressure, move to a smaller pool before rejecting
     max_runs_per_minute: int = 0  # requests (runs) one user may start in any 60 s; 0: no limit
+    models: tuple[str, ...] = ()  # the models this tier or user may use; empty: every model served
 
 
 FIELDS = tuple(Limits.model_fields)
@@ -77,6 +78,21 @@ def tier_cap(slots: int, share: float) -> int:
     """The slots of an engine a tier may hold: its share, at least one (the consumer enforces it, the
     scheduler and the edge estimate waits with it)."""
     return slots if share >= 1.0 else max(1, math.floor(slots * share))
+
+
+def model_refusal(limits: Limits, model: str, tier: str) -> str | None:
+    """Why a person under these limits may not use the model, or None when they may."""
+    if not limits.models or model in limits.models:
+        return None
+    return (
+        f"The {tier} tier may not use the model '{model}'; it may use: {', '.join(limits.models)}."
+    )
+
+
+def allowed_default(limits: Limits, default: str) -> str | None:
+    """The model a run without one goes to: None (the deployment's default) unless the limits exclude it,
+    then the first they allow."""
+    return None if not limits.models or default in limits.models else limits.models[0]
 
 
 def row_key(scope: str, name: str) -> str:

@@ -34,6 +34,7 @@ from storage.decisions import SafetyDecisions
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.people import People
+from storage.preferences import Preferences
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         decisions = await loop.run_in_executor(None, SafetyDecisions, session, keyspace, "api")
         idempotency = await loop.run_in_executor(None, IdempotencyKeys, session, keyspace, "api")
         people = await loop.run_in_executor(None, People, session, keyspace, "api")
+        preferences = await loop.run_in_executor(None, Preferences, session, keyspace, "api")
         provider = None
         if settings.oidc_issuer:
             provider = Provider(
@@ -98,6 +100,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             decisions,
             idempotency,
             people,
+            preferences,
             provider,
         )
         log.info(
@@ -143,6 +146,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         messages,
         openai,
         people,
+        preferences,
         runs,
         safety,
         signin,
@@ -150,7 +154,19 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         web,
     )
 
-    for api in (chats, messages, chat_runs, openai, keys, system, admin, people, safety, runs):
+    for api in (
+        chats,
+        messages,
+        chat_runs,
+        openai,
+        keys,
+        system,
+        preferences,
+        admin,
+        people,
+        safety,
+        runs,
+    ):
         app.include_router(api.router, responses=openapi.ERRORS)
     app.include_router(system.probes)
     app.include_router(web.router)

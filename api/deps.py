@@ -24,6 +24,7 @@ from storage.decisions import SafetyDecisions
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.people import People
+from storage.preferences import Preferences
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Services:
     decisions: SafetyDecisions
     idempotency: IdempotencyKeys
     people: People  # the directory, browser sessions and sign-ins under way
+    preferences: Preferences  # a person's instructions, a chat's instructions and model
     provider: Provider | None  # the OpenID Connect provider, when one is configured
 
 
@@ -100,6 +102,10 @@ def people(deps: Deps) -> People:
     return deps.people
 
 
+def preferences(deps: Deps) -> Preferences:
+    return deps.preferences
+
+
 def provider(deps: Deps) -> Provider | None:
     return deps.provider
 
@@ -116,4 +122,5 @@ KeysDep = Annotated[ApiKeys, Depends(keys)]
 DecisionsDep = Annotated[SafetyDecisions, Depends(decisions)]
 IdempotencyDep = Annotated[IdempotencyKeys, Depends(idempotency)]
 PeopleDep = Annotated[People, Depends(people)]
+PreferencesDep = Annotated[Preferences, Depends(preferences)]
 ProviderDep = Annotated[Provider | None, Depends(provider)]

@@ -38,7 +38,7 @@ from storage.ids import id_time_ms, new_id
 from storage.rows import Chat, ChatBusy
 from storage.withdrawals import TAKEN, WITHDRAW_TIMEOUT_S, WITHDRAWN
 from topics import records
-from topics.events import PromptAccepted, RunRejected
+from topics.events import Instruction, PromptAccepted, RunRejected
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class Question:
     prev_run_id: (
         str | None
     )  # the chat's answer before it (the scheduler waits until that one is stored)
+    instructions: Sequence[Instruction] = ()  # api/preferences.py
 
 
 def checked_content(settings: ApiSettings, content: str) -> None:
@@ -84,11 +85,6 @@ def checked_max_tokens(settings: ApiSettings, requested: int | None) -> int:
             "max_tokens",
         )
     return max_tokens
-
-
-def checked_model(settings: ApiSettings, model: str | None) -> None:
-    if model is not None and model not in settings.models:
-        raise ApiError(400, f"Unknown model '{model}'.", "model_not_found", "model")
 
 
 def reply_partition(deps: Services) -> int:
@@ -358,6 +354,7 @@ async def answer(
         model=model,
         reply_partition=partition,
         prev_run_id=question.prev_run_id,
+        instructions=list(question.instructions) or None,
     )
     tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it
     try:

@@ -84,6 +84,13 @@ class ChatDetail(ChatOut):
     active_run_id: str | None = Field(
         description="the latest run while it is still answering: a reloaded page resumes it"
     )
+    instructions: str = Field("", description="the chat's own instructions, after the person's")
+    model: str | None = Field(None, description="the chat's model; null: the deployment's default")
+
+
+class Instructions(BaseModel):
+    content: str = Field(description="the person's instructions for every chat; empty: none")
+    updated_at: str | None = None
 
 
 class ChatPage(BaseModel):
@@ -168,6 +175,9 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "parley"
+    description: str = ""
+    context_length: int = Field(0, description="tokens: prompt and answer together")
+    allowed: bool = Field(True, description="whether the caller's tier may use it")
 
 
 class ModelList(BaseModel):

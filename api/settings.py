@@ -31,6 +31,11 @@ class ApiSettings(StackSettings):
     jwt_issuer: str = "parley-local"
     jwt_audience: str = "parley"
     max_content_chars: int = 32_000
+    max_instruction_tokens: int = Field(
+        300,
+        description="The most tokens a person's own instructions, or a chat's, may take (each is counted within "
+        "every prompt's budget).",
+    )
     max_body_bytes: int = Field(
         4 * 1024 * 1024,
         description="A request body larger than this is refused (413) while it is read, before parsing or auth: "

@@ -201,6 +201,32 @@ def conversation_turns(rows: list[Message], before: int) -> list[Turn]:
     ]
 
 
+INSTRUCTION_HEADERS = {
+    "person": "\n\nThe person's own instructions for every chat:\n",
+    "chat": "\n\nInstructions for this chat:\n",
+}
+
+
+async def with_instructions(
+    prompt: PromptAccepted, guard: ContextGuard, settings: ContextSettings
+) -> tuple[str, list[str], list[str]]:
+    """The system prompt with the run's instructions (the person's, then the chat's) after it: (text, the
+    sources in it, those the guard withheld as `instructions:SOURCE`). They are the person's own words, yet
+    screened like any context a prompt carries: a prompt injection pasted into them goes no further."""
+    system, sources, withheld = settings.system_prompt, [], []
+    for item in prompt.get("instructions") or []:
+        source = item["source"]
+        flagged = await guard.screen(
+            f"instructions:{source}:{prompt['chat_id']}", item["content"], prompt["tier"]
+        )
+        if flagged:
+            withheld.append(f"instructions:{source}")
+            continue
+        system += INSTRUCTION_HEADERS.get(source, "\n\n") + item["content"]
+        sources.append(source)
+    return system, sources, withheld
+
+
 async def assemble_chat_run(
     prompt: PromptAccepted,
     conversations: Conversations,
@@ -211,7 +237,8 @@ async def assemble_chat_run(
     """The run for a chat message: system prompt + summary + verbatim window + recalled messages + the new
     message, fitted into the first pool whose budget holds it (conversation/context.py). Raises TooLong."""
     chat_id, tier = uuid.UUID(prompt["chat_id"]), prompt["tier"]
-    summary, earlier, older, reset, withheld = None, [], False, None, []
+    summary, earlier, older, reset = None, [], False, None
+    system, instructed, withheld = await with_instructions(prompt, guard, settings)
     if prompt[
         "prev_run_id"
     ]:  # not the chat's first turn (its first turn reads nothing: faster first token)
@@ -240,7 +267,7 @@ async def assemble_chat_run(
         withheld += flagged
     refused: TooLong | None = None
     chosen: tuple[str, Limits, Assembled] | None = None
-    args = (settings.system_prompt, summary, earlier, older)
+    args = (system, summary, earlier, older)
     for name in pools_in_order(prompt, settings):
         # The requested model's pool; otherwise the first (default, then smallest up) that keeps every turn
         # since the summary, or whose window only lets go of ordinary turns (aged out, recalled when relevant),
@@ -271,6 +298,10 @@ async def assemble_chat_run(
         counter = tokens.load(settings.pools[name].tokenizer)
         assembled = assemble_chat(*args, recalled, prompt["content"], limits, counter)
     assembled.record["withheld_ids"] = withheld
+    assembled.record["instructions"] = instructed
+    counter = tokens.load(settings.pools[name].tokenizer)
+    extra = counter.count(system) - counter.count(settings.system_prompt) if instructed else 0
+    assembled.record["instruction_tokens"] = extra
     PROMPT_TOKENS.labels(name).observe(assembled.record["prompt_tokens"])
     return scheduled(prompt, name, settings, assembled, len(assembled.record["verbatim_ids"]))
 

@@ -61,6 +61,7 @@ class Pool(BaseModel):
     context: int
     prompt_budget: int = 0  # 0: three quarters of the context
     tokenizer: str = "gguf:"  # the bundled SmolLM2 GGUF
+    description: str = ""  # what the model picker says of it
 
     @property
     def budget(self) -> int:
@@ -70,8 +71,18 @@ class Pool(BaseModel):
 # Locally both pools run SmolLM2-135M under llama.cpp, as two engine configurations: many short sequences,
 # or few long ones (the model's own limit is 8,192 tokens). On GPUs they are different models.
 DEFAULT_POOLS = {
-    "small": Pool(model="smollm2-135m-instruct", context=2048, prompt_budget=1536),
-    "large": Pool(model="smollm2-135m-instruct-8k", context=8192, prompt_budget=4096),
+    "small": Pool(
+        model="smollm2-135m-instruct",
+        context=2048,
+        prompt_budget=1536,
+        description="Quick answers to short chats",
+    ),
+    "large": Pool(
+        model="smollm2-135m-instruct-8k",
+        context=8192,
+        prompt_budget=4096,
+        description="Long chats and long pastes",
+    ),
 }
 
 

@@ -89,6 +89,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "temperature",
         "reply_partition",
         "store",
+        "instructions",
     ),
     "PromptModerated": (
         "decision",
@@ -351,7 +352,12 @@ def text(history: History) -> str:
 def _summary(e: dict[str, Any]) -> str:
     kind = e["type"]
     if kind == "PromptAccepted":
-        return f"{e['user_id']} ({e['tier']}): {e['content'][:60]!r}"
+        asked = f" model {e['model']}" if e.get("model") else ""
+        given = "".join(
+            f"; {i['source']} instructions {i['content'][:40]!r}"
+            for i in e.get("instructions") or []
+        )
+        return f"{e['user_id']} ({e['tier']}){asked}: {e['content'][:60]!r}{given}"
     if kind == "PromptModerated":
         scores = ", ".join(f"{k} {v:.2f}" for k, v in sorted((e.get("scores") or {}).items()))
         return f"{e['decision']} {e['action'] or ''} policy {e['policy_version']} [{scores}]"
@@ -360,7 +366,9 @@ def _summary(e: dict[str, Any]) -> str:
         return (
             f"pool {e['pool']} model {e['model']} prompt {ctx.get('prompt_tokens', '?')} tokens "
             f"(summary {ctx.get('summary_version') or 'none'}, {len(ctx.get('verbatim_ids', []))} verbatim, "
-            f"{len(ctx.get('retrieved_ids', []))} recalled)"
+            f"{len(ctx.get('retrieved_ids', []))} recalled, instructions "
+            f"{'+'.join(ctx.get('instructions') or []) or 'none'} {ctx.get('instruction_tokens', 0)} tokens"
+            f"{', withheld ' + ' '.join(ctx['withheld_ids']) if ctx.get('withheld_ids') else ''})"
         )
     if kind == "TokenDelta":
         if e.get("kind") == "deltas":

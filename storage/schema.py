@@ -15,15 +15,25 @@ from cassandra.cluster import Session
 
 from runtime import logs
 from runtime.settings import CassandraSettings, StackSettings
-from storage import api_keys, conversations, decisions, idempotency, ledger, memory, people
+from storage import (
+    api_keys,
+    conversations,
+    decisions,
+    idempotency,
+    ledger,
+    memory,
+    people,
+    preferences,
+)
 from storage.session import agree, connect_session, ensure_keyspace
 from storage.usage import open_usage
 
 log = logging.getLogger("parley.migrate")
 
 # Each store owns its tables (their DDL is in its module): chats, runs and messages; a chat's memory; API keys;
-# safety decisions; the budget ledger; idempotency keys; people and their browser sessions.
-STORES = (conversations, memory, api_keys, decisions, ledger, idempotency, people)
+# safety decisions; the budget ledger; idempotency keys; people and their browser sessions; what a person sets
+# for their chats.
+STORES = (conversations, memory, api_keys, decisions, ledger, idempotency, people, preferences)
 
 
 def migrate(settings: CassandraSettings) -> None:

@@ -28,6 +28,11 @@ class SummaryRequest(TypedDict):
     messages: ReadOnly[int]
 
 
+class Instruction(TypedDict):
+    source: ReadOnly[str]
+    content: ReadOnly[str]
+
+
 class PromptAccepted(TypedDict):
     """The edge accepted a user message and opened a run for it. Keyed by chat_id."""
 
@@ -46,6 +51,7 @@ class PromptAccepted(TypedDict):
     temperature: NotRequired[ReadOnly[float | None]]
     store: NotRequired[ReadOnly[bool]]
     summary: NotRequired[ReadOnly[SummaryRequest | None]]
+    instructions: NotRequired[ReadOnly[Sequence[Instruction] | None]]
     created_at: ReadOnly[int]
 
 
@@ -95,6 +101,7 @@ class LimitsChanged(TypedDict):
     slot_share: NotRequired[ReadOnly[float | None]]
     degrade: NotRequired[ReadOnly[bool | None]]
     max_runs_per_minute: NotRequired[ReadOnly[int | None]]
+    models: NotRequired[ReadOnly[Sequence[str] | None]]
     changed_by: ReadOnly[str]
     changed_at: ReadOnly[int]
 
@@ -229,6 +236,8 @@ class PromptContext(TypedDict):
     retrieved_tokens: NotRequired[ReadOnly[int]]
     message_tokens: NotRequired[ReadOnly[int]]
     withheld_ids: NotRequired[ReadOnly[Sequence[str]]]
+    instructions: NotRequired[ReadOnly[Sequence[str]]]
+    instruction_tokens: NotRequired[ReadOnly[int]]
 
 
 class RunScheduled(TypedDict):

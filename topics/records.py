@@ -7,7 +7,14 @@ import uuid
 from typing import Any, cast
 
 from topics.clock import now_ms
-from topics.events import ChatMessage, PromptAccepted, RunScheduled, SummaryRequest, TokenDelta
+from topics.events import (
+    ChatMessage,
+    Instruction,
+    PromptAccepted,
+    RunScheduled,
+    SummaryRequest,
+    TokenDelta,
+)
 
 
 def prompt_accepted(
@@ -26,6 +33,7 @@ def prompt_accepted(
     temperature: float | None = None,
     store: bool = True,
     summary: SummaryRequest | None = None,
+    instructions: list[Instruction] | None = None,
 ) -> PromptAccepted:
     """A user's message (or a memory stage's summary request) accepted as a new run."""
     return {
@@ -44,6 +52,7 @@ def prompt_accepted(
         "temperature": temperature,
         "store": store,
         "summary": summary,
+        "instructions": instructions,
         "created_at": now_ms(),
     }
 

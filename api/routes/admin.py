@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from admission.limits import FIELDS, change, effective, row_key
 from api.audit import TrailDep
 from api.auth import TIERS, Admin
-from api.deps import KeysDep, LedgerDep, LimitsDep, PeopleDep, ProducerDep
+from api.deps import KeysDep, LedgerDep, LimitsDep, PeopleDep, ProducerDep, SettingsDep
 from api.errors import ApiError
 from api.schemas import AccessRevoked, LimitsList, TierLimits, UserBudget, UserOverrides
 from runtime.kafka import AsyncProducer
@@ -43,6 +43,9 @@ class LimitsPatch(BaseModel):
     slot_share: float | None = Field(None, gt=0, le=1, strict=True)
     degrade: bool | None = Field(None, strict=True)
     max_runs_per_minute: int | None = Field(None, ge=0, strict=True)
+    models: list[str] | None = Field(
+        None, max_length=32, description="The models allowed; empty: every model served."
+    )
 
 
 async def publish(
@@ -65,6 +68,19 @@ async def publish(
         await asyncio.sleep(0.02)
 
 
+def checked(body: LimitsPatch, served: tuple[str, ...]) -> dict[str, Any]:
+    """The fields to set; 400 for a model this deployment does not serve."""
+    unknown = [m for m in body.models or () if m not in served]
+    if unknown:
+        raise ApiError(
+            400,
+            f"Unknown model '{unknown[0]}'; served: {', '.join(served)}.",
+            "model_not_found",
+            "models",
+        )
+    return body.model_dump(exclude_none=True)
+
+
 def overrides(row: Mapping[str, Any] | None) -> dict[str, Any]:
     return {f: row[f] for f in FIELDS if row and row.get(f) is not None}
 
@@ -83,13 +99,14 @@ async def set_tier(
     limits: LimitsDep,
     admin: Admin,
     trail: TrailDep,
+    settings: SettingsDep,
     tier: str,
     body: LimitsPatch,
 ) -> TierLimits:
     if tier not in TIERS:
         raise ApiError(404, f"No tier '{tier}'; one of {', '.join(TIERS)}.", "tier_not_found")
     key = row_key("tier", tier)
-    fields = {**overrides(limits.get(key)), **body.model_dump(exclude_none=True)}
+    fields = {**overrides(limits.get(key)), **checked(body, settings.models)}
     await trail("limits.set_tier", tier, detail=fields)
     await publish(producer, limits, LIMITS, key, change("tier", tier, fields, admin.user_id))
     return TierLimits(tier=tier, limits=limits.tier(tier))
@@ -101,11 +118,12 @@ async def set_user(
     limits: LimitsDep,
     admin: Admin,
     trail: TrailDep,
+    settings: SettingsDep,
     user_id: str,
     body: LimitsPatch,
 ) -> UserOverrides:
     key = row_key("user", user_id)
-    fields = {**overrides(limits.get(key)), **body.model_dump(exclude_none=True)}
+    fields = {**overrides(limits.get(key)), **checked(body, settings.models)}
     await trail("limits.set_user", user_id, user_id, fields)
     await publish(producer, limits, LIMITS, key, change("user", user_id, fields, admin.user_id))
     return UserOverrides(user_id=user_id, overrides=overrides(limits.get(key)))

@@ -17,8 +17,9 @@ from api.chat_state import forget_message, owned_run
 from api.deps import Deps
 from api.errors import ApiError
 from api.openapi import NEW_RUN, STREAM
+from api.preferences import for_run
 from api.replies import parse_cursor
-from api.runs import Question, answer, checked_max_tokens, checked_model
+from api.runs import Question, answer, checked_max_tokens
 from api.schemas import Cancelling
 from api.streams import sse_stream
 
@@ -87,8 +88,8 @@ async def regenerate(
     first answer saw); the old answer is deleted, with its memory, once the new run is admitted."""
     body = body or Regenerate()
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
-    checked_model(deps.settings, body.model)
     chat, _, finish_reason = await owned_run(deps.conversations, user, chat_id, run_id)
+    model, instructions = await for_run(deps, user, chat.chat_id, body.model)
     parsed = chat.chat_id
     old = str(uuid.UUID(run_id))
     if chat.last_run_id != old:
@@ -103,8 +104,8 @@ async def regenerate(
         )
     at = asked[-1]
     earlier = recent[at - 1].id if at > 0 else None
-    question = Question(recent[at].id, recent[at].content, earlier)
-    response, new_run = await answer(deps, user, chat, question, max_tokens, body.model)
+    question = Question(recent[at].id, recent[at].content, earlier, instructions)
+    response, new_run = await answer(deps, user, chat, question, max_tokens, model)
     previous = next((m for m in recent if m.id == old), None)
     if previous is not None:
         await forget_message(deps.conversations, deps.producer, parsed, user, previous)

@@ -13,13 +13,22 @@ from pydantic import BaseModel, Field
 from api import idempotency
 from api.auth import CurrentUser
 from api.chat_state import memory_changed, owned_chat
-from api.deps import ConversationsDep, IdempotencyDep, ProducerDep
+from api.deps import (
+    ConversationsDep,
+    IdempotencyDep,
+    LimitsDep,
+    PreferencesDep,
+    ProducerDep,
+    SettingsDep,
+)
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
 from api.openapi import CHAT_LINKS
+from api.preferences import allowed_model, checked_instructions
 from api.schemas import ChatDetail, ChatExport, ChatOut, ChatPage, ContextReset, Export, MessageOut
 from storage.idempotency import Claim
 from storage.ids import decode_cursor, encode_cursor, id_time_ms, new_id, parse_id, utc
+from storage.preferences import ChatSettings
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -32,7 +41,11 @@ class NewChat(BaseModel):
 
 
 class ChatPatch(BaseModel):
-    title: str = Field(min_length=1, max_length=200)
+    """What to change; a field left out stays as it is."""
+
+    title: str | None = Field(None, min_length=1, max_length=200)
+    instructions: str | None = Field(None, description="the chat's own instructions; empty: none")
+    model: str | None = Field(None, description="the chat's model; null: the deployment's default")
 
 
 def activity_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
@@ -114,7 +127,9 @@ async def export_chats(conversations: ConversationsDep, user: CurrentUser) -> Ex
 
 
 @router.get("/{chat_id}")
-async def get_chat(conversations: ConversationsDep, user: CurrentUser, chat_id: str) -> ChatDetail:
+async def get_chat(
+    conversations: ConversationsDep, preferences: PreferencesDep, user: CurrentUser, chat_id: str
+) -> ChatDetail:
     """The chat, with `active_run_id` while its latest run is still answering (a reloaded page resumes it)."""
     parsed, chat = await owned_chat(conversations, user, chat_id)
     run = (
@@ -123,27 +138,67 @@ async def get_chat(conversations: ConversationsDep, user: CurrentUser, chat_id: 
         else None
     )
     active = chat.last_run_id if run and run[1] is None else None
-    return ChatDetail(**ChatOut.of(chat).model_dump(), active_run_id=active)
+    chosen = await preferences.chat(parsed)
+    return ChatDetail(
+        **ChatOut.of(chat).model_dump(),
+        active_run_id=active,
+        instructions=chosen.instructions,
+        model=chosen.model,
+    )
 
 
 @router.patch("/{chat_id}")
-async def rename_chat(
-    conversations: ConversationsDep, user: CurrentUser, chat_id: str, body: ChatPatch
-) -> ChatOut:
-    _, chat = await owned_chat(conversations, user, chat_id)
-    await conversations.rename_chat(chat, body.title)
-    return ChatOut.of(chat).model_copy(update={"title": body.title})
+async def change_chat(
+    conversations: ConversationsDep,
+    preferences: PreferencesDep,
+    settings: SettingsDep,
+    views: LimitsDep,
+    user: CurrentUser,
+    chat_id: str,
+    body: ChatPatch,
+) -> ChatDetail:
+    """Rename the chat, set its instructions (counted and screened in every prompt, after the person's own), or
+    choose its model (remembered for its later messages; 403 model_not_allowed for one the tier may not use).
+    Everything is checked before anything is written."""
+    parsed, chat = await owned_chat(conversations, user, chat_id)
+    given = body.model_fields_set
+    current = await preferences.chat(parsed)
+    wanted = ChatSettings(
+        checked_instructions(settings, body.instructions)
+        if body.instructions is not None
+        else current.instructions,
+        body.model if "model" in given else current.model,
+    )
+    if "model" in given and body.model is not None:
+        allowed_model(settings, views, user, body.model)
+    if body.title is not None:
+        await conversations.rename_chat(chat, body.title)
+    if wanted != current:
+        await preferences.set_chat(parsed, wanted)
+    title = body.title if body.title is not None else chat.title
+    return ChatDetail(
+        **ChatOut.of(chat).model_dump(exclude={"title"}),
+        title=title,
+        active_run_id=None,
+        instructions=wanted.instructions,
+        model=wanted.model,
+    )
 
 
 @router.delete("/{chat_id}", status_code=204)
 async def delete_chat(
-    conversations: ConversationsDep, producer: ProducerDep, user: CurrentUser, chat_id: str
+    conversations: ConversationsDep,
+    preferences: PreferencesDep,
+    producer: ProducerDep,
+    user: CurrentUser,
+    chat_id: str,
 ) -> Response:
     """The chat with its messages and runs; its streams can no longer be resumed (404). Its messages and memory
     are erased by the persistence and memory stages, told first: the chat row goes last, so a delete cut short
     is finished by deleting again."""
     parsed, chat = await owned_chat(conversations, user, chat_id)
     await memory_changed(producer, parsed, user, "chat_deleted")
+    await preferences.forget_chat(parsed)
     await conversations.delete_chat(chat)
     log.info("chat %s deleted by %s", chat_id, user.user_id)
     return Response(status_code=204)

@@ -20,13 +20,13 @@ from api.deps import ConversationsDep, Deps, ProducerDep, Services, SettingsDep
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
 from api.openapi import NEW_RUN
+from api.preferences import for_run
 from api.routes.chats import Limit
 from api.runs import (
     Question,
     answer,
     checked_content,
     checked_max_tokens,
-    checked_model,
     mark_ended,
     not_busy,
     prepend,
@@ -93,8 +93,8 @@ async def post_message(
         raise ApiError(400, "content must not be empty.", "empty_content", "content")
     checked_content(deps.settings, body.content)
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
-    checked_model(deps.settings, body.model)
     parsed, chat = await owned_chat(deps.conversations, user, chat_id)
+    model, instructions = await for_run(deps, user, parsed, body.model)
     message_id = new_id()  # sorts before the answer (the run's id)
     run = str(new_id()), reply_partition(deps)
     if key is not None:
@@ -106,10 +106,8 @@ async def post_message(
     holder = idempotency.Holder(deps.idempotency, user, key)
     try:
         await not_busy(deps, chat)
-        question = Question(str(message_id), body.content, chat.last_run_id)
-        response, _ = await answer(
-            deps, user, chat, question, max_tokens, body.model, run, holder.made
-        )
+        question = Question(str(message_id), body.content, chat.last_run_id, instructions)
+        response, _ = await answer(deps, user, chat, question, max_tokens, model, run, holder.made)
     except BaseException as exc:
         await holder.failed(exc)
         raise

@@ -30,8 +30,9 @@ from api.deps import Deps, Services
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
 from api.openapi import CHUNKS, ENGINE_ERRORS
+from api.preferences import allowed_model
 from api.replies import ACCEPTED, REJECTED, TERMINAL, Reply
-from api.runs import checked_max_tokens, checked_model
+from api.runs import checked_max_tokens
 from api.schemas import AssistantMessage, CachedTokens, ChatCompletion, Choice, CompletionUsage
 from storage.idempotency import Claim
 from storage.ids import new_id
@@ -138,7 +139,7 @@ async def chat_completions(
     that goes away does not cancel the run: its retry reads it."""
     messages = conversation(deps, body)
     max_tokens = checked_max_tokens(deps.settings, body.max_completion_tokens or body.max_tokens)
-    checked_model(deps.settings, body.model)
+    model = allowed_model(deps.settings, deps.limits, user, body.model)
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
     partition = runs.reply_partition(deps)
     if key is not None:
@@ -149,7 +150,7 @@ async def chat_completions(
             reply, replies = await idempotency.first_replies(
                 deps, run, held.reply_partition, stream_refusals=False
             )
-            return await respond(deps, body, run, body.model, reply, replies, None)
+            return await respond(deps, body, run, model, reply, replies, None)
     event = records.prompt_accepted(
         run_id=run_id,
         chat_id=chat_id,
@@ -158,7 +159,7 @@ async def chat_completions(
         message_id=str(new_id()),
         content=messages[-1]["content"],
         max_tokens=max_tokens,
-        model=body.model,
+        model=model,
         reply_partition=partition,
         prev_run_id=None,
         messages=messages,
@@ -168,7 +169,7 @@ async def chat_completions(
     abandon = None if key else partial(cancel, deps, user, event, "client_disconnected")
     holder = idempotency.Holder(deps.idempotency, user, key)
     try:
-        runs.shed_when_full(deps, user, run_id, body.model, messages, max_tokens, may_grow=False)
+        runs.shed_when_full(deps, user, run_id, model, messages, max_tokens, may_grow=False)
         try:
             live = await runs.start_run(deps, event)
         except Exception:
@@ -180,7 +181,7 @@ async def chat_completions(
     except BaseException as exc:
         await holder.failed(exc)
         raise
-    return await respond(deps, body, run_id, body.model, reply, replies, abandon)
+    return await respond(deps, body, run_id, model, reply, replies, abandon)
 
 
 async def respond(

@@ -11,12 +11,14 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from admission.limits import model_refusal
 from api.audit import TrailDep
 from api.auth import CurrentUser
 from api.deps import HttpDep, LedgerDep, LimitsDep, PeopleDep, RepliesDep, SettingsDep
 from api.errors import ApiError
 from api.schemas import Alive, Budget, Me, Model, ModelList, Ready, Usage
 from api.settings import ApiSettings
+from runtime.settings import Pool
 from topics.clock import now_ms
 
 router = APIRouter()
@@ -27,8 +29,24 @@ MAX_EPOCH_MS = 4_102_444_800_000  # 2100-01-01: the usage tables' DateTime colum
 
 
 @router.get("/v1/models")
-async def models(settings: SettingsDep, user: CurrentUser) -> ModelList:
-    return ModelList(data=[Model(id=m) for m in settings.models])
+async def models(settings: SettingsDep, views: LimitsDep, user: CurrentUser) -> ModelList:
+    """The models served, the default first: each pool's model with its description and context length, and
+    whether the caller's tier may use it (the chat app's model picker)."""
+    limits = views.for_user(user.user_id, user.tier)
+    pools: dict[str, Pool] = {}
+    for pool in settings.pools.values():
+        pools.setdefault(pool.model, pool)
+    return ModelList(
+        data=[
+            Model(
+                id=m,
+                description=pools[m].description,
+                context_length=pools[m].context,
+                allowed=model_refusal(limits, m, user.tier) is None,
+            )
+            for m in settings.models
+        ]
+    )
 
 
 async def metering(

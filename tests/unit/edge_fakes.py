@@ -12,6 +12,7 @@ from typing import Any
 from storage.api_keys import UNSCOPED, ApiKey, KeyOwner
 from storage.idempotency import Claim
 from storage.ids import new_id
+from storage.preferences import ChatSettings
 from storage.rows import Change, Chat, Message, overlay
 
 from .fakes import FakeConversations, FakeLog
@@ -167,3 +168,27 @@ class FakePeople:
 
     async def end_all(self, user_id: str) -> int:
         return self.sessions.pop(user_id, 0)
+
+
+class FakePreferences:
+    """A person's instructions and each chat's settings (storage/preferences.py)."""
+
+    def __init__(self) -> None:
+        self.people: dict[str, tuple[str, datetime]] = {}
+        self.chats: dict[uuid.UUID, ChatSettings] = {}
+
+    async def instructions(self, user_id: str) -> tuple[str, datetime | None]:
+        return self.people.get(user_id, ("", None))
+
+    async def set_instructions(self, user_id: str, content: str) -> datetime:
+        self.people[user_id] = (content, now())
+        return self.people[user_id][1]
+
+    async def chat(self, chat_id: uuid.UUID) -> ChatSettings:
+        return self.chats.get(chat_id, ChatSettings())
+
+    async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings) -> None:
+        self.chats[chat_id] = settings
+
+    async def forget_chat(self, chat_id: uuid.UUID) -> None:
+        self.chats.pop(chat_id, None)

@@ -14,6 +14,7 @@ from urllib.parse import unquote
 import pytest
 from fastapi.testclient import TestClient
 
+from admission.limits import DEFAULT_TIERS
 from api import deps
 from api.app import create_app
 from api.auth import credential
@@ -22,7 +23,16 @@ from storage.ids import new_id
 from storage.rows import Message
 from topics.pipeline import AUDIT, FEEDBACK, MEMORY_CHANGED
 
-from .edge_fakes import FakeChats, FakeIdempotencyKeys, FakeKeys, FakePeople, FakeProducer, now
+from .edge_fakes import (
+    FakeChats,
+    FakeIdempotencyKeys,
+    FakeKeys,
+    FakePeople,
+    FakePreferences,
+    FakeProducer,
+    now,
+)
+from .fakes import FakeLimits
 
 
 @pytest.fixture
@@ -38,13 +48,24 @@ def edge():
     people = FakePeople()  # browser sessions themselves: tests/stack/test_signin.py
     app.dependency_overrides[deps.people] = lambda: people
     app.dependency_overrides[deps.provider] = lambda: None
+    preferences, limits = FakePreferences(), FakeLimits()
+    app.dependency_overrides[deps.preferences] = lambda: preferences
+    app.dependency_overrides[deps.limits] = lambda: limits
     client = TestClient(app, raise_server_exceptions=False)  # no lifespan: nothing to connect to
 
     def signed(user: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {credential(user, settings=settings)}"}
 
     return SimpleNamespace(
-        app=app, http=client, chats=chats, keys=keys, producer=producer, people=people, signed=signed
+        app=app,
+        http=client,
+        chats=chats,
+        keys=keys,
+        producer=producer,
+        people=people,
+        preferences=preferences,
+        limits=limits,
+        signed=signed,
     )
 
 
@@ -263,3 +284,29 @@ def test_the_openapi_document_comes_from_the_routes_models(edge):
     assert schemas["NewMessage"]["properties"]["content"]["maxLength"] == settings.max_content_chars
     models = [o for o in schemas["Completion"]["properties"]["model"]["anyOf"] if o.get("type") == "string"]
     assert models[0]["enum"] == list(settings.models)
+
+
+def test_instructions_and_a_chats_model_are_checked_before_anything_is_written(edge):
+    ada, bob = edge.signed("ada"), edge.signed("bob")
+    put = edge.http.put("/v1/me/instructions", json={"content": " Use metric units. "}, headers=ada)
+    assert put.status_code == 200 and put.json()["content"] == "Use metric units."
+    too_long = edge.http.put("/v1/me/instructions", json={"content": "metric " * 1000}, headers=ada)
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "instructions_too_long"
+    assert edge.http.get("/v1/me/instructions", headers=ada).json()["content"] == "Use metric units."
+    assert edge.http.get("/v1/me/instructions", headers=bob).json()["content"] == ""
+
+    chat = edge.http.post("/v1/chats", json={"title": "Trips"}, headers=ada).json()["id"]
+    large = "smollm2-135m-instruct-8k"
+    changed = edge.http.patch(f"/v1/chats/{chat}", json={"model": large, "instructions": "Be brief."}, headers=ada)
+    assert changed.status_code == 200 and changed.json()["title"] == "Trips"
+    unknown = edge.http.patch(f"/v1/chats/{chat}", json={"model": "gpt-9", "title": "X"}, headers=ada)
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "model_not_found"
+    edge.limits.tiers["pro"] = DEFAULT_TIERS["pro"].model_copy(update={"models": ("smollm2-135m-instruct",)})
+    refused = edge.http.patch(f"/v1/chats/{chat}", json={"model": large, "title": "Y"}, headers=ada)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+    assert "may use: smollm2-135m-instruct" in refused.json()["error"]["message"]
+    assert edge.http.patch(f"/v1/chats/{chat}", json={"model": large}, headers=bob).status_code == 404
+    shown = edge.http.get(f"/v1/chats/{chat}", headers=ada).json()
+    assert (shown["title"], shown["model"], shown["instructions"]) == ("Trips", large, "Be brief.")
+    cleared = edge.http.patch(f"/v1/chats/{chat}", json={"model": None}, headers=ada).json()
+    assert cleared["model"] is None and cleared["instructions"] == "Be brief."

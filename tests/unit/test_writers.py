@@ -22,12 +22,13 @@ from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.memory import Memory
 from storage.people import People
+from storage.preferences import Preferences
 from storage.rows import Change, Message, overlay
 from storage.rows import deletions as deleted
 from storage.session import WRITE, NotTheWriter
 
 ROOT = Path(__file__).resolve().parents[2]
-STORES = (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger, IdempotencyKeys, People)
+STORES = (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger, IdempotencyKeys, People, Preferences)
 
 
 class Sent(Exception):

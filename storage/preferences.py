@@ -1,0 +1,77 @@
+"""What a person sets for their own chats: their instructions (every chat) and each chat's instructions and
+model. The edge reads them when it opens a run and puts them into the run's prompt event, so the scheduler,
+a replay and `parley runs show` see exactly what went into the context (conversation/gather.py)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from cassandra.cluster import Session
+
+from storage.ids import now, utc
+from storage.session import Store, create_tables
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS {ks}.person_settings (
+         user_id text PRIMARY KEY, instructions text, updated_at timestamp)""",
+    # one row per chat that has its own instructions or model; deleted with the chat (api/routes/chats.py)
+    """CREATE TABLE IF NOT EXISTS {ks}.chat_settings (
+         chat_id timeuuid PRIMARY KEY, instructions text, model text, updated_at timestamp)""",
+)
+
+
+def create_schema(session: Session, keyspace: str) -> None:
+    create_tables(session, keyspace, SCHEMA, ())
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    instructions: str = ""
+    model: str | None = None  # None: the deployment's default
+
+
+class Preferences(Store):
+    WRITERS = {"person_settings": "api", "chat_settings": "api"}
+
+    def __init__(self, session: Session, keyspace: str, writer: str) -> None:
+        super().__init__(session, keyspace, writer)
+        ks, p = keyspace, self._prepare
+        self._put_instructions = p(
+            f"INSERT INTO {ks}.person_settings (user_id, instructions, updated_at) VALUES (?, ?, ?)"
+        )
+        self._get_instructions = p(
+            f"SELECT instructions, updated_at FROM {ks}.person_settings WHERE user_id = ?"
+        )
+        self._forget_person = p(f"DELETE FROM {ks}.person_settings WHERE user_id = ?")
+        self._put_chat = p(
+            f"INSERT INTO {ks}.chat_settings (chat_id, instructions, model, updated_at) VALUES (?, ?, ?, ?)"
+        )
+        self._get_chat = p(f"SELECT instructions, model FROM {ks}.chat_settings WHERE chat_id = ?")
+        self._forget_chat = p(f"DELETE FROM {ks}.chat_settings WHERE chat_id = ?")
+
+    async def instructions(self, user_id: str) -> tuple[str, datetime | None]:
+        """A person's own instructions ("" when none) and when they were last set."""
+        row = (await self._run(self._get_instructions, (user_id,))).one()
+        if row is None:
+            return "", None
+        return row.instructions or "", utc(row.updated_at) if row.updated_at else None
+
+    async def set_instructions(self, user_id: str, content: str) -> datetime:
+        at = now()
+        await self._run(self._put_instructions, (user_id, content, at))
+        return at
+
+    async def chat(self, chat_id: uuid.UUID) -> ChatSettings:
+        row = (await self._run(self._get_chat, (chat_id,))).one()
+        return ChatSettings() if row is None else ChatSettings(row.instructions or "", row.model)
+
+    async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings) -> None:
+        await self._run(self._put_chat, (chat_id, settings.instructions, settings.model, now()))
+
+    async def forget_chat(self, chat_id: uuid.UUID) -> None:
+        await self._run(self._forget_chat, (chat_id,))
+
+    async def forget_person(self, user_id: str) -> None:
+        await self._run(self._forget_person, (user_id,))
