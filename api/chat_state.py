@@ -104,7 +104,7 @@ async def forget_message(
 ) -> None:
     """Delete a stored message, and tell the memory stage (it forgets its embedding and every summary covering
     it; until then the scheduler passes over them, conversation/gather.py)."""
-    at = await conversations.delete_message(chat_id, uuid.UUID(message.id))
+    at = await conversations.edit_message(chat_id, uuid.UUID(message.id), None)
     await memory_changed(
         producer, chat_id, user, "deleted", epoch_ms(at), message_id=message.id, role=message.role
     )

@@ -64,6 +64,7 @@ class Question:
         str | None
     )  # the chat's answer before it (the scheduler waits until that one is stored)
     instructions: Sequence[Instruction] = ()  # api/preferences.py
+    parent_id: str | None = None  # where it goes on the chat's tree (api/branches.py)
 
 
 def checked_content(settings: ApiSettings, content: str) -> None:
@@ -355,6 +356,7 @@ async def answer(
         reply_partition=partition,
         prev_run_id=question.prev_run_id,
         instructions=list(question.instructions) or None,
+        parent_id=question.parent_id,
     )
     tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it
     try:

@@ -40,9 +40,19 @@ class MessageOut(BaseModel):
     pool: str | None
     finish_reason: str | None
     feedback: str | None = Field(description="the owner's rating of an answer: up, down or null")
+    parent_id: str | None = Field(
+        None, description="the message it follows on its branch; null at the chat's root"
+    )
+    sibling_ids: list[str] = Field(
+        default_factory=list,
+        description="the messages sharing its parent, itself included, oldest first (other versions of a "
+        "question or an answer)",
+    )
 
     @classmethod
-    def of(cls, m: Message) -> MessageOut:
+    def of(
+        cls, m: Message, parent_id: str | None = None, sibling_ids: list[str] | None = None
+    ) -> MessageOut:
         return cls(
             id=m.id,
             role=m.role,
@@ -53,12 +63,19 @@ class MessageOut(BaseModel):
             pool=m.pool,
             finish_reason=m.finish_reason,
             feedback=m.feedback,
+            parent_id=parent_id,
+            sibling_ids=sibling_ids or [m.id],
         )
 
 
 class MessagePage(BaseModel):
     data: list[MessageOut]
     next_cursor: str | None
+
+
+class BranchOut(BaseModel):
+    message_id: str = Field(description="the message the branch was chosen by")
+    leaf_id: str = Field(description="the branch's last message: a new message follows it")
 
 
 class ChatOut(BaseModel):
@@ -214,6 +231,8 @@ class Usage(BaseModel):
     cached_tokens: int
     total_tokens: int
     cost_usd: float
+    period_start: str = Field(description="the start of this period: the calendar month, UTC")
+    period_tokens: int = Field(description="prompt and completion tokens since period_start")
     remaining_budget: int = Field(description="tokens the budget lets the caller spend now")
     budget: Budget
 
@@ -299,40 +318,6 @@ class Decision(BaseModel):
 
 class DecisionPage(BaseModel):
     data: list[Decision]
-
-
-class CachedTokens(BaseModel):
-    cached_tokens: int
-
-
-class CompletionUsage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: CachedTokens
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class Choice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    finish_reason: str
-    logprobs: None = None
-
-
-class ChatCompletion(BaseModel):
-    """OpenAI's chat.completion object (a streamed answer is its chunks, as OpenAI sends them)."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: CompletionUsage
 
 
 class AuditEntry(BaseModel):

@@ -28,6 +28,7 @@ from storage.conversations import Conversations
 from storage.ids import MIN_ID
 from storage.memory import Memory, Recalled, Summary
 from storage.rows import Change, Message
+from storage.tree import before
 from topics.clock import now_ms
 from topics.events import PromptAccepted, PromptContext, RunScheduled
 
@@ -227,6 +228,15 @@ async def with_instructions(
     return system, sources, withheld
 
 
+async def branch_of(prompt: PromptAccepted, conversations: Conversations) -> set[str] | None:
+    """The ids of the messages before this one on its branch of the chat's tree (storage/tree.py); None for a
+    record written before the tree (the chat's messages in time order)."""
+    parent = prompt.get("parent_id")
+    if not parent:
+        return None
+    return before(await conversations.skeleton(uuid.UUID(prompt["chat_id"])), parent)
+
+
 async def assemble_chat_run(
     prompt: PromptAccepted,
     conversations: Conversations,
@@ -238,16 +248,20 @@ async def assemble_chat_run(
     message, fitted into the first pool whose budget holds it (conversation/context.py). Raises TooLong."""
     chat_id, tier = uuid.UUID(prompt["chat_id"]), prompt["tier"]
     summary, earlier, older, reset = None, [], False, None
+    on_branch: set[str] | None = None
     system, instructed, withheld = await with_instructions(prompt, guard, settings)
     if prompt[
         "prev_run_id"
     ]:  # not the chat's first turn (its first turn reads nothing: faster first token)
         await wait_for_previous(prompt, conversations, settings)
-        chat, summaries, changes = await asyncio.gather(
+        chat, summaries, changes, on_branch = await asyncio.gather(
             conversations.get_chat(chat_id),
             memory.summaries(chat_id, SUMMARIES_READ),
             conversations.changes(chat_id),
+            branch_of(prompt, conversations),
         )
+        if on_branch is not None:  # another branch's summary does not hold for this one
+            summaries = [s for s in summaries if s.through in on_branch]
         latest = current_summary(summaries, changes)
         reset = chat.context_from if chat is not None else None
         after = reset
@@ -260,6 +274,8 @@ async def assemble_chat_run(
                 summary = (latest.version, latest.through, latest.content)
             older, after = True, uuid.UUID(latest.through)
         rows = await conversations.messages_after(chat_id, after, settings.recent_messages, changes)
+        if on_branch is not None:
+            rows = [m for m in rows if m.id in on_branch]
         older = older or len(rows) >= settings.recent_messages
         before = uuid.UUID(prompt["message_id"]).time
         earlier = conversation_turns(rows, before)
@@ -292,8 +308,9 @@ async def assemble_chat_run(
     if older or len(kept) < len(earlier):  # there is memory beyond the window: recall from it
         first = uuid.UUID(kept[0]) if kept else uuid.UUID(prompt["message_id"])
         recalled = await recall(
-            memory, guard, chat_id, prompt["content"], reset, first, tier, settings, changes
-        )
+            memory, guard, chat_id, prompt["content"], reset, first, tier, settings, changes,
+            on_branch,
+        )  # fmt: skip
         withheld += [t.id for t in recalled if t.content == WITHHELD]
         counter = tokens.load(settings.pools[name].tokenizer)
         assembled = assemble_chat(*args, recalled, prompt["content"], limits, counter)
@@ -316,6 +333,7 @@ async def recall(
     tier: str,
     settings: ContextSettings,
     changes: Mapping[str, Change],
+    on_branch: set[str] | None = None,
 ) -> list[Turn]:
     """The older messages to recall for the new one (best first, conversation/context.py `relevant`), with
     assistant messages screened (the user's own were moderated as they came in)."""
@@ -326,6 +344,8 @@ async def recall(
         chat_id, vector[0].tolist(), settings.recall_candidates, after or MIN_ID, before
     )
     found = as_changed(found, changes)
+    if on_branch is not None:  # only this branch's messages (storage/tree.py)
+        found = [r for r in found if r.id in on_branch]
     vectors = np.array([r.embedding for r in found], dtype=np.float32).reshape(len(found), -1)
     picked = relevant(
         vector[0],

@@ -52,8 +52,18 @@ def _at(ms: int) -> datetime:
 
 def user_turn(prompt: PromptAccepted) -> Message:
     return Message(
-        prompt["message_id"], "user", prompt["content"], _at(prompt["created_at"]), prompt["run_id"]
+        prompt["message_id"],
+        "user",
+        prompt["content"],
+        _at(prompt["created_at"]),
+        prompt["run_id"],
+        parent_id=prompt.get("parent_id"),
     )
+
+
+def answers(prompt: PromptAccepted) -> str | None:
+    """An answer's parent on the chat's tree: its question (None for a record written before the tree)."""
+    return prompt["message_id"] if prompt.get("parent_id") else None
 
 
 def assistant_turn(done: RunCompleted) -> Message:
@@ -66,6 +76,7 @@ def assistant_turn(done: RunCompleted) -> Message:
         done["model"],
         done["finish_reason"],
         done["pool"],
+        parent_id=answers(done["prompt"]),
     )
 
 
@@ -78,6 +89,7 @@ def refusal_turn(rejected: RunRejected) -> Message:
         rejected["prompt"]["run_id"],
         None,
         rejected["code"],
+        parent_id=answers(rejected["prompt"]),
     )
 
 

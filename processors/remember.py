@@ -25,6 +25,7 @@ from prometheus_client import Counter
 from admission.limits import BACKGROUND_PRIORITY
 from admission.placement import home_partition
 from conversation import tokens
+from conversation.summary import SUMMARY_OVERHEAD, fold, summary_request
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Publish, Stage, on
 from runtime.kafka import partition_count
@@ -35,8 +36,9 @@ from storage.conversations import ERASE_WAIT_S, Conversations
 from storage.ids import epoch_ms, id_time_us, new_id
 from storage.memory import Memory, Summary
 from storage.rows import Change, Message
+from storage.tree import before
 from topics import records
-from topics.events import ChatMessage, MemoryChanged, PromptAccepted, RunCompleted, RunScheduled
+from topics.events import MemoryChanged, PromptAccepted, RunCompleted, RunScheduled
 from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED, named
 
 log = logging.getLogger(__name__)
@@ -51,17 +53,6 @@ SUMMARIES = Counter(
 # A summary is background work: an engine starts it only when no reply needs the engine, and stops it when
 # one arrives (it is asked for again); past the engine's patience it runs beside the replies (inference/worker.py).
 SUMMARY_PRIORITY = BACKGROUND_PRIORITY
-# SmolLM2-135M summarises best (of the prompts tried, docs/decisions/0008-conversation-memory.md) with the
-# conversation first and one plain instruction after it, no system prompt.
-INSTRUCTION = (
-    "Write a short summary of the facts the user shared about themselves in the conversation above (names, "
-    "numbers, places, plans), keeping every fact from the earlier summary."
-)
-MESSAGE_TOKENS = 300  # the most of one message a summary run reads
-# a summary run's prompt besides the messages: the earlier summary, instruction, template
-SUMMARY_OVERHEAD = 400
-
-
 CHANGED = "a message was edited, deleted or the context reset since it began"
 
 
@@ -76,56 +67,17 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def fold(
-    messages: list[Message],
-    counts: list[int],
-    after_tokens: int,
-    keep_tokens: int,
-    most_tokens: int,
-) -> int:
-    """How many of the oldest unsummarised messages to fold into the next summary (0: not yet) (pure).
-
-    Nothing happens until the messages pass `after_tokens`; then all but the newest `keep_tokens` go, at most
-    `most_tokens` of them (each message counted as the summary run reads it, cut to MESSAGE_TOKENS: a run's
-    prompt must fit its model; a backlog is folded by successive versions), ending on an assistant message so
-    a turn is never split."""
-    if sum(counts) <= after_tokens:
-        return 0
-    kept, n = 0, len(messages)
-    while n > 0 and kept + counts[n - 1] <= keep_tokens:
-        n -= 1
-        kept += counts[n]
-    taken, cap = 0, 0
-    while cap < n and taken + min(counts[cap], MESSAGE_TOKENS) <= most_tokens:
-        taken += min(counts[cap], MESSAGE_TOKENS)
-        cap += 1
-    n = cap
-    while n > 0 and messages[n - 1].role != "assistant":
-        n -= 1
-    return n
-
-
-def summary_request(
-    previous: str | None, messages: list[Message], counter: tokens.ChatTokenizer
-) -> list[ChatMessage]:
-    lines = [
-        f"{m.role.capitalize()}: {counter.truncate(' '.join(m.content.split()), MESSAGE_TOKENS)}"
-        for m in messages
-    ]
-    earlier = f"Earlier summary: {previous}\n\n" if previous else ""
-    return [{"role": "user", "content": earlier + "\n".join(lines) + "\n\n" + INSTRUCTION}]
-
-
 def summary_run(
     prompt: PromptAccepted,
     latest: Summary | None,
+    version: int,
     block: list[Message],
     counter: tokens.ChatTokenizer,
     settings: ProcessorSettings,
 ) -> RunScheduled:
-    """The summary run folding `block` into the version after `latest` (pure but for its new ids and time)."""
+    """The summary run folding `block` into `latest` (the branch's summary before it) as `version`, the one
+    after the chat's newest (pure but for its new ids and time)."""
     pool = settings.pools[settings.memory_pool]
-    version = (latest.version if latest else 0) + 1
     request = summary_request(latest.content if latest else None, block, counter)
     run_id = str(new_id())
     summary_prompt = records.prompt_accepted(
@@ -221,6 +173,17 @@ async def reread(chat_id: uuid.UUID, deps: Deps) -> Any:
     return chat
 
 
+async def answered_branch(prompt: PromptAccepted, deps: Deps) -> set[str] | None:
+    """The messages of the answered run's branch (storage/tree.py), its question and answer included; None
+    for a record written before the tree."""
+    if not prompt.get("parent_id"):
+        return None
+    rows = await deps.conversations.skeleton(uuid.UUID(prompt["chat_id"]))
+    asked = prompt["message_id"] in {r[0] for r in rows}  # else not stored yet: from its parent
+    branch = before(rows, prompt["message_id"] if asked else prompt["parent_id"] or "")
+    return branch | {prompt["message_id"], prompt["run_id"]}
+
+
 async def maybe_summarize(
     prompt: PromptAccepted, deps: Deps, known: tuple[Any, Mapping[str, Change]] | None = None
 ) -> None:
@@ -238,13 +201,16 @@ async def maybe_summarize(
         (chat, changes), latest = known, await deps.memory.latest_summary(chat_id)
     if chat is None:
         return
+    newest, on_branch = latest, await answered_branch(prompt, deps)
+    if latest is not None and on_branch is not None and latest.through not in on_branch:
+        latest = None  # another branch's summary: this branch's is made from its own messages
     after = uuid.UUID(latest.through) if latest else None
     if chat.context_from is not None and (after is None or after.time < chat.context_from.time):
         after, latest = chat.context_from, None
     messages = [
         m
         for m in await deps.conversations.messages_after(chat_id, after, 400, changes)
-        if m.content
+        if m.content and (on_branch is None or m.id in on_branch)
     ]
     counts = [deps.counter.count(m.content) for m in messages]
     most = deps.pool.prompt_budget - deps.settings.summary_max_tokens - SUMMARY_OVERHEAD
@@ -257,7 +223,8 @@ async def maybe_summarize(
     )
     if n == 0:
         return
-    run = summary_run(prompt, latest, messages[:n], deps.counter, deps.settings)
+    version = (newest.version if newest else 0) + 1
+    run = summary_run(prompt, latest, version, messages[:n], deps.counter, deps.settings)
     deps.pending[chat_key] = time.monotonic()
     if not deps.partitions:
         name = named(RUN_SCHEDULED[deps.settings.memory_pool], deps.settings.namespace)

@@ -34,7 +34,7 @@ def add(stage: Stage, store: UsageStore) -> None:
     @stage.app.page("/usage/{user_id}")
     async def totals(web: Any, request: Any, user_id: str) -> Any:
         stage.require_internal(request)
-        return web.json(await run(store.totals, user_id))
+        return web.json(await run(store.totals, user_id, int(request.query.get("since", 0))))
 
     @stage.app.page("/audit")
     async def audit_rows(web: Any, request: Any) -> Any:

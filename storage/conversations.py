@@ -1,10 +1,7 @@
 """Conversations in Cassandra: chats, their runs and their messages, written idempotently (the primary key is
-the event's id or the request's).
-
-Each table has one writer (WRITERS). The edge writes what a request changes: a chat, its runs as they open, the
-user's edits and deletes of messages (`message_changes`). Persistence writes what the log records: the messages,
-each run's answer (how the run ended) and its rating. A read lays the changes over the messages (`overlay`): an
-edit shows at once, and a redelivered or replayed event that rewrites a message never undoes it."""
+the event's id or the request's). Each table has one writer (WRITERS): the edge writes what a request changes (a
+chat, its runs as they open, the user's edits and deletes: `message_changes`); persistence what the log records
+(the messages, each run's answer and its rating). A read lays the changes over the messages (`overlay`)."""
 
 from __future__ import annotations
 
@@ -75,6 +72,7 @@ COLUMNS_ADDED = (
     ("chats", "memory_changed_at", "timestamp"),
     ("messages", "pool", "text"),
     ("messages", "feedback", "text"),
+    ("messages", "parent_id", "timeuuid"),  # storage/tree.py
 )
 
 
@@ -158,19 +156,17 @@ class Conversations(Store):
         )
         self._insert_message = p(
             f"INSERT INTO {ks}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
-            "finish_reason, pool) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "finish_reason, pool, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        columns = (
-            "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback"
+        self._skeleton = p(
+            f"SELECT message_id, parent_id, role FROM {ks}.messages WHERE chat_id = ?"
         )
+        columns = "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback, parent_id"
         self._list_messages = p(
             f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? LIMIT ?"
         )
         self._messages_after = p(
             f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? ORDER BY message_id DESC LIMIT ?"
-        )
-        self._get_message = p(
-            f"SELECT message_id FROM {ks}.messages WHERE chat_id = ? AND message_id = ?"
         )
         self._one_message = p(
             f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id = ?"
@@ -364,9 +360,6 @@ class Conversations(Store):
         await self._run(self._put_change, (chat_id, message_id, content, at))
         return at
 
-    async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> datetime:
-        return await self.edit_message(chat_id, message_id, None)
-
     async def erase_messages(self, chat_id: uuid.UUID) -> None:
         """Every message of a deleted chat (the persistence stage, told by the edge)."""
         await self._run(self._delete_messages, (chat_id,))
@@ -381,8 +374,16 @@ class Conversations(Store):
         await self._run(self._set_context_from, (marker, now(), chat_id))
         return marker
 
+    async def skeleton(self, chat_id: uuid.UUID) -> list[tuple[str, str | None, str]]:
+        """Every stored message of the chat as (id, parent id or None, role), in time order, deleted ones
+        included (a branch runs through them): what storage/tree.py builds the chat's tree from."""
+        rows = await self._run(self._skeleton, (chat_id,))
+        return [
+            (str(r.message_id), str(r.parent_id) if r.parent_id else None, r.role) for r in rows
+        ]
+
     async def has_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> bool:
-        return (await self._run(self._get_message, (chat_id, message_id))).one() is not None
+        return (await self._run(self._one_message, (chat_id, message_id))).one() is not None
 
     async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
         """Idempotent: the message id comes from the event, so a redelivered event rewrites the same row."""

@@ -90,6 +90,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "reply_partition",
         "store",
         "instructions",
+        "parent_id",
     ),
     "PromptModerated": (
         "decision",
@@ -357,7 +358,8 @@ def _summary(e: dict[str, Any]) -> str:
             f"; {i['source']} instructions {i['content'][:40]!r}"
             for i in e.get("instructions") or []
         )
-        return f"{e['user_id']} ({e['tier']}){asked}: {e['content'][:60]!r}{given}"
+        after = f" after {e['parent_id']}" if e.get("parent_id") else ""
+        return f"{e['user_id']} ({e['tier']}){asked}{after}: {e['content'][:60]!r}{given}"
     if kind == "PromptModerated":
         scores = ", ".join(f"{k} {v:.2f}" for k, v in sorted((e.get("scores") or {}).items()))
         return f"{e['decision']} {e['action'] or ''} policy {e['policy_version']} [{scores}]"

@@ -17,8 +17,9 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.person_settings (
          user_id text PRIMARY KEY, instructions text, updated_at timestamp)""",
     # one row per chat that has its own instructions or model; deleted with the chat (api/routes/chats.py)
+    # branch: the message the person chose the chat's current branch by (storage/tree.py); null: the newest
     """CREATE TABLE IF NOT EXISTS {ks}.chat_settings (
-         chat_id timeuuid PRIMARY KEY, instructions text, model text, updated_at timestamp)""",
+         chat_id timeuuid PRIMARY KEY, instructions text, model text, branch timeuuid, updated_at timestamp)""",
 )
 
 
@@ -30,6 +31,9 @@ def create_schema(session: Session, keyspace: str) -> None:
 class ChatSettings:
     instructions: str = ""
     model: str | None = None  # None: the deployment's default
+    branch: uuid.UUID | None = (
+        None  # the message the current branch was chosen by; None: the newest
+    )
 
 
 class Preferences(Store):
@@ -48,7 +52,10 @@ class Preferences(Store):
         self._put_chat = p(
             f"INSERT INTO {ks}.chat_settings (chat_id, instructions, model, updated_at) VALUES (?, ?, ?, ?)"
         )
-        self._get_chat = p(f"SELECT instructions, model FROM {ks}.chat_settings WHERE chat_id = ?")
+        self._get_chat = p(
+            f"SELECT instructions, model, branch FROM {ks}.chat_settings WHERE chat_id = ?"
+        )
+        self._set_branch = p(f"UPDATE {ks}.chat_settings SET branch = ? WHERE chat_id = ?")
         self._forget_chat = p(f"DELETE FROM {ks}.chat_settings WHERE chat_id = ?")
 
     async def instructions(self, user_id: str) -> tuple[str, datetime | None]:
@@ -65,10 +72,15 @@ class Preferences(Store):
 
     async def chat(self, chat_id: uuid.UUID) -> ChatSettings:
         row = (await self._run(self._get_chat, (chat_id,))).one()
-        return ChatSettings() if row is None else ChatSettings(row.instructions or "", row.model)
+        if row is None:
+            return ChatSettings()
+        return ChatSettings(row.instructions or "", row.model, row.branch)
 
     async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings) -> None:
         await self._run(self._put_chat, (chat_id, settings.instructions, settings.model, now()))
+
+    async def set_branch(self, chat_id: uuid.UUID, message_id: uuid.UUID | None) -> None:
+        await self._run(self._set_branch, (message_id, chat_id))
 
     async def forget_chat(self, chat_id: uuid.UUID) -> None:
         await self._run(self._forget_chat, (chat_id,))

@@ -41,6 +41,7 @@ class Message:
     finish_reason: str | None = None
     pool: str | None = None
     feedback: str | None = None  # the user's rating of an answer; never written by put_message
+    parent_id: str | None = None  # storage/tree.py: None for a message stored before the tree
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ def message_row(message: Message) -> tuple[Any, ...]:
         m.model,
         m.finish_reason,
         m.pool,
+        uuid.UUID(m.parent_id) if m.parent_id else None,
     )
 
 
@@ -116,4 +118,5 @@ def message_of(row: Any) -> Message:
         row.finish_reason,
         row.pool,
         row.feedback,
+        str(row.parent_id) if row.parent_id else None,
     )

@@ -233,17 +233,25 @@ class UsageStore:
         """The stored rows created in [since, until): what reconciliation compares with the log."""
         return self.rows(f"created_at >= {moment(since_ms)} AND created_at < {moment(until_ms)}")
 
-    def totals(self, user_id: str) -> dict[str, Any]:
+    def totals(self, user_id: str, since_ms: int = 0) -> dict[str, Any]:
+        """A person's totals, and `period_tokens`: the tokens of their runs since `since_ms`."""
         sql = (
             "SELECT count() AS runs, sum(prompt_tokens) AS prompt_tokens, "
             "sum(completion_tokens) AS completion_tokens, sum(cached_tokens) AS cached_tokens, "
-            "toFloat64(sum(cost_usd)) AS cost_usd "
-            f"FROM {self.db}.usage FINAL WHERE user_id = {quote(user_id)}"
+            "toFloat64(sum(cost_usd)) AS cost_usd, "
+            f"sumIf(u.prompt_tokens + u.completion_tokens, u.created_at >= {moment(since_ms)}) "
+            f"AS period_tokens FROM {self.db}.usage AS u FINAL WHERE user_id = {quote(user_id)}"
         )
         row = self.backend.query(sql)[0]
         out: dict[str, Any] = {
             k: int(row[k] or 0)
-            for k in ("runs", "prompt_tokens", "completion_tokens", "cached_tokens")
+            for k in (
+                "runs",
+                "prompt_tokens",
+                "completion_tokens",
+                "cached_tokens",
+                "period_tokens",
+            )
         }
         out["cost_usd"] = float(row["cost_usd"] or 0.0)
         return out

@@ -51,6 +51,7 @@ class PromptAccepted(TypedDict):
     temperature: NotRequired[ReadOnly[float | None]]
     store: NotRequired[ReadOnly[bool]]
     summary: NotRequired[ReadOnly[SummaryRequest | None]]
+    parent_id: NotRequired[ReadOnly[str | None]]
     instructions: NotRequired[ReadOnly[Sequence[Instruction] | None]]
     created_at: ReadOnly[int]
 

@@ -34,6 +34,7 @@ def prompt_accepted(
     store: bool = True,
     summary: SummaryRequest | None = None,
     instructions: list[Instruction] | None = None,
+    parent_id: str | None = None,
 ) -> PromptAccepted:
     """A user's message (or a memory stage's summary request) accepted as a new run."""
     return {
@@ -53,6 +54,7 @@ def prompt_accepted(
         "store": store,
         "summary": summary,
         "instructions": instructions,
+        "parent_id": parent_id,
         "created_at": now_ms(),
     }
 

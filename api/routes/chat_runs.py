@@ -13,15 +13,17 @@ from sse_starlette.sse import EventSourceResponse
 
 from api import runs, streams
 from api.auth import CurrentUser
-from api.chat_state import forget_message, owned_run
+from api.branches import tree_of
+from api.chat_state import owned_run
 from api.deps import Deps
 from api.errors import ApiError
 from api.openapi import NEW_RUN, STREAM
 from api.preferences import for_run
 from api.replies import parse_cursor
-from api.runs import Question, answer, checked_max_tokens
+from api.runs import Question, answer, checked_max_tokens, not_busy
 from api.schemas import Cancelling
 from api.streams import sse_stream
+from storage.tree import ROOT_ID
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -83,31 +85,40 @@ class Regenerate(BaseModel):
 async def regenerate(
     deps: Deps, user: CurrentUser, chat_id: str, run_id: str, body: Regenerate | None = None
 ) -> EventSourceResponse:
-    """Answer the chat's latest question again, as a new run streamed like a new message. Only the latest run,
-    once it has ended. The question keeps its place (same message id, so the scheduler's context is what the
-    first answer saw); the old answer is deleted, with its memory, once the new run is admitted."""
+    """Answer an answer's question again, as a new run streamed like a new message: the new answer is a sibling
+    of the old one, which stays (the chat's branch moves to the new one; `?branch=` or `PUT .../branch` goes
+    back). Only the last answer of a branch, once its run has ended and while no other run of the chat is
+    answering. The question keeps its
+    place (same message id), so the context is the one the first answer saw."""
     body = body or Regenerate()
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     chat, _, finish_reason = await owned_run(deps.conversations, user, chat_id, run_id)
     model, instructions = await for_run(deps, user, chat.chat_id, body.model)
-    parsed = chat.chat_id
-    old = str(uuid.UUID(run_id))
-    if chat.last_run_id != old:
-        raise ApiError(409, "Only the chat's latest answer can be regenerated.", "not_latest_run")
     if finish_reason is None:
         raise ApiError(409, "The run is still answering; stop it first.", "run_in_progress")
-    recent = await deps.conversations.messages_after(parsed, None, 4)  # the newest, oldest first
-    asked = [i for i, m in enumerate(recent) if m.role == "user" and m.run_id == old]
-    if not asked:
+    await not_busy(deps, chat)
+    tree = await tree_of(deps.conversations, chat.chat_id)
+    old = str(uuid.UUID(run_id))
+    if tree.kids.get(old):
+        raise ApiError(
+            409,
+            "Only the last answer of a branch can be regenerated; to branch from an earlier question, edit it "
+            "and send it again.",
+            "not_latest_run",
+        )
+    asked = tree.parent_of.get(old, ROOT_ID)
+    question = None
+    if asked != ROOT_ID:
+        question = await deps.conversations.get_message(chat.chat_id, uuid.UUID(asked))
+    if question is None or question.role != "user":
         raise ApiError(
             409, "The question of this answer is no longer stored.", "question_not_found"
         )
-    at = asked[-1]
-    earlier = recent[at - 1].id if at > 0 else None
-    question = Question(recent[at].id, recent[at].content, earlier, instructions)
-    response, new_run = await answer(deps, user, chat, question, max_tokens, model)
-    previous = next((m for m in recent if m.id == old), None)
-    if previous is not None:
-        await forget_message(deps.conversations, deps.producer, parsed, user, previous)
-    log.info("chat %s: run %s regenerated as %s by %s", chat_id, old, new_run, user.user_id)
+    parent = tree.parent_of[question.id]
+    earlier = None if parent == ROOT_ID else parent
+    again = Question(question.id, question.content, earlier, instructions, parent)
+    response, new_run = await answer(deps, user, chat, again, max_tokens, model)
+    if (await deps.preferences.chat(chat.chat_id)).branch is not None:
+        await deps.preferences.set_branch(chat.chat_id, None)
+    log.info("chat %s: run %s regenerated as %s by %s", chat_id, run_id, new_run, user.user_id)
     return response

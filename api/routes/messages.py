@@ -7,16 +7,17 @@ import logging
 import uuid
 from dataclasses import replace
 from functools import partial
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
 from api import idempotency
 from api.auth import CurrentUser
+from api.branches import chosen, listed_branch, parent_for, parent_shown, tree_of
 from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
-from api.deps import ConversationsDep, Deps, ProducerDep, Services, SettingsDep
+from api.deps import ConversationsDep, Deps, PreferencesDep, ProducerDep, Services, SettingsDep
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
 from api.openapi import NEW_RUN
@@ -32,10 +33,11 @@ from api.runs import (
     prepend,
     reply_partition,
 )
-from api.schemas import FeedbackOut, MessageOut, MessagePage
+from api.schemas import BranchOut, FeedbackOut, MessageOut, MessagePage
 from api.streams import sse_stream
 from storage.idempotency import Claim
 from storage.ids import decode_cursor, encode_cursor, epoch_ms, new_id, parse_id
+from storage.tree import ROOT_ID, leaf
 from topics.clock import now_ms
 from topics.events import Feedback
 from topics.pipeline import FEEDBACK
@@ -52,6 +54,15 @@ class NewMessage(BaseModel):
     content: str
     max_tokens: int | None = Field(None, ge=1, strict=True)  # "5" or true is a 400, not coerced
     model: str | None = None
+    parent_id: str | None = Field(
+        None,
+        description="the answer it follows (an earlier one: a new branch, as when a question is edited and "
+        "sent again); null: a new first message; left out: the end of the current branch",
+    )
+
+
+class BranchChoice(BaseModel):
+    message_id: str = Field(description="a message of the branch to make current")
 
 
 def cursor_id(cursor: str | None) -> uuid.UUID | None:
@@ -67,19 +78,49 @@ def cursor_id(cursor: str | None) -> uuid.UUID | None:
 @router.get("/{chat_id}/messages")
 async def list_messages(
     conversations: ConversationsDep,
+    preferences: PreferencesDep,
     user: CurrentUser,
     chat_id: str,
     cursor: str | None = None,
     limit: Limit = 50,
+    branch: Annotated[
+        str | None,
+        Query(description="a message id: the branch through it (default: the current one)"),
+    ] = None,
 ) -> MessagePage:
+    """A branch of the chat, root first: each message with its parent and its siblings (the other versions
+    of it, itself included), so a client shows "2/3" and opens another with `?branch=` or `PUT .../branch`."""
     parsed, _ = await owned_chat(conversations, user, chat_id)
-    rows = await conversations.list_messages(parsed, limit + 1, cursor_id(cursor))
-    page = rows[:limit]
-    more = len(rows) > limit
+    path, tree, alive = await listed_branch(conversations, preferences, parsed, branch)
+    after = cursor_id(cursor)
+    if after is not None:
+        path = [m for m in path if uuid.UUID(m.id).time > after.time]
+    page, more = path[:limit], len(path) > limit
     return MessagePage(
-        data=[MessageOut.of(m) for m in page],
+        data=[
+            MessageOut.of(
+                m, parent_shown(tree, m.id), [i for i in tree.siblings(m.id) if i in alive]
+            )
+            for m in page
+        ],
         next_cursor=encode_cursor({"after": page[-1].id}) if more else None,
     )
+
+
+@router.put("/{chat_id}/branch")
+async def choose_branch(
+    conversations: ConversationsDep,
+    preferences: PreferencesDep,
+    user: CurrentUser,
+    chat_id: str,
+    body: BranchChoice,
+) -> BranchOut:
+    """Make the branch through a message current: the chat lists it, and a new message follows its end."""
+    parsed, _ = await owned_chat(conversations, user, chat_id)
+    tree = await tree_of(conversations, parsed)
+    message_id = chosen(tree, body.message_id)
+    await preferences.set_branch(parsed, uuid.UUID(message_id))
+    return BranchOut(message_id=message_id, leaf_id=leaf(tree.kids, message_id))
 
 
 @router.post("/{chat_id}/messages", response_class=EventSourceResponse, responses=NEW_RUN)
@@ -95,6 +136,10 @@ async def post_message(
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     parsed, chat = await owned_chat(deps.conversations, user, chat_id)
     model, instructions = await for_run(deps, user, parsed, body.model)
+    given = "parent_id" in body.model_fields_set
+    parent, chosen_before = await parent_for(
+        deps.conversations, deps.preferences, chat, body.parent_id, given
+    )
     message_id = new_id()  # sorts before the answer (the run's id)
     run = str(new_id()), reply_partition(deps)
     if key is not None:
@@ -106,8 +151,11 @@ async def post_message(
     holder = idempotency.Holder(deps.idempotency, user, key)
     try:
         await not_busy(deps, chat)
-        question = Question(str(message_id), body.content, chat.last_run_id, instructions)
+        after = None if parent == ROOT_ID else parent
+        question = Question(str(message_id), body.content, after, instructions, parent)
         response, _ = await answer(deps, user, chat, question, max_tokens, model, run, holder.made)
+        if chosen_before:  # the new message's branch is the current one now
+            await deps.preferences.set_branch(parsed, None)
     except BaseException as exc:
         await holder.failed(exc)
         raise

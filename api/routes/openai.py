@@ -29,11 +29,17 @@ from api.auth import CurrentUser, Principal
 from api.deps import Deps, Services
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
+from api.openai_schemas import (
+    AssistantMessage,
+    CachedTokens,
+    ChatCompletion,
+    Choice,
+    CompletionUsage,
+)
 from api.openapi import CHUNKS, ENGINE_ERRORS
 from api.preferences import allowed_model
 from api.replies import ACCEPTED, REJECTED, TERMINAL, Reply
 from api.runs import checked_max_tokens
-from api.schemas import AssistantMessage, CachedTokens, ChatCompletion, Choice, CompletionUsage
 from storage.idempotency import Claim
 from storage.ids import new_id
 from topics import records

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -91,7 +92,9 @@ async def usage(
     user: CurrentUser,
 ) -> Usage:
     """The caller's metered totals (metering) and what their budget lets them spend now (the ledger)."""
-    totals = await metering(settings, http, f"/usage/{quote(user.user_id, safe='')}")
+    start = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    since: dict[str, str | int] = {"since": int(start.timestamp() * 1000)}
+    totals = await metering(settings, http, f"/usage/{quote(user.user_id, safe='')}", since)
     limits = views.for_user(user.user_id, user.tier)
     remaining, in_flight = await ledger.standing(user.user_id, limits)
     budget = Budget(
@@ -109,6 +112,8 @@ async def usage(
         cached_tokens=totals["cached_tokens"],
         total_tokens=totals["prompt_tokens"] + totals["completion_tokens"],
         cost_usd=totals["cost_usd"],
+        period_start=start.isoformat(),
+        period_tokens=totals["period_tokens"],
         remaining_budget=remaining,
         budget=budget,
     )

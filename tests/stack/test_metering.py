@@ -146,6 +146,9 @@ def test_every_run_is_exactly_one_row_with_the_tokens_of_its_event(live, metered
     assert totals["runs"] == len(rows)
     assert totals["prompt_tokens"] == sum(int(r["prompt_tokens"]) for r in rows)
     assert totals["cost_usd"] == pytest.approx(sum(float(r["cost_usd"]) for r in rows))
+    # this month's tokens: every row of this run (unless the month turned while it ran)
+    this_month = [r for r in rows if str(r["created_at"]) >= totals["period_start"][:10]]
+    assert totals["period_tokens"] == sum(int(r["prompt_tokens"]) + int(r["completion_tokens"]) for r in this_month)
 
 
 def test_reconciliation_from_the_log_reports_zero_drift(live, metered):

@@ -87,9 +87,6 @@ class FakeChats(FakeConversations):
         self.edits.setdefault(chat_id, {})[str(message_id)] = Change(content, at)
         return at
 
-    async def delete_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> datetime:
-        return await self.edit_message(chat_id, message_id, None)
-
     async def reset_context(self, chat_id: uuid.UUID) -> uuid.UUID:
         self.resets[chat_id] = marker = new_id()
         return marker
@@ -189,6 +186,9 @@ class FakePreferences:
 
     async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings) -> None:
         self.chats[chat_id] = settings
+
+    async def set_branch(self, chat_id: uuid.UUID, message_id: uuid.UUID | None) -> None:
+        self.chats[chat_id] = replace(self.chats.get(chat_id, ChatSettings()), branch=message_id)
 
     async def forget_chat(self, chat_id: uuid.UUID) -> None:
         self.chats.pop(chat_id, None)

@@ -71,6 +71,10 @@ class FakeConversations:
     async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
         self.messages.setdefault(chat_id, {})[message.id] = message
 
+    async def skeleton(self, chat_id: uuid.UUID) -> list[tuple[str, str | None, str]]:
+        rows = sorted(self.messages.get(chat_id, {}).values(), key=lambda m: uuid.UUID(m.id).time)
+        return [(m.id, m.parent_id, m.role) for m in rows]
+
     async def unput_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> None:
         self.messages.get(chat_id, {}).pop(str(message_id), None)
 

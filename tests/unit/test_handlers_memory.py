@@ -4,7 +4,7 @@ index, summaries on the engine and the races between edits and completions are t
 import uuid
 from datetime import timedelta
 
-from conversation import tokens
+from conversation import summary, tokens
 from processors import remember
 from processors.settings import ProcessorSettings
 from storage.ids import new_id
@@ -79,7 +79,7 @@ def test_a_chat_past_its_threshold_asks_for_one_summary_run_on_the_memory_pool()
     run_ = asked.record
     assert asked.key == str(chat) and run_["priority"] == remember.SUMMARY_PRIORITY
     assert run_["prompt"]["store"] is False and run_["prompt"]["summary"]["version"] == 1
-    assert run_["messages"][-1]["content"].endswith(remember.INSTRUCTION)
+    assert run_["messages"][-1]["content"].endswith(summary.INSTRUCTION)
     assert "Ada" in run_["messages"][-1]["content"]
     assert run_["prompt"]["summary"]["messages"] % 2 == 0  # whole turns: it ends on an answer
 

@@ -8,7 +8,7 @@ import pytest
 from conversation import tokens
 from conversation.context import Limits, TooLong, Turn, assemble_chat, costs, window
 from conversation.gather import as_changed, current_summary
-from processors.remember import fold
+from conversation.summary import fold
 from processors.settings import ProcessorSettings
 from runtime.settings import DEFAULT_POOLS
 from storage.ids import new_id

@@ -310,3 +310,43 @@ def test_instructions_and_a_chats_model_are_checked_before_anything_is_written(e
     assert (shown["title"], shown["model"], shown["instructions"]) == ("Trips", large, "Be brief.")
     cleared = edge.http.patch(f"/v1/chats/{chat}", json={"model": None}, headers=ada).json()
     assert cleared["model"] is None and cleared["instructions"] == "Be brief."
+
+
+def test_a_listing_is_the_current_branch_with_siblings_and_another_branch_can_be_made_current(edge):
+    ada, bob = edge.signed("ada"), edge.signed("bob")
+    chat_id = edge.http.post("/v1/chats", json={}, headers=ada).json()["id"]
+    q1, a1, q2, a2, q2b, a2b = (str(new_id()) for _ in range(6))
+    stored = edge.chats.messages.setdefault(uuid.UUID(chat_id), {})
+    for mid, role, text, parent in [
+        (q1, "user", "Plan a trip.", "00000000-0000-1000-8000-000000000000"),
+        (a1, "assistant", "Where to?", q1),
+        (q2, "user", "Paris.", a1),
+        (a2, "assistant", "Paris it is.", q2),
+        (q2b, "user", "Rome.", a1),  # the question edited and sent again
+        (a2b, "assistant", "Rome it is.", q2b),
+    ]:
+        stored[mid] = Message(mid, role, text, now(), run_id=mid, parent_id=parent)
+    url = f"/v1/chats/{chat_id}/messages"
+
+    current = edge.http.get(url, headers=ada).json()["data"]
+    assert [m["id"] for m in current] == [q1, a1, q2b, a2b]
+    assert current[0]["parent_id"] is None and current[2]["parent_id"] == a1
+    assert current[2]["sibling_ids"] == [q2, q2b] and current[1]["sibling_ids"] == [a1]
+    old = edge.http.get(url, params={"branch": q2}, headers=ada).json()["data"]
+    assert [m["content"] for m in old] == ["Plan a trip.", "Where to?", "Paris.", "Paris it is."]
+
+    chosen = edge.http.put(f"/v1/chats/{chat_id}/branch", json={"message_id": q2}, headers=ada)
+    assert chosen.status_code == 200 and chosen.json() == {"message_id": q2, "leaf_id": a2}
+    assert [m["id"] for m in edge.http.get(url, headers=ada).json()["data"]] == [q1, a1, q2, a2]
+    paged = edge.http.get(url, params={"limit": 2}, headers=ada).json()
+    rest = edge.http.get(url, params={"cursor": paged["next_cursor"]}, headers=ada).json()["data"]
+    assert [m["id"] for m in paged["data"] + rest] == [q1, a1, q2, a2]
+
+    unknown = str(new_id())
+    for bad in (unknown, "not-an-id"):
+        missing = edge.http.put(f"/v1/chats/{chat_id}/branch", json={"message_id": bad}, headers=ada)
+        assert (missing.status_code, missing.json()["error"]["code"]) == (404, "message_not_found")
+        assert edge.http.get(url, params={"branch": bad}, headers=ada).status_code == 404
+    assert edge.http.put(f"/v1/chats/{chat_id}/branch", json={"message_id": q2b}, headers=bob).status_code == 404
+    assert edge.http.get(url, params={"branch": q2b}, headers=bob).status_code == 404
+    assert [m["id"] for m in edge.http.get(url, headers=ada).json()["data"]] == [q1, a1, q2, a2]  # unchanged

@@ -76,7 +76,9 @@ def test_a_redelivered_batch_adds_no_row_and_no_rollup(store):
         "completion_tokens": 20,
         "cached_tokens": 80,
         "cost_usd": pytest.approx(0.000012),
+        "period_tokens": 220,  # every row since the epoch
     }
+    assert store.totals("ann", since_ms=now + 60_000)["period_tokens"] == 0  # none since a minute from now
 
 
 def test_the_report_from_rollups_equals_the_report_from_rows(store):

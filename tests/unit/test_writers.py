@@ -80,7 +80,7 @@ def test_a_store_built_for_another_process_refuses_to_write_and_sends_nothing():
     with pytest.raises(NotTheWriter, match="api may not write memory"):
         asyncio.run(Memory(edge, "ks", "api").forget(uuid.uuid1(), uuid.uuid1(), 0))
     with pytest.raises(NotTheWriter, match="persistence may not write chats"):
-        asyncio.run(Conversations(edge, "ks", "persistence").delete_message(uuid.uuid1(), uuid.uuid1()))
+        asyncio.run(Conversations(edge, "ks", "persistence").edit_message(uuid.uuid1(), uuid.uuid1(), None))
     with pytest.raises(NotTheWriter, match="persistence may not write run_fates: its writers are api and scheduling"):
         asyncio.run(Conversations(edge, "ks", "persistence").settle_fate(uuid.uuid1(), uuid.uuid1(), "taken"))
     with pytest.raises(NotTheWriter, match="api may not write budgets"):

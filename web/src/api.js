@@ -99,6 +99,22 @@ export class Api {
   me() {
     return this.call("GET", "/v1/me");
   }
+  models() {
+    return this.call("GET", "/v1/models");
+  }
+  usage() {
+    return this.call("GET", "/v1/usage");
+  }
+  instructions() {
+    return this.call("GET", "/v1/me/instructions");
+  }
+  setInstructions(content) {
+    return this.call("PUT", "/v1/me/instructions", { content });
+  }
+  /** Change a chat's title, instructions or model (a field left out stays). */
+  changeChat(id, patch) {
+    return this.call("PATCH", `/v1/chats/${id}`, patch);
+  }
   chats(cursor = null, limit = 20) {
     const query = new URLSearchParams({ limit: String(limit) });
     if (cursor) query.set("cursor", cursor);
@@ -111,7 +127,7 @@ export class Api {
     return this.call("POST", "/v1/chats", { title });
   }
   rename(id, title) {
-    return this.call("PATCH", `/v1/chats/${id}`, { title });
+    return this.changeChat(id, { title });
   }
   remove(id) {
     return this.call("DELETE", `/v1/chats/${id}`);
@@ -135,8 +151,13 @@ export class Api {
   feedback(chatId, messageId, rating) {
     return this.call("POST", `/v1/chats/${chatId}/messages/${messageId}/feedback`, { rating });
   }
-  send(chatId, content, signal) {
-    return this.stream("POST", `/v1/chats/${chatId}/messages`, { body: { content }, signal });
+  /** A new message (parent: the answer it follows, null for a new first message; left out: the branch's end). */
+  send(chatId, content, signal, parent = undefined) {
+    const body = parent === undefined ? { content } : { content, parent_id: parent };
+    return this.stream("POST", `/v1/chats/${chatId}/messages`, { body, signal });
+  }
+  chooseBranch(chatId, messageId) {
+    return this.call("PUT", `/v1/chats/${chatId}/branch`, { message_id: messageId });
   }
   regenerate(chatId, runId, signal) {
     return this.stream("POST", `/v1/chats/${chatId}/runs/${runId}/regenerate`, {

@@ -22,8 +22,9 @@ import {
   titleOf,
 } from "./page.js";
 import { newRun, toMessage } from "./run.js";
+import { applyPendingModel, showChatSettings } from "./settings.js";
 import { bumpChat, renderChats } from "./sidebar.js";
-import { $, showTitle, state } from "./state.js";
+import { $, actions, showTitle, state } from "./state.js";
 
 /**
  * Stream an answer into the open chat: open(signal) gives the SSE response of a new message or a regenerate;
@@ -86,6 +87,7 @@ export async function stream(chatId, open, { runId = null, onRefused = null } = 
   const ended = { stopped: "Answer stopped.", done: "Answer finished." }[run.status] ?? "";
   announce([live.announcer.rest(run.text), ended].join(" ").trim());
   bumpChat(chatId);
+  actions.answered();
   return run;
 }
 
@@ -96,17 +98,21 @@ function speak(live, run) {
   if (run.status === "refused" || run.status === "error") announce(notice(run)?.textContent || "");
 }
 
-export async function send(text) {
+/** Send a message at the end of the open branch, or (an edit sent again) after `parent`: then its answer's
+ * branch is read back once stored, so the versions show. */
+export async function send(text, { parent = undefined } = {}) {
   if (state.live || !text.trim() || $("#send").disabled) return;
   const input = $("#composer-input");
   let chatId = state.chatId;
   if (!chatId) {
     try {
       const chat = await guarded(() => state.api.newChat(titleOf(text)));
+      await applyPendingModel(chat.id);
       state.chats.unshift(chat);
       chatId = state.chatId = chat.id;
       history.pushState(null, "", `/c/${chat.id}`);
       showTitle(chat.title);
+      showChatSettings({ ...chat, model: $("#model-picker").value, instructions: "" });
       renderChats();
     } catch (error) {
       showBanner(`Could not start a chat: ${error.message}`);
@@ -116,12 +122,13 @@ export async function send(text) {
   input.value = "";
   fitComposer();
   hideBanner();
-  const mine = userElement(text);
+  const after = parent === undefined ? (state.messages.at(-1)?.id ?? null) : parent;
+  const local = { id: null, role: "user", content: text, parent_id: after, sibling_ids: [] };
+  const mine = userElement(text, local);
   $("#messages").querySelector(".empty")?.remove();
   $("#messages").append(mine);
-  const local = { id: null, role: "user", content: text };
   state.messages.push(local);
-  await stream(chatId, (signal) => state.api.send(chatId, text, signal), {
+  const run = await stream(chatId, (signal) => state.api.send(chatId, text, signal, parent), {
     onRefused: (error) => {
       mine.remove(); // nothing was answered: the text goes back to the box, to send again
       state.messages = state.messages.filter((m) => m !== local);
@@ -130,25 +137,74 @@ export async function send(text) {
       refusedBanner(error);
     },
   });
+  if (parent !== undefined && run?.runId) await readBranch(chatId, run.runId);
 }
 
+/** An earlier message edited and sent again: the branch up to it stays, the new one grows from there. */
+export async function resubmit(message, text) {
+  if (state.live) return;
+  const at = state.messages.indexOf(message);
+  const parent = message.parent_id ?? (at > 0 ? state.messages[at - 1].id : null);
+  state.messages = state.messages.slice(0, Math.max(0, at));
+  renderConversation();
+  await send(text, { parent });
+}
+
+/** Answer again: the new answer streams in the old one's place; the old one stays as its other version. */
 export async function regenerate(message) {
   if (state.live) return;
   const chatId = state.chatId;
   const at = state.messages.indexOf(message);
   $("#messages").querySelector(`.msg.assistant[data-run-id="${message.id}"]`)?.remove();
   state.messages = state.messages.filter((m) => m !== message);
-  await stream(
+  const run = await stream(
     chatId,
     (signal) => state.api.regenerate(chatId, message.run_id || message.id, signal),
     {
       onRefused: (error) => {
-        state.messages.splice(at, 0, message); // the old answer stays when a new one could not start
+        state.messages.splice(at, 0, message); // the old answer shows again when a new one could not start
         renderConversation();
         refusedBanner(error);
       },
     },
   );
+  if (run?.runId) await readBranch(chatId, run.runId);
+}
+
+/** The open chat's branch read back once the answer `runId` is stored (its versions then show). */
+async function readBranch(chatId, runId) {
+  for (let attempt = 0; attempt < 20; attempt++) {
+    if (state.chatId !== chatId || state.live) return;
+    let messages;
+    try {
+      messages = await guarded(() => state.api.messages(chatId));
+    } catch {
+      return;
+    }
+    if (messages.some((m) => m.id === runId)) {
+      if (state.chatId !== chatId || state.live) return;
+      state.messages = messages;
+      renderConversation();
+      return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 250));
+  }
+}
+
+/** Another version of a message: the branch through it becomes the chat's current one. */
+export async function showBranch(messageId) {
+  if (state.live) return;
+  const chatId = state.chatId;
+  try {
+    await guarded(() => state.api.chooseBranch(chatId, messageId));
+    const messages = await guarded(() => state.api.messages(chatId));
+    if (state.chatId !== chatId) return;
+    state.messages = messages;
+    renderConversation();
+    announce("Showing another version.");
+  } catch (error) {
+    showBanner(`Could not open that version: ${error.message}`);
+  }
 }
 
 export async function stop() {

@@ -4,6 +4,7 @@ import { icon } from "./icons.js";
 import { toHtml } from "./markdown.js";
 import { announce, guarded, scrollToEnd, showBanner, stopLive } from "./page.js";
 import { fromMessage, isFinished } from "./run.js";
+import { showChatSettings } from "./settings.js";
 import { renderChats } from "./sidebar.js";
 import { $, actions, categoryLabel, h, showTitle, state } from "./state.js";
 
@@ -23,6 +24,7 @@ export function newChat({ push = true } = {}) {
   state.messages = [];
   if (push) history.pushState(null, "", "/");
   showTitle(null);
+  showChatSettings(null);
   renderConversation();
   renderChats();
   $("#composer-input").focus();
@@ -52,6 +54,7 @@ export async function openChat(chatId, { push = true } = {}) {
   if (opening !== state.opening) return;
   state.messages = messages;
   showTitle(chat.title);
+  showChatSettings(chat);
   renderConversation();
   const running = chat.active_run_id;
   if (running && !messages.some((m) => m.id === running)) {
@@ -74,18 +77,93 @@ export function renderConversation() {
   }
   const lastAnswer = state.live ? null : state.messages.findLast((m) => m.role === "assistant");
   const items = state.messages.map((m) =>
-    m.role === "user" ? userElement(m.content) : answerElement(fromMessage(m), m, m === lastAnswer),
+    m.role === "user"
+      ? userElement(m.content, m)
+      : answerElement(fromMessage(m), m, m === lastAnswer),
   );
   if (state.live) items.push(state.live.el);
   list.replaceChildren(...items);
   scrollToEnd(true);
 }
 
-export function userElement(text) {
-  return h(
+/** A message of the person's: its text, its other versions ("‹ 2/3 ›") and Edit (sent again as a new branch). */
+export function userElement(text, message = null) {
+  const el = h(
     "article",
     { class: "msg user", "aria-label": "You said" },
     h("div", { class: "body" }, text),
+  );
+  if (message && state.chatId) {
+    const edit = h(
+      "button",
+      { class: "text edit", type: "button", onclick: () => editor(el, message) },
+      "Edit",
+    );
+    el.append(h("footer", { class: "meta" }, versions(message), edit));
+  }
+  return el;
+}
+
+/** Edit a message in place; sending it makes a new branch beside the old one, which stays. */
+function editor(el, message) {
+  if (state.live) return;
+  const id = `edit-${message.id || "new"}`;
+  const area = h("textarea", { id, rows: 3, class: "edit-input" });
+  area.value = message.content;
+  const cancel = () => renderConversation();
+  const submit = (event) => {
+    event.preventDefault();
+    if (area.value.trim()) actions.resubmit(message, area.value);
+  };
+  const form = h(
+    "form",
+    { class: "edit-form", onsubmit: submit },
+    h("label", { for: id, class: "sr-only" }, "Edit your message"),
+    area,
+    h(
+      "div",
+      { class: "dialog-actions" },
+      h("button", { type: "button", class: "text", onclick: cancel }, "Cancel"),
+      h("button", { type: "submit", class: "primary" }, "Send"),
+    ),
+  );
+  el.replaceChildren(form);
+  area.focus();
+}
+
+/** "‹ 2/3 ›": the other versions of a message (an edited question, a regenerated answer); each opens its branch. */
+export function versions(message) {
+  const ids = message.sibling_ids || [];
+  const at = ids.indexOf(message.id);
+  if (ids.length < 2 || at < 0) return null;
+  const go = (to) => () => actions.showBranch(ids[to]);
+  const label = `Version ${at + 1} of ${ids.length}`;
+  return h(
+    "nav",
+    { class: "versions", "aria-label": label },
+    h(
+      "button",
+      {
+        class: "icon",
+        type: "button",
+        "aria-label": "Previous version",
+        disabled: at === 0,
+        onclick: go(at - 1),
+      },
+      "‹",
+    ),
+    h("span", { class: "count" }, `${at + 1}/${ids.length}`),
+    h(
+      "button",
+      {
+        class: "icon",
+        type: "button",
+        "aria-label": "Next version",
+        disabled: at === ids.length - 1,
+        onclick: go(at + 1),
+      },
+      "›",
+    ),
   );
 }
 
@@ -146,7 +224,7 @@ export function drawAnswer(el, run, message = null, last = false) {
   for (const pre of body.querySelectorAll("pre")) {
     pre.prepend(copyButton(() => pre.querySelector("code")?.textContent ?? "", "Copy code"));
   }
-  const footer = h("footer", { class: "meta" }, modelLine(run));
+  const footer = h("footer", { class: "meta" }, message ? versions(message) : null, modelLine(run));
   if (run.status === "queued" && run.estimatedWaitMs > 1000) {
     const wait = `In the queue: about ${Math.ceil(run.estimatedWaitMs / 1000)} s`;
     footer.append(h("span", { class: "queued" }, wait));

@@ -1,7 +1,7 @@
 // The chat app: signs in, then wires the views (sidebar, conversation, composer, page) to the page's controls.
 // Plain DOM, no framework; the shared state is state.js, and each view draws its own part of the page.
 import { Api } from "./api.js";
-import { regenerate, send, stop, stream } from "./composer.js";
+import { regenerate, resubmit, send, showBranch, stop, stream } from "./composer.js";
 import { newChat, openChat } from "./conversation.js";
 import { drawIcons } from "./icons.js";
 import {
@@ -13,10 +13,19 @@ import {
   showSignIn,
   toggleTheme,
 } from "./page.js";
+import { checkBudget, loadModels, wireSettings } from "./settings.js";
 import { loadChats } from "./sidebar.js";
 import { $, actions, chatOfPath, state, THEME_KEY } from "./state.js";
 
-Object.assign(actions, { openChat, newChat, stream, regenerate });
+Object.assign(actions, {
+  openChat,
+  newChat,
+  stream,
+  regenerate,
+  resubmit,
+  showBranch,
+  answered: checkBudget,
+});
 
 function tokenFromUrl() {
   const match = /(?:^#|&)token=([^&]+)/.exec(window.location.hash);
@@ -40,8 +49,9 @@ async function signIn(message = "") {
   $("#app").hidden = false;
   $("#who").textContent = `${state.me.name || state.me.user_id} · ${state.me.tier}`;
   $("#admin-link").hidden = state.me.role === "member";
-  await loadChats();
+  await Promise.all([loadChats(), loadModels()]);
   showPath({ push: false });
+  checkBudget();
 }
 
 /** The chat the address names, or a new chat. */
@@ -65,6 +75,7 @@ function onKey(event) {
 
 function wire() {
   drawIcons();
+  wireSettings();
   const stored = localStorage.getItem(THEME_KEY);
   applyTheme(stored || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light"));
   $("#theme").addEventListener("click", toggleTheme);

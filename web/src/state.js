@@ -15,6 +15,9 @@ export const state = {
   live: null, // {chatId, run, controller, el, announcer}: the answer streaming into the open chat
   opening: 0, // which openChat call is current (a slower earlier one must not draw over a later one)
   capacityTimer: null,
+  models: [], // /v1/models: the picker's options
+  pendingModel: null, // the model picked for a new chat before it is made
+  chatSettings: { chat: null, model: null, instructions: "" }, // the open chat's (settings.js)
 };
 
 /** Calls up the views (set by main.js): the sidebar opens chats, an answer's actions regenerate it. */
@@ -23,6 +26,9 @@ export const actions = {
   newChat: (_options) => {},
   stream: async (_chatId, _open, _options) => null,
   regenerate: async (_message) => {},
+  answered: async () => {}, // after an answer ends: the budget notice
+  resubmit: async (_message, _text) => {}, // an edited message sent again, as a new branch
+  showBranch: async (_messageId) => {}, // another version of a message, and the branch through it
 };
 
 export const $ = (selector) => document.querySelector(selector);
