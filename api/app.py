@@ -35,6 +35,7 @@ from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.people import People
 from storage.preferences import Preferences
+from storage.shares import Shares
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         idempotency = await loop.run_in_executor(None, IdempotencyKeys, session, keyspace, "api")
         people = await loop.run_in_executor(None, People, session, keyspace, "api")
         preferences = await loop.run_in_executor(None, Preferences, session, keyspace, "api")
+        shares = await loop.run_in_executor(None, Shares, session, keyspace, "api")
         provider = None
         if settings.oidc_issuer:
             provider = Provider(
@@ -101,6 +103,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             idempotency,
             people,
             preferences,
+            shares,
             provider,
         )
         log.info(
@@ -149,6 +152,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         preferences,
         runs,
         safety,
+        shares,
         signin,
         system,
         web,
@@ -162,6 +166,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         keys,
         system,
         preferences,
+        shares,
         admin,
         people,
         safety,

@@ -243,6 +243,18 @@ def mark_used(keys: ApiKeys, digest: str, owner: KeyOwner) -> None:
 CurrentUser = Annotated[Principal, Depends(principal)]
 
 
+async def maybe_principal(
+    request: Request, keys: KeysDep, settings: SettingsDep, people: PeopleDep, provider: ProviderDep
+) -> Principal | None:
+    """Who is asking, or None when the request carries no credential at all (a bad one is still a 401)."""
+    if not request.headers.get("authorization") and sessions.COOKIE not in request.cookies:
+        return None
+    return await principal(request, keys, settings, people, provider)
+
+
+MaybeUser = Annotated[Principal | None, Depends(maybe_principal)]
+
+
 async def admin_principal(user: CurrentUser) -> Principal:
     if not user.admin:
         raise ApiError(403, "This needs an admin credential.", "admin_required")

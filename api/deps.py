@@ -25,6 +25,7 @@ from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.people import People
 from storage.preferences import Preferences
+from storage.shares import Shares
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Services:
     idempotency: IdempotencyKeys
     people: People  # the directory, browser sessions and sign-ins under way
     preferences: Preferences  # a person's instructions, a chat's instructions and model
+    shares: Shares  # shared snapshots of chats
     provider: Provider | None  # the OpenID Connect provider, when one is configured
 
 
@@ -106,6 +108,10 @@ def preferences(deps: Deps) -> Preferences:
     return deps.preferences
 
 
+def shares(deps: Deps) -> Shares:
+    return deps.shares
+
+
 def provider(deps: Deps) -> Provider | None:
     return deps.provider
 
@@ -123,4 +129,5 @@ DecisionsDep = Annotated[SafetyDecisions, Depends(decisions)]
 IdempotencyDep = Annotated[IdempotencyKeys, Depends(idempotency)]
 PeopleDep = Annotated[People, Depends(people)]
 PreferencesDep = Annotated[Preferences, Depends(preferences)]
+SharesDep = Annotated[Shares, Depends(shares)]
 ProviderDep = Annotated[Provider | None, Depends(provider)]

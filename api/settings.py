@@ -31,6 +31,11 @@ class ApiSettings(StackSettings):
     jwt_issuer: str = "parley-local"
     jwt_audience: str = "parley"
     max_content_chars: int = 32_000
+    public_shares: bool = Field(
+        False,
+        description="Allow a shared chat to be readable without signing in (its owner chooses, per share); off: "
+        "a share is for the deployment's signed-in people only.",
+    )
     max_instruction_tokens: int = Field(
         300,
         description="The most tokens a person's own instructions, or a chat's, may take (each is counted within "

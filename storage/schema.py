@@ -24,6 +24,7 @@ from storage import (
     memory,
     people,
     preferences,
+    shares,
 )
 from storage.session import agree, connect_session, ensure_keyspace
 from storage.usage import open_usage
@@ -32,8 +33,18 @@ log = logging.getLogger("parley.migrate")
 
 # Each store owns its tables (their DDL is in its module): chats, runs and messages; a chat's memory; API keys;
 # safety decisions; the budget ledger; idempotency keys; people and their browser sessions; what a person sets
-# for their chats.
-STORES = (conversations, memory, api_keys, decisions, ledger, idempotency, people, preferences)
+# for their chats; shared snapshots.
+STORES = (
+    conversations,
+    memory,
+    api_keys,
+    decisions,
+    ledger,
+    idempotency,
+    people,
+    preferences,
+    shares,
+)
 
 
 def migrate(settings: CassandraSettings) -> None:

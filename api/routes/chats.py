@@ -20,6 +20,7 @@ from api.deps import (
     PreferencesDep,
     ProducerDep,
     SettingsDep,
+    SharesDep,
 )
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
@@ -197,6 +198,7 @@ async def change_chat(
 async def delete_chat(
     conversations: ConversationsDep,
     preferences: PreferencesDep,
+    shares: SharesDep,
     producer: ProducerDep,
     user: CurrentUser,
     chat_id: str,
@@ -207,6 +209,7 @@ async def delete_chat(
     parsed, chat = await owned_chat(conversations, user, chat_id)
     await memory_changed(producer, parsed, user, "chat_deleted")
     await preferences.forget_chat(parsed)
+    await shares.revoke_chat(user.user_id, parsed)
     await conversations.delete_chat(chat)
     log.info("chat %s deleted by %s", chat_id, user.user_id)
     return Response(status_code=204)

@@ -169,6 +169,12 @@ async def dashboard() -> FileResponse:
     return FileResponse(STATIC / "dashboard.html", media_type="text/html")
 
 
+@probes.get("/s/{share_id}", include_in_schema=False)
+async def shared_page(share_id: str) -> FileResponse:
+    """A shared chat's page (drawn from /v1/shared/{id}; read only)."""
+    return FileResponse(STATIC / "shared.html", media_type="text/html")
+
+
 @probes.get("/admin", include_in_schema=False)
 async def admin_area() -> FileResponse:
     """The admin area (people, keys, limits, safety policies, the audit log), drawn from the admin routes with

@@ -2,10 +2,10 @@
 the old one, both answers stay reachable, and each run's context comes from its own branch; a regenerated answer
 keeps the old one as its sibling. Instructions, models and usage in view: a person's and a chat's instructions
 and the chat's model go into the run (as `parley runs show` tells it), an injected instruction is withheld, a
-model the tier may not use is refused with nothing written; in headless Chromium a message is edited and sent
-again and its versions browsed, the account dialog shows the budget and saves the person's instructions, the
-picker's model is remembered per chat, a low budget is announced, and axe-core finds no violation in any of
-these states."""
+model the tier may not use is refused with nothing written. In headless Chromium: a message is edited and sent
+again and its versions browsed; the branch is shared read-only with another person and revoked; the account
+dialog shows the budget and saves the person's instructions; the picker's model is remembered per chat; a low
+budget is announced; and axe-core finds no violation in any of these states."""
 
 from __future__ import annotations
 
@@ -172,6 +172,30 @@ def test_the_app_shows_the_budget_saves_instructions_remembers_the_model_and_axe
         assert_clean(page, "the chat's instructions dialog")
         page.click("#chat-dialog button[value=save]")
         assert wait_for(lambda: client.get(f"/v1/chats/{chat}").json()["instructions"] == "Answer as a travel guide.")
+
+        # shared: another signed-in person reads this branch with nothing on the page that writes; no one else
+        # does; revoked, the link is gone
+        page.click("#share")
+        link = wait_for(lambda: page.input_value("#share-link") or None, 10)
+        assert link and "/s/" in link
+        assert_clean(page, "the share dialog")
+        reader = open_app(chromium, live, live.token(f"reader-{uuid.uuid4().hex[:6]}", "free"))
+        reader.goto(link)
+        reader.wait_for_selector("article.msg.assistant", timeout=10_000)
+        shared = reader.eval_on_selector_all("article.msg", "els => els.map(e => e.textContent)")
+        assert len(shared) == 2 and SHORT in shared[0], shared  # the branch chosen above, as it stood
+        assert reader.locator("textarea, input, select, button, form").count() == 0
+        assert_clean(reader, "a shared chat")
+        stranger = chromium.new_context().new_page()
+        stranger.goto(link)
+        stranger.wait_for_selector("text=Sign in to read this shared chat.", timeout=10_000)
+        stranger.context.close()
+        page.click("#share-dialog button[value=revoke]")
+        page.wait_for_selector("#share-status:has-text('Revoked')", timeout=10_000)
+        reader.reload()
+        reader.wait_for_selector("text=does not exist", timeout=10_000)
+        reader.context.close()
+        page.click("#share-dialog button[value=close]")
 
         # nearly all of the budget spent: the app says so when it opens, and the model stays the chat's
         usage = client.get("/v1/usage").json()

@@ -266,7 +266,7 @@ def test_switching_chats_mid_answer_loses_nothing(live, chromium, user):
     page.click(f"#chat-list li[data-chat-id='{chat_a}'] .chat-link")
     a = answer_when(page, lambda a: a["run"] == first["run"] and finished(a))
     assert a["text"] == stored_answer(client, chat_a, first["run"])["content"]
-    assert page.locator(".msg.user").count() == 1 and page.inner_text(".msg.user") == LONG
+    assert page.locator(".msg.user").count() == 1 and page.inner_text(".msg.user .body") == LONG
 
 
 def test_over_capacity_says_when_to_retry_and_keeps_the_message(live, chromium, user):

@@ -14,6 +14,7 @@ from storage.idempotency import Claim
 from storage.ids import new_id
 from storage.preferences import ChatSettings
 from storage.rows import Change, Chat, Message, overlay
+from storage.shares import Share
 
 from .fakes import FakeConversations, FakeLog
 
@@ -192,3 +193,29 @@ class FakePreferences:
 
     async def forget_chat(self, chat_id: uuid.UUID) -> None:
         self.chats.pop(chat_id, None)
+
+
+class FakeShares:
+    """Shared snapshots (storage/shares.py)."""
+
+    def __init__(self) -> None:
+        self.shares: dict[str, Share] = {}
+
+    async def put(self, share: Share) -> None:
+        self.shares[share.share_id] = share
+
+    async def get(self, share_id: str) -> Share | None:
+        return self.shares.get(share_id)
+
+    async def of_owner(self, owner: str) -> list[Share]:
+        mine = [s for s in self.shares.values() if s.owner == owner]
+        return sorted(mine, key=lambda s: s.created_at, reverse=True)
+
+    async def revoke(self, share: Share) -> None:
+        self.shares.pop(share.share_id, None)
+
+    async def revoke_chat(self, owner: str, chat_id: uuid.UUID) -> int:
+        found = [s for s in await self.of_owner(owner) if s.chat_id == chat_id]
+        for share in found:
+            await self.revoke(share)
+        return len(found)

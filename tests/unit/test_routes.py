@@ -30,6 +30,7 @@ from .edge_fakes import (
     FakePeople,
     FakePreferences,
     FakeProducer,
+    FakeShares,
     now,
 )
 from .fakes import FakeLimits
@@ -51,6 +52,8 @@ def edge():
     preferences, limits = FakePreferences(), FakeLimits()
     app.dependency_overrides[deps.preferences] = lambda: preferences
     app.dependency_overrides[deps.limits] = lambda: limits
+    shares = FakeShares()
+    app.dependency_overrides[deps.shares] = lambda: shares
     client = TestClient(app, raise_server_exceptions=False)  # no lifespan: nothing to connect to
 
     def signed(user: str) -> dict[str, str]:
@@ -65,6 +68,7 @@ def edge():
         people=people,
         preferences=preferences,
         limits=limits,
+        shares=shares,
         signed=signed,
     )
 
@@ -350,3 +354,44 @@ def test_a_listing_is_the_current_branch_with_siblings_and_another_branch_can_be
     assert edge.http.put(f"/v1/chats/{chat_id}/branch", json={"message_id": q2b}, headers=bob).status_code == 404
     assert edge.http.get(url, params={"branch": q2b}, headers=bob).status_code == 404
     assert [m["id"] for m in edge.http.get(url, headers=ada).json()["data"]] == [q1, a1, q2, a2]  # unchanged
+
+
+def test_a_share_is_a_snapshot_for_signed_in_people_that_its_owner_lists_and_revokes(edge):
+    ada, bob = edge.signed("ada"), edge.signed("bob")
+    chat_id = edge.http.post("/v1/chats", json={"title": "Trip"}, headers=ada).json()["id"]
+    empty = edge.http.post(f"/v1/chats/{chat_id}/share", headers=ada)
+    assert (empty.status_code, empty.json()["error"]["code"]) == (400, "empty_chat")
+    q, a = str(new_id()), str(new_id())
+    stored = edge.chats.messages.setdefault(uuid.UUID(chat_id), {})
+    stored[q] = Message(q, "user", "Plan a trip.", now(), run_id=a)
+    stored[a] = Message(a, "assistant", "Where to?", now(), run_id=a, model="m")
+
+    assert edge.http.post(f"/v1/chats/{chat_id}/share", headers=bob).status_code == 404  # not bob's chat
+    public = edge.http.post(f"/v1/chats/{chat_id}/share", json={"public": True}, headers=ada)
+    assert (public.status_code, public.json()["error"]["code"]) == (403, "public_shares_disabled")
+    made = edge.http.post(f"/v1/chats/{chat_id}/share", headers=ada)
+    assert made.status_code == 201, made.text
+    share = made.json()
+    assert len(share["id"]) >= 22 and share["url"].endswith(f"/s/{share['id']}") and not share["public"]
+    stored[q] = Message(q, "user", "Plan a trip to Rome.", now(), run_id=a)  # later changes do not reach it
+
+    read = edge.http.get(f"/v1/shared/{share['id']}", headers=bob)  # another signed-in person
+    assert read.status_code == 200
+    assert [(m["role"], m["content"]) for m in read.json()["messages"]] == [
+        ("user", "Plan a trip."),
+        ("assistant", "Where to?"),
+    ]
+    anonymous = edge.http.get(f"/v1/shared/{share['id']}")
+    assert (anonymous.status_code, anonymous.json()["error"]["code"]) == (401, "missing_token")
+    assert [s["id"] for s in edge.http.get("/v1/me/shares", headers=ada).json()["data"]] == [share["id"]]
+    assert edge.http.get("/v1/me/shares", headers=bob).json()["data"] == []
+
+    assert edge.http.delete(f"/v1/chats/{chat_id}/share/{share['id']}", headers=bob).status_code == 404
+    assert edge.http.delete(f"/v1/chats/{chat_id}/share/{share['id']}", headers=ada).status_code == 204
+    gone = edge.http.get(f"/v1/shared/{share['id']}", headers=bob)
+    assert (gone.status_code, gone.json()["error"]["code"]) == (404, "share_not_found")
+    assert edge.http.get("/v1/me/shares", headers=ada).json()["data"] == []
+
+    again = edge.http.post(f"/v1/chats/{chat_id}/share", headers=ada).json()
+    assert edge.http.delete(f"/v1/chats/{chat_id}", headers=ada).status_code == 204  # the chat goes, its shares too
+    assert edge.http.get(f"/v1/shared/{again['id']}", headers=ada).status_code == 404

@@ -26,9 +26,10 @@ from storage.preferences import Preferences
 from storage.rows import Change, Message, overlay
 from storage.rows import deletions as deleted
 from storage.session import WRITE, NotTheWriter
+from storage.shares import Shares
 
 ROOT = Path(__file__).resolve().parents[2]
-STORES = (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger, IdempotencyKeys, People, Preferences)
+STORES = (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger, IdempotencyKeys, People, Preferences, Shares)
 
 
 class Sent(Exception):

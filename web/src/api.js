@@ -156,6 +156,15 @@ export class Api {
     const body = parent === undefined ? { content } : { content, parent_id: parent };
     return this.stream("POST", `/v1/chats/${chatId}/messages`, { body, signal });
   }
+  share(chatId) {
+    return this.call("POST", `/v1/chats/${chatId}/share`, {});
+  }
+  shares() {
+    return this.call("GET", "/v1/me/shares");
+  }
+  revokeShare(chatId, shareId) {
+    return this.call("DELETE", `/v1/chats/${chatId}/share/${shareId}`);
+  }
   chooseBranch(chatId, messageId) {
     return this.call("PUT", `/v1/chats/${chatId}/branch`, { message_id: messageId });
   }

@@ -38,6 +38,7 @@ export function showChatSettings(chat) {
   };
   $("#model-picker").value = state.chatSettings.model || defaultModel();
   $("#chat-settings").hidden = !chat;
+  $("#share").hidden = !chat;
 }
 
 async function pickModel() {
@@ -86,6 +87,89 @@ async function openAccount() {
   if (mine.status === "fulfilled") $("#my-instructions").value = mine.value.content;
   if (usage.status === "fulfilled") showUsage(usage.value);
   else $("#account-status").textContent = `Usage is unavailable: ${usage.reason.message}`;
+  await listShares();
+}
+
+/** The person's shared links, newest first, each with Revoke. */
+async function listShares() {
+  let shares = [];
+  try {
+    shares = (await guarded(() => state.api.shares())).data;
+  } catch {
+    shares = [];
+  }
+  const item = (share) =>
+    h(
+      "li",
+      {},
+      h("a", { href: share.url, target: "_blank", rel: "noopener" }, share.title),
+      h(
+        "button",
+        {
+          type: "button",
+          class: "text",
+          "aria-label": `Revoke the link to ${share.title}`,
+          onclick: async () => {
+            await revoke(share.chat_id, share.id);
+            await listShares();
+          },
+        },
+        "Revoke",
+      ),
+    );
+  $("#my-shares").replaceChildren(...shares.map(item));
+  $("#no-shares").hidden = shares.length > 0;
+}
+
+async function revoke(chatId, shareId) {
+  try {
+    await guarded(() => state.api.revokeShare(chatId, shareId));
+    $("#account-status").textContent = "Link revoked.";
+    return true;
+  } catch (error) {
+    $("#account-status").textContent = error.message;
+    return false;
+  }
+}
+
+/** Share the open chat: a read-only snapshot of its branch, by a link for the deployment's people. */
+async function shareChat() {
+  $("#share-status").textContent = "";
+  $("#share-link").value = "";
+  $("#share-dialog").showModal();
+  try {
+    const share = await guarded(() => state.api.share(state.chatId));
+    $("#share-link").value = share.url;
+    $("#share-form").dataset.shareId = share.id;
+    $("#share-form").dataset.chatId = share.chat_id;
+  } catch (error) {
+    $("#share-status").textContent = `Could not share: ${error.message}`;
+  }
+}
+
+async function shareAction(event) {
+  const form = $("#share-form");
+  const action = event.submitter?.value;
+  if (action === "copy") {
+    event.preventDefault();
+    try {
+      await navigator.clipboard.writeText($("#share-link").value);
+      $("#share-status").textContent = "Copied.";
+    } catch {
+      $("#share-link").select();
+      $("#share-status").textContent = "Select the link and copy it.";
+    }
+  } else if (action === "revoke" && form.dataset.shareId) {
+    event.preventDefault();
+    try {
+      await guarded(() => state.api.revokeShare(form.dataset.chatId, form.dataset.shareId));
+      $("#share-link").value = "";
+      delete form.dataset.shareId;
+      $("#share-status").textContent = "Revoked: the link no longer opens.";
+    } catch (error) {
+      $("#share-status").textContent = error.message;
+    }
+  }
 }
 
 export function showUsage(usage) {
@@ -139,4 +223,6 @@ export function wireSettings() {
     $("#chat-dialog").showModal();
   });
   $("#chat-form").addEventListener("submit", saveChatInstructions);
+  $("#share").addEventListener("click", shareChat);
+  $("#share-form").addEventListener("submit", shareAction);
 }
