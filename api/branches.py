@@ -37,17 +37,12 @@ async def tree_of(conversations: Conversations, chat_id: uuid.UUID) -> Tree:
     return Tree(parent_of, children(parent_of), {i: role for i, _, role in rows})
 
 
-def not_found(message_id: str) -> ApiError:
-    return ApiError(
-        404, f"This chat has no message {message_id}.", "message_not_found", "message_id"
-    )
-
-
-def chosen(tree: Tree, message_id: str) -> str:
-    """A message id of this chat, as given (404 for any other)."""
+def chosen(tree: Tree, message_id: str, param: str) -> str:
+    """A message id of this chat, as given in `param` (400 message_not_found for any other: the chat is there,
+    the request names something it does not have)."""
     parsed = parse_id(message_id)
     if parsed is None or not tree.has(str(parsed)):
-        raise not_found(message_id)
+        raise ApiError(400, f"This chat has no message {message_id}.", "message_not_found", param)
     return str(parsed)
 
 
@@ -92,7 +87,7 @@ async def listed_branch(
     the chat's tree; the ids of its messages not deleted)."""
     tree = await tree_of(conversations, chat_id)
     if through is not None:
-        through = chosen(tree, through)
+        through = chosen(tree, through, "branch")
     else:
         selected = (await preferences.chat(chat_id)).branch
         through = str(selected) if selected is not None and tree.has(str(selected)) else None

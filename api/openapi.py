@@ -96,9 +96,18 @@ CHAT_LINKS = links(  # from a created chat: its id in the body
         "ListMessages": ("get", f"{CHAT}/messages"),
         "SendMessage": ("post", f"{CHAT}/messages"),
         "ResetContext": ("post", f"{CHAT}/context/reset"),
+        "ShareChat": ("post", f"{CHAT}/share"),
     },
     chat_id="$response.body#/id",
 )
+SHARE_LINKS = {  # from a made share: its id in the body
+    **links({"ReadShare": ("get", "/v1/shared/{share_id}")}, share_id="$response.body#/id"),
+    **links(
+        {"RevokeShare": ("delete", f"{CHAT}/share/{{share_id}}")},
+        chat_id="$request.path.chat_id",
+        share_id="$response.body#/id",
+    ),
+}
 RUN = "$response.header.X-Run-Id"  # an answer's id is its run's
 RUN_LINKS = {
     **links(

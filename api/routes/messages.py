@@ -118,7 +118,7 @@ async def choose_branch(
     """Make the branch through a message current: the chat lists it, and a new message follows its end."""
     parsed, _ = await owned_chat(conversations, user, chat_id)
     tree = await tree_of(conversations, parsed)
-    message_id = chosen(tree, body.message_id)
+    message_id = chosen(tree, body.message_id, "message_id")
     await preferences.set_branch(parsed, uuid.UUID(message_id))
     return BranchOut(message_id=message_id, leaf_id=leaf(tree.kids, message_id))
 

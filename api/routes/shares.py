@@ -16,6 +16,7 @@ from api.branches import listed_branch
 from api.chat_state import owned_chat
 from api.deps import ConversationsDep, PreferencesDep, SettingsDep, SharesDep
 from api.errors import ApiError
+from api.openapi import SHARE_LINKS
 from api.settings import ApiSettings
 from storage.shares import Share
 
@@ -75,7 +76,7 @@ def gone() -> ApiError:
     return ApiError(404, "No such shared chat (it may have been revoked).", "share_not_found")
 
 
-@router.post("/v1/chats/{chat_id}/share", status_code=201)
+@router.post("/v1/chats/{chat_id}/share", status_code=201, responses={201: {"links": SHARE_LINKS}})
 async def share_chat(
     conversations: ConversationsDep,
     preferences: PreferencesDep,

@@ -81,7 +81,7 @@ def test_an_edited_question_makes_a_branch_and_each_branch_keeps_its_own_context
             bad = chats.send(where, SHORT, max_tokens=8, parent_id=parent)
             assert (bad.status, bad.code) == (code, "parent_not_found"), bad.error
         assert client.get(url).json()["data"] == before
-        assert client.get(url, params={"branch": str(uuid.uuid1())}).status_code == 404
+        assert client.get(url, params={"branch": str(uuid.uuid1())}).status_code == 400
         assert stranger.get(url, params={"branch": q2}).status_code == 404
         assert stranger.put(f"/v1/chats/{chat}/branch", json={"message_id": q2}).status_code == 404
 

@@ -220,15 +220,18 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         messages = wait_for(lambda: len(m := mine.get(f"/v1/chats/{chat}/messages").json()["data"]) == 2 and m)
         assert messages, "the answer was never stored"
         key = mine.post("/v1/api-keys", json={"name": "kept"}).json()
+        share = mine.post(f"/v1/chats/{chat}/share").json()
         spec = mine.get("/openapi.json").json()
     values = {
         "chat_id": chat,
         "run_id": run,
         "message_id": messages[-1]["id"],
         "key_id": key["id"],
+        "share_id": share["id"],
         "user_id": owner,
         "tier": "free",
     }
+    bodies = {**BODIES, "BranchChoice": {"message_id": messages[0]["id"]}}
     others = {
         "member": live.token(f"other-{uuid.uuid4().hex[:6]}"),
         "auditor": credential(f"auditor-{uuid.uuid4().hex[:6]}", "pro", 600, role="auditor"),
@@ -241,7 +244,7 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         for method, operation in operations.items():
             ref = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
             name = (ref.get("$ref") or next((r.get("$ref", "") for r in ref.get("anyOf", [])), "")).rsplit("/", 1)[-1]
-            body = BODIES.get(name)
+            body = bodies.get(name)
             with live.client() as anyone:
                 nobody = anyone.request(method.upper(), url, json=body)
             assert nobody.status_code == 401, (method, path, nobody.status_code)
@@ -251,6 +254,9 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
                 walked += 1
                 if path == "/v1/admin/audit" and role == "auditor":
                     assert answer.status_code == 200
+                elif path == "/v1/shared/{share_id}":  # shared with the deployment's people: the snapshot alone
+                    assert answer.status_code == 200 and owner not in answer.text, (role, answer.text)
+                    assert [m["content"] for m in answer.json()["messages"]] == [m["content"] for m in messages]
                 elif path.startswith("/v1/admin") or "{" in path:
                     assert answer.status_code in (403, 404), (role, method, path, answer.status_code, answer.text)
                     assert owner not in answer.text or answer.status_code == 403, (role, method, path)
@@ -263,6 +269,7 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
     with live.client(token) as mine:  # and all of it is as it was
         assert mine.get(f"/v1/chats/{chat}").json()["title"] == "kept"
         assert mine.get(f"/v1/chats/{chat}/messages").json()["data"] == messages
+        assert [s["id"] for s in mine.get("/v1/me/shares").json()["data"]] == [share["id"]]
         assert mine.get("/v1/me", headers={"Authorization": f"Bearer {key['key']}"}).status_code == 200
 
 

@@ -349,8 +349,8 @@ def test_a_listing_is_the_current_branch_with_siblings_and_another_branch_can_be
     unknown = str(new_id())
     for bad in (unknown, "not-an-id"):
         missing = edge.http.put(f"/v1/chats/{chat_id}/branch", json={"message_id": bad}, headers=ada)
-        assert (missing.status_code, missing.json()["error"]["code"]) == (404, "message_not_found")
-        assert edge.http.get(url, params={"branch": bad}, headers=ada).status_code == 404
+        assert (missing.status_code, missing.json()["error"]["code"]) == (400, "message_not_found")
+        assert edge.http.get(url, params={"branch": bad}, headers=ada).status_code == 400
     assert edge.http.put(f"/v1/chats/{chat_id}/branch", json={"message_id": q2b}, headers=bob).status_code == 404
     assert edge.http.get(url, params={"branch": q2b}, headers=bob).status_code == 404
     assert [m["id"] for m in edge.http.get(url, headers=ada).json()["data"]] == [q1, a1, q2, a2]  # unchanged
