@@ -48,7 +48,7 @@ def chosen(tree: Tree, message_id: str, param: str) -> str:
 
 async def parent_for(
     conversations: Conversations,
-    preferences: Preferences,
+    chosen_branch: uuid.UUID | None,
     chat: Chat,
     parent_id: str | None,
     given: bool,
@@ -56,7 +56,7 @@ async def parent_for(
     """(the parent of a new message, whether the person had chosen a branch): the answer named (`given`;
     None: the root, a new first message), else the end of the current branch. A parent must be an answer of
     this chat (400 parent_not_found)."""
-    selected = (await preferences.chat(chat.chat_id)).branch
+    selected = chosen_branch
     if given:
         if parent_id is None:
             return ROOT_ID, selected is not None
@@ -94,6 +94,12 @@ async def listed_branch(
     path = branch(tree.parent_of, through)
     shown = {m.id: m for m in await conversations.list_messages(chat_id, MOST_MESSAGES, None)}
     return [shown[i] for i in path if i in shown], tree, set(shown)
+
+
+def branches(chat: Chat, parent: str) -> bool:
+    """Whether a new message after `parent` leaves the chat's one line: it follows something other than the
+    chat's latest answer (an edit sent again, a chosen branch)."""
+    return parent != (chat.last_run_id or ROOT_ID)
 
 
 def parent_shown(tree: Tree, message_id: str) -> str | None:

@@ -5,14 +5,13 @@ screens them (conversation/gather.py)."""
 
 from __future__ import annotations
 
-import uuid
-
 from admission.limits import LimitsView, allowed_default, model_refusal
 from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
 from api.settings import ApiSettings
 from conversation import tokens
+from storage.preferences import ChatSettings
 from topics.events import Instruction
 
 
@@ -48,10 +47,10 @@ def allowed_model(
 
 
 async def for_run(
-    deps: Services, user: Principal, chat_id: uuid.UUID, model: str | None
+    deps: Services, user: Principal, chat: ChatSettings, model: str | None
 ) -> tuple[str | None, list[Instruction]]:
-    """(the run's model, its instructions) for a message in the chat; `model`: the one the message asked for."""
-    chat = await deps.preferences.chat(chat_id)
+    """(the run's model, its instructions) for a message in a chat with these settings; `model`: the one the
+    message asked for."""
     own, _ = await deps.preferences.instructions(user.user_id)
     instructions: list[Instruction] = [
         {"source": source, "content": text}

@@ -65,6 +65,7 @@ class Question:
     )  # the chat's answer before it (the scheduler waits until that one is stored)
     instructions: Sequence[Instruction] = ()  # api/preferences.py
     parent_id: str | None = None  # where it goes on the chat's tree (api/branches.py)
+    branched: bool = False  # the chat has more than one branch
 
 
 def checked_content(settings: ApiSettings, content: str) -> None:
@@ -357,6 +358,7 @@ async def answer(
         prev_run_id=question.prev_run_id,
         instructions=list(question.instructions) or None,
         parent_id=question.parent_id,
+        branched=question.branched,
     )
     tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it
     try:

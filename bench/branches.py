@@ -7,7 +7,7 @@ on all alike:
 - context: the skeleton the scheduler now reads for a run's branch (`conversation/gather.py` branch_of) beside
   the window it already read (the newest 160 messages).
 
-Prints JSON, writes bench/results/branches.json. Needs Cassandra (infra/local/cassandra.sh start).
+Prints JSON, writes bench/results/branches.json. Starts the local Cassandra if it is not running.
 Usage: python bench/branches.py [--rounds 60]
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 import time
 import uuid
@@ -111,6 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=60)
     args = parser.parse_args()
+    subprocess.run(["bash", str(ROOT / "infra" / "local" / "cassandra.sh"), "start"], check=True)
     result = {"bench": "branches", "rounds": args.rounds, "sizes": asyncio.run(measure(args.rounds))}
     text = json.dumps(result, indent=2)
     print(text)

@@ -229,10 +229,10 @@ async def with_instructions(
 
 
 async def branch_of(prompt: PromptAccepted, conversations: Conversations) -> set[str] | None:
-    """The ids of the messages before this one on its branch of the chat's tree (storage/tree.py); None for a
-    record written before the tree (the chat's messages in time order)."""
+    """The ids of the messages before this one on its branch of the chat's tree (storage/tree.py); None while
+    the chat has one branch, and for a record written before the tree (the chat's messages in time order)."""
     parent = prompt.get("parent_id")
-    if not parent:
+    if not parent or not prompt.get("branched"):  # one branch: every earlier message is on it
         return None
     return before(await conversations.skeleton(uuid.UUID(prompt["chat_id"])), parent)
 

@@ -176,7 +176,7 @@ async def reread(chat_id: uuid.UUID, deps: Deps) -> Any:
 async def answered_branch(prompt: PromptAccepted, deps: Deps) -> set[str] | None:
     """The messages of the answered run's branch (storage/tree.py), its question and answer included; None
     for a record written before the tree."""
-    if not prompt.get("parent_id"):
+    if not prompt.get("parent_id") or not prompt.get("branched"):
         return None
     rows = await deps.conversations.skeleton(uuid.UUID(prompt["chat_id"]))
     asked = prompt["message_id"] in {r[0] for r in rows}  # else not stored yet: from its parent

@@ -91,6 +91,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "store",
         "instructions",
         "parent_id",
+        "branched",
     ),
     "PromptModerated": (
         "decision",

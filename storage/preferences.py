@@ -17,9 +17,11 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.person_settings (
          user_id text PRIMARY KEY, instructions text, updated_at timestamp)""",
     # one row per chat that has its own instructions or model; deleted with the chat (api/routes/chats.py)
-    # branch: the message the person chose the chat's current branch by (storage/tree.py); null: the newest
+    # branch: the message the person chose the chat's current branch by (storage/tree.py); null: the newest;
+    # branched: the chat has more than one branch (until then a run's context needs no tree)
     """CREATE TABLE IF NOT EXISTS {ks}.chat_settings (
-         chat_id timeuuid PRIMARY KEY, instructions text, model text, branch timeuuid, updated_at timestamp)""",
+         chat_id timeuuid PRIMARY KEY, instructions text, model text, branch timeuuid, branched boolean,
+         updated_at timestamp)""",
 )
 
 
@@ -34,6 +36,7 @@ class ChatSettings:
     branch: uuid.UUID | None = (
         None  # the message the current branch was chosen by; None: the newest
     )
+    branched: bool = False  # the chat has more than one branch
 
 
 class Preferences(Store):
@@ -53,9 +56,10 @@ class Preferences(Store):
             f"INSERT INTO {ks}.chat_settings (chat_id, instructions, model, updated_at) VALUES (?, ?, ?, ?)"
         )
         self._get_chat = p(
-            f"SELECT instructions, model, branch FROM {ks}.chat_settings WHERE chat_id = ?"
+            f"SELECT instructions, model, branch, branched FROM {ks}.chat_settings WHERE chat_id = ?"
         )
         self._set_branch = p(f"UPDATE {ks}.chat_settings SET branch = ? WHERE chat_id = ?")
+        self._branched = p(f"UPDATE {ks}.chat_settings SET branched = true WHERE chat_id = ?")
         self._forget_chat = p(f"DELETE FROM {ks}.chat_settings WHERE chat_id = ?")
 
     async def instructions(self, user_id: str) -> tuple[str, datetime | None]:
@@ -74,13 +78,16 @@ class Preferences(Store):
         row = (await self._run(self._get_chat, (chat_id,))).one()
         if row is None:
             return ChatSettings()
-        return ChatSettings(row.instructions or "", row.model, row.branch)
+        return ChatSettings(row.instructions or "", row.model, row.branch, bool(row.branched))
 
     async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings) -> None:
         await self._run(self._put_chat, (chat_id, settings.instructions, settings.model, now()))
 
     async def set_branch(self, chat_id: uuid.UUID, message_id: uuid.UUID | None) -> None:
         await self._run(self._set_branch, (message_id, chat_id))
+
+    async def mark_branched(self, chat_id: uuid.UUID) -> None:
+        await self._run(self._branched, (chat_id,))
 
     async def forget_chat(self, chat_id: uuid.UUID) -> None:
         await self._run(self._forget_chat, (chat_id,))

@@ -52,6 +52,7 @@ class PromptAccepted(TypedDict):
     store: NotRequired[ReadOnly[bool]]
     summary: NotRequired[ReadOnly[SummaryRequest | None]]
     parent_id: NotRequired[ReadOnly[str | None]]
+    branched: NotRequired[ReadOnly[bool]]
     instructions: NotRequired[ReadOnly[Sequence[Instruction] | None]]
     created_at: ReadOnly[int]
 

@@ -35,6 +35,7 @@ def prompt_accepted(
     summary: SummaryRequest | None = None,
     instructions: list[Instruction] | None = None,
     parent_id: str | None = None,
+    branched: bool = False,
 ) -> PromptAccepted:
     """A user's message (or a memory stage's summary request) accepted as a new run."""
     return {
@@ -55,6 +56,7 @@ def prompt_accepted(
         "summary": summary,
         "instructions": instructions,
         "parent_id": parent_id,
+        "branched": branched,
         "created_at": now_ms(),
     }
 

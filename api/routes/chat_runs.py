@@ -93,7 +93,8 @@ async def regenerate(
     body = body or Regenerate()
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     chat, _, finish_reason = await owned_run(deps.conversations, user, chat_id, run_id)
-    model, instructions = await for_run(deps, user, chat.chat_id, body.model)
+    settings = await deps.preferences.chat(chat.chat_id)
+    model, instructions = await for_run(deps, user, settings, body.model)
     if finish_reason is None:
         raise ApiError(409, "The run is still answering; stop it first.", "run_in_progress")
     await not_busy(deps, chat)
@@ -116,9 +117,11 @@ async def regenerate(
         )
     parent = tree.parent_of[question.id]
     earlier = None if parent == ROOT_ID else parent
-    again = Question(question.id, question.content, earlier, instructions, parent)
+    if not settings.branched:  # the new answer is a sibling: the chat has branches from now on
+        await deps.preferences.mark_branched(chat.chat_id)
+    again = Question(question.id, question.content, earlier, instructions, parent, True)
     response, new_run = await answer(deps, user, chat, again, max_tokens, model)
-    if (await deps.preferences.chat(chat.chat_id)).branch is not None:
+    if settings.branch is not None:
         await deps.preferences.set_branch(chat.chat_id, None)
     log.info("chat %s: run %s regenerated as %s by %s", chat_id, run_id, new_run, user.user_id)
     return response

@@ -177,6 +177,7 @@ async def change_chat(
         else current.instructions,
         body.model if "model" in given else current.model,
         current.branch,
+        current.branched,
     )
     if "model" in given and body.model is not None:
         allowed_model(settings, views, user, body.model)

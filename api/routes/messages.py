@@ -15,7 +15,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from api import idempotency
 from api.auth import CurrentUser
-from api.branches import chosen, listed_branch, parent_for, parent_shown, tree_of
+from api.branches import branches, chosen, listed_branch, parent_for, parent_shown, tree_of
 from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
 from api.deps import ConversationsDep, Deps, PreferencesDep, ProducerDep, Services, SettingsDep
 from api.errors import ApiError
@@ -135,11 +135,13 @@ async def post_message(
     checked_content(deps.settings, body.content)
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     parsed, chat = await owned_chat(deps.conversations, user, chat_id)
-    model, instructions = await for_run(deps, user, parsed, body.model)
+    settings = await deps.preferences.chat(parsed)
+    model, instructions = await for_run(deps, user, settings, body.model)
     given = "parent_id" in body.model_fields_set
     parent, chosen_before = await parent_for(
-        deps.conversations, deps.preferences, chat, body.parent_id, given
+        deps.conversations, settings.branch, chat, body.parent_id, given
     )
+    branched = settings.branched or branches(chat, parent)
     message_id = new_id()  # sorts before the answer (the run's id)
     run = str(new_id()), reply_partition(deps)
     if key is not None:
@@ -152,7 +154,11 @@ async def post_message(
     try:
         await not_busy(deps, chat)
         after = None if parent == ROOT_ID else parent
-        question = Question(str(message_id), body.content, after, instructions, parent)
+        if (
+            branched and not settings.branched
+        ):  # before the prompt: its context is read along the tree
+            await deps.preferences.mark_branched(parsed)
+        question = Question(str(message_id), body.content, after, instructions, parent, branched)
         response, _ = await answer(deps, user, chat, question, max_tokens, model, run, holder.made)
         if chosen_before:  # the new message's branch is the current one now
             await deps.preferences.set_branch(parsed, None)

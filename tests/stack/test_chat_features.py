@@ -57,6 +57,8 @@ def test_an_edited_question_makes_a_branch_and_each_branch_keeps_its_own_context
         old = client.get(url, params={"branch": q2}).json()["data"]
         assert [m["id"] for m in old] == [q1, a1, q2, a2] and old[3]["sibling_ids"] == [a2]
 
+        first = json.loads(parley(live, "runs", "show", a1, "--json", "--no-stored").stdout)["events"][0]
+        assert first["type"] == "PromptAccepted" and not first["branched"]  # one line until the edit
         harbour = turn(SHORT)  # follows the current branch's end: a2b
         assert "harbour" in context_of(live, harbour) and "lighthouse" not in context_of(live, harbour)
         chosen = client.put(f"/v1/chats/{chat}/branch", json={"message_id": q2})

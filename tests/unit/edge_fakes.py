@@ -191,6 +191,9 @@ class FakePreferences:
     async def set_branch(self, chat_id: uuid.UUID, message_id: uuid.UUID | None) -> None:
         self.chats[chat_id] = replace(self.chats.get(chat_id, ChatSettings()), branch=message_id)
 
+    async def mark_branched(self, chat_id: uuid.UUID) -> None:
+        self.chats[chat_id] = replace(self.chats.get(chat_id, ChatSettings()), branched=True)
+
     async def forget_chat(self, chat_id: uuid.UUID) -> None:
         self.chats.pop(chat_id, None)
 
