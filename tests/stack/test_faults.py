@@ -101,7 +101,9 @@ def test_a_prompt_the_edge_gave_up_on_is_served_only_when_the_scheduler_took_it_
         late = int(time.time() * 1000) - SUSPECT_AFTER_MS - 5_000
         publisher = Publisher(BOOTSTRAP, "api", live.namespace)
         for run, text in ((withdrawn, "The withdrawn question."), (taken, "The taken question.")):
-            event = {**prompt, "event_id": str(uuid.uuid4()), "run_id": str(run), "message_id": str(new_id())}
+            # as the edge sends a chat's next message: after the first answer, on its branch
+            event = {**prompt, "event_id": str(uuid.uuid4()), "run_id": str(run), "message_id": str(new_id()),
+                     "parent_id": run0, "prev_run_id": run0}  # fmt: skip
             publisher.publish(PROMPT_ACCEPTED, {**event, "content": text, "created_at": late}, key=chat)
         assert publisher.flush(10) == 0
 
