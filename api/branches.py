@@ -13,7 +13,7 @@ from storage.conversations import Conversations
 from storage.ids import parse_id
 from storage.preferences import Preferences
 from storage.rows import Chat, Message
-from storage.tree import ROOT_ID, branch, children, leaf, parents
+from storage.tree import ROOT_ID, branch, children, leaf, parents, shown
 
 MOST_MESSAGES = 20_000  # a listing reads the whole chat: its tree decides what a page holds
 
@@ -103,5 +103,4 @@ def branches(chat: Chat, parent: str) -> bool:
 
 
 def parent_shown(tree: Tree, message_id: str) -> str | None:
-    parent = tree.parent_of.get(message_id)
-    return None if parent in (None, ROOT_ID) else parent
+    return shown(tree.parent_of.get(message_id))

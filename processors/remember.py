@@ -25,6 +25,7 @@ from prometheus_client import Counter
 from admission.limits import BACKGROUND_PRIORITY
 from admission.placement import home_partition
 from conversation import tokens
+from conversation.gather import branch_of
 from conversation.summary import SUMMARY_OVERHEAD, fold, summary_request
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Publish, Stage, on
@@ -36,7 +37,6 @@ from storage.conversations import ERASE_WAIT_S, Conversations
 from storage.ids import epoch_ms, id_time_us, new_id
 from storage.memory import Memory, Summary
 from storage.rows import Change, Message
-from storage.tree import before
 from topics import records
 from topics.events import MemoryChanged, PromptAccepted, RunCompleted, RunScheduled
 from topics.pipeline import MEMORY_CHANGED, RUN_COMPLETED, RUN_SCHEDULED, named
@@ -174,14 +174,10 @@ async def reread(chat_id: uuid.UUID, deps: Deps) -> Any:
 
 
 async def answered_branch(prompt: PromptAccepted, deps: Deps) -> set[str] | None:
-    """The messages of the answered run's branch (storage/tree.py), its question and answer included; None
-    for a record written before the tree."""
-    if not prompt.get("parent_id") or not prompt.get("branched"):
-        return None
-    rows = await deps.conversations.skeleton(uuid.UUID(prompt["chat_id"]))
-    asked = prompt["message_id"] in {r[0] for r in rows}  # else not stored yet: from its parent
-    branch = before(rows, prompt["message_id"] if asked else prompt["parent_id"] or "")
-    return branch | {prompt["message_id"], prompt["run_id"]}
+    """The messages of the answered run's branch (conversation/gather.py `branch_of`), its question and answer
+    included; None while the chat has one branch."""
+    earlier = await branch_of(prompt, deps.conversations)
+    return None if earlier is None else earlier | {prompt["message_id"], prompt["run_id"]}
 
 
 async def maybe_summarize(

@@ -383,7 +383,7 @@ class Conversations(Store):
         ]
 
     async def has_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> bool:
-        return (await self._run(self._one_message, (chat_id, message_id))).one() is not None
+        return (await self._run(self._run_end, (chat_id, message_id))).one() is not None
 
     async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
         """Idempotent: the message id comes from the event, so a redelivered event rewrites the same row."""

@@ -51,7 +51,6 @@ class Preferences(Store):
         self._get_instructions = p(
             f"SELECT instructions, updated_at FROM {ks}.person_settings WHERE user_id = ?"
         )
-        self._forget_person = p(f"DELETE FROM {ks}.person_settings WHERE user_id = ?")
         self._put_chat = p(
             f"INSERT INTO {ks}.chat_settings (chat_id, instructions, model, updated_at) VALUES (?, ?, ?, ?)"
         )
@@ -91,6 +90,3 @@ class Preferences(Store):
 
     async def forget_chat(self, chat_id: uuid.UUID) -> None:
         await self._run(self._forget_chat, (chat_id,))
-
-    async def forget_person(self, user_id: str) -> None:
-        await self._run(self._forget_person, (user_id,))

@@ -16,6 +16,11 @@ ROOT = MIN_ID  # the parent of a chat's first message on a branch
 ROOT_ID = str(ROOT)
 
 
+def shown(parent: str | None) -> str | None:
+    """A parent as clients see it: null at the root, and for a message stored before the tree."""
+    return None if parent in (None, ROOT_ID) else parent
+
+
 def parents(rows: Sequence[tuple[str, str | None, str]]) -> dict[str, str]:
     """Each message's parent id (ROOT_ID at the root), from (id, stored parent or None, role) in time order."""
     out: dict[str, str] = {}

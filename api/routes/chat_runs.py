@@ -88,8 +88,8 @@ async def regenerate(
     """Answer an answer's question again, as a new run streamed like a new message: the new answer is a sibling
     of the old one, which stays (the chat's branch moves to the new one; `?branch=` or `PUT .../branch` goes
     back). Only the last answer of a branch, once its run has ended and while no other run of the chat is
-    answering. The question keeps its
-    place (same message id), so the context is the one the first answer saw."""
+    answering. The question keeps its place (same message id), so the context is the one the first answer
+    saw."""
     body = body or Regenerate()
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     chat, _, finish_reason = await owned_run(deps.conversations, user, chat_id, run_id)

@@ -30,8 +30,7 @@ from api.schemas import ChatDetail, ChatExport, ChatOut, ChatPage, ContextReset,
 from storage.idempotency import Claim
 from storage.ids import decode_cursor, encode_cursor, id_time_ms, new_id, parse_id, utc
 from storage.preferences import ChatSettings
-from storage.rows import Message
-from storage.tree import ROOT_ID
+from storage.tree import shown
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chats")
@@ -49,11 +48,6 @@ class ChatPatch(BaseModel):
     title: str | None = Field(None, min_length=1, max_length=200)
     instructions: str | None = Field(None, description="the chat's own instructions; empty: none")
     model: str | None = Field(None, description="the chat's model; null: the deployment's default")
-
-
-def parent_of(m: Message) -> str | None:
-    """A message's parent as exported: null at the root (and for messages stored before the tree)."""
-    return None if m.parent_id in (None, ROOT_ID) else m.parent_id
 
 
 def activity_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
@@ -122,7 +116,7 @@ async def export_chats(conversations: ConversationsDep, user: CurrentUser) -> Ex
             messages, last = [], None
             while True:
                 page = await conversations.list_messages(row.chat_id, 500, last)
-                messages += [MessageOut.of(m, parent_of(m)) for m in page]  # every branch
+                messages += [MessageOut.of(m, shown(m.parent_id)) for m in page]  # every branch
                 if len(page) < 500:
                     break
                 last = uuid.UUID(page[-1].id)

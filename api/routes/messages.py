@@ -154,9 +154,8 @@ async def post_message(
     try:
         await not_busy(deps, chat)
         after = None if parent == ROOT_ID else parent
-        if (
-            branched and not settings.branched
-        ):  # before the prompt: its context is read along the tree
+        # marked before the prompt goes: its context is read along the tree
+        if branched and not settings.branched:
             await deps.preferences.mark_branched(parsed)
         question = Question(str(message_id), body.content, after, instructions, parent, branched)
         response, _ = await answer(deps, user, chat, question, max_tokens, model, run, holder.made)

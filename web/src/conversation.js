@@ -136,34 +136,24 @@ export function versions(message) {
   const ids = message.sibling_ids || [];
   const at = ids.indexOf(message.id);
   if (ids.length < 2 || at < 0) return null;
-  const go = (to) => () => actions.showBranch(ids[to]);
-  const label = `Version ${at + 1} of ${ids.length}`;
+  const step = (to, label, text) =>
+    h(
+      "button",
+      {
+        class: "icon",
+        type: "button",
+        "aria-label": label,
+        disabled: to < 0 || to >= ids.length,
+        onclick: () => actions.showBranch(ids[to]),
+      },
+      text,
+    );
   return h(
     "nav",
-    { class: "versions", "aria-label": label },
-    h(
-      "button",
-      {
-        class: "icon",
-        type: "button",
-        "aria-label": "Previous version",
-        disabled: at === 0,
-        onclick: go(at - 1),
-      },
-      "‹",
-    ),
+    { class: "versions", "aria-label": `Version ${at + 1} of ${ids.length}` },
+    step(at - 1, "Previous version", "‹"),
     h("span", { class: "count" }, `${at + 1}/${ids.length}`),
-    h(
-      "button",
-      {
-        class: "icon",
-        type: "button",
-        "aria-label": "Next version",
-        disabled: at === ids.length - 1,
-        onclick: go(at + 1),
-      },
-      "›",
-    ),
+    step(at + 1, "Next version", "›"),
   );
 }
 

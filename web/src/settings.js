@@ -96,7 +96,7 @@ async function listShares() {
   try {
     shares = (await guarded(() => state.api.shares())).data;
   } catch {
-    shares = [];
+    // the list is best effort: none shown when it cannot be read
   }
   const item = (share) =>
     h(
@@ -110,7 +110,7 @@ async function listShares() {
           class: "text",
           "aria-label": `Revoke the link to ${share.title}`,
           onclick: async () => {
-            await revoke(share.chat_id, share.id);
+            await revoke(share.chat_id, share.id, $("#account-status"), "Link revoked.");
             await listShares();
           },
         },
@@ -121,13 +121,14 @@ async function listShares() {
   $("#no-shares").hidden = shares.length > 0;
 }
 
-async function revoke(chatId, shareId) {
+/** Revoke a share; `status` says how it went (`done`, or the error). True once revoked. */
+async function revoke(chatId, shareId, status, done) {
   try {
     await guarded(() => state.api.revokeShare(chatId, shareId));
-    $("#account-status").textContent = "Link revoked.";
+    status.textContent = done;
     return true;
   } catch (error) {
-    $("#account-status").textContent = error.message;
+    status.textContent = error.message;
     return false;
   }
 }
@@ -161,13 +162,17 @@ async function shareAction(event) {
     }
   } else if (action === "revoke" && form.dataset.shareId) {
     event.preventDefault();
-    try {
-      await guarded(() => state.api.revokeShare(form.dataset.chatId, form.dataset.shareId));
+    const status = $("#share-status");
+    if (
+      await revoke(
+        form.dataset.chatId,
+        form.dataset.shareId,
+        status,
+        "Revoked: the link no longer opens.",
+      )
+    ) {
       $("#share-link").value = "";
       delete form.dataset.shareId;
-      $("#share-status").textContent = "Revoked: the link no longer opens.";
-    } catch (error) {
-      $("#share-status").textContent = error.message;
     }
   }
 }
