@@ -3,7 +3,7 @@
 Streams: for N in (1, 100, 1000, 5000) concurrent streams, two servers are measured in the same run, each
 its own uvicorn process on one core's worth of this machine:
   - edge:     the production stream path (ReplyHub reading its reply partition from Kafka -> api.streams.live
-              -> api.routes.chats.sse_stream -> sse-starlette), fed by a producer that writes each stream's
+              -> api.streams.sse_stream -> sse-starlette), fed by a producer that writes each stream's
               records to Kafka with the wall-clock send time in the record;
   - baseline: a bare sse-starlette endpoint that yields the same schedule from asyncio timers.
 The client opens N streams, then every stream gets --records records --interval-ms apart; the delay of a
@@ -92,9 +92,9 @@ def serve(kind: str, port: int, namespace: str, partition: int, records: int, in
 
     else:
         from api import streams
-        from api.answers import sse_stream
         from api.replies import ReplyHub
         from api.settings import ApiSettings
+        from api.streams import sse_stream
 
         settings = ApiSettings(namespace=namespace, kafka_bootstrap=BOOTSTRAP)
         hub = ReplyHub(BOOTSTRAP, namespace, group=f"{namespace}.bench-edges")  # the bench's replicas' group

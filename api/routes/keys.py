@@ -32,7 +32,7 @@ class NewKey(BaseModel):
         "admin: the admin routes (only an admin may mint it)",
     )
     expires_in_days: int | None = Field(
-        90, ge=1, le=3650, description="null: the key never expires (until revoked)"
+        90, ge=1, le=3650, strict=True, description="null: the key never expires (until revoked)"
     )
 
 

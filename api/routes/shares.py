@@ -27,6 +27,7 @@ router = APIRouter()
 class NewShare(BaseModel):
     public: bool = Field(
         False,
+        strict=True,
         description="readable without signing in (only where the deployment allows public links)",
     )
 
