@@ -19,6 +19,7 @@ from api import errors, openapi
 from api.body_limit import BodyLimit
 from api.deps import Services
 from api.forwarded import Forwarded, Networks
+from api.memories import MemoryGuard
 from api.oidc import Provider
 from api.replies import ReplyHub
 from api.settings import ApiSettings
@@ -33,6 +34,7 @@ from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
+from storage.memories import Memories
 from storage.people import People
 from storage.preferences import Preferences
 from storage.shares import Shares
@@ -79,6 +81,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         people = await loop.run_in_executor(None, People, session, keyspace, "api")
         preferences = await loop.run_in_executor(None, Preferences, session, keyspace, "api")
         shares = await loop.run_in_executor(None, Shares, session, keyspace, "api")
+        kept = await loop.run_in_executor(None, Memories, session, keyspace, "api")
         provider = None
         if settings.oidc_issuer:
             provider = Provider(
@@ -104,6 +107,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             people,
             preferences,
             shares,
+            kept,
+            MemoryGuard(policies),
             provider,
         )
         log.info(
@@ -146,6 +151,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         chats,
         keys,
         local_accounts,
+        memories,
         messages,
         openai,
         people,
@@ -166,6 +172,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         keys,
         system,
         preferences,
+        memories,
         shares,
         admin,
         people,

@@ -42,6 +42,7 @@ def sse(reply: Reply) -> dict[str, Any]:
                 "pool": r.get("pool"),
                 "estimated_wait_ms": r.get("estimated_wait_ms"),
                 "degraded_from": r.get("degraded_from"),
+                "memories": list(r.get("memories") or []),
             },
         )
     elif reply.kind == "started":

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 
 from admission.limits import LimitsView
 from admission.placement import PoolView
+from api.memories import MemoryGuard
 from api.oidc import Provider
 from api.replies import ReplyHub
 from api.settings import ApiSettings
@@ -23,6 +24,7 @@ from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
+from storage.memories import Memories
 from storage.people import People
 from storage.preferences import Preferences
 from storage.shares import Shares
@@ -46,6 +48,8 @@ class Services:
     people: People  # the directory, browser sessions and sign-ins under way
     preferences: Preferences  # a person's instructions, a chat's instructions and model
     shares: Shares  # shared snapshots of chats
+    memories: Memories  # what people asked Parley to remember across their chats
+    memory_guard: MemoryGuard  # checks a memory before it is kept (api/memories.py)
     provider: Provider | None  # the OpenID Connect provider, when one is configured
 
 
@@ -112,6 +116,14 @@ def shares(deps: Deps) -> Shares:
     return deps.shares
 
 
+def memories(deps: Deps) -> Memories:
+    return deps.memories
+
+
+def memory_guard(deps: Deps) -> MemoryGuard:
+    return deps.memory_guard
+
+
 def provider(deps: Deps) -> Provider | None:
     return deps.provider
 
@@ -130,4 +142,6 @@ IdempotencyDep = Annotated[IdempotencyKeys, Depends(idempotency)]
 PeopleDep = Annotated[People, Depends(people)]
 PreferencesDep = Annotated[Preferences, Depends(preferences)]
 SharesDep = Annotated[Shares, Depends(shares)]
+MemoriesDep = Annotated[Memories, Depends(memories)]
+MemoryGuardDep = Annotated[MemoryGuard, Depends(memory_guard)]
 ProviderDep = Annotated[Provider | None, Depends(provider)]

@@ -5,10 +5,14 @@ screens them (conversation/gather.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+
 from admission.limits import LimitsView, allowed_default, model_refusal
 from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
+from api.memories import recalled
 from api.settings import ApiSettings
 from conversation import tokens
 from storage.preferences import ChatSettings
@@ -46,15 +50,23 @@ def allowed_model(
     return model
 
 
-async def for_run(
-    deps: Services, user: Principal, chat: ChatSettings, model: str | None
-) -> tuple[str | None, list[Instruction]]:
-    """(the run's model, its instructions) for a message in a chat with these settings; `model`: the one the
-    message asked for."""
-    own, _ = await deps.preferences.instructions(user.user_id)
+@dataclass(frozen=True)
+class ForRun:
+    model: str | None  # None: the deployment's default
+    instructions: list[Instruction]
+    memories: bool  # recall the person's memories (api/memories.py)
+
+
+async def for_run(deps: Services, user: Principal, chat: ChatSettings, model: str | None) -> ForRun:
+    """What a message in a chat with these settings runs with; `model`: the one the message asked for."""
+    chosen = allowed_model(deps.settings, deps.limits, user, model or chat.model)
+    (own, _), memories = await asyncio.gather(
+        deps.preferences.instructions(user.user_id),
+        recalled(deps.settings, deps.preferences, deps.memories, user),
+    )
     instructions: list[Instruction] = [
         {"source": source, "content": text}
         for source, text in (("person", own), ("chat", chat.instructions))
         if text
     ]
-    return allowed_model(deps.settings, deps.limits, user, model or chat.model), instructions
+    return ForRun(chosen, instructions, memories)

@@ -66,6 +66,7 @@ class Question:
     instructions: Sequence[Instruction] = ()  # api/preferences.py
     parent_id: str | None = None  # where it goes on the chat's tree (api/branches.py)
     branched: bool = False  # the chat has more than one branch
+    memories: bool = False  # recall the person's memories (api/memories.py)
 
 
 def checked_content(settings: ApiSettings, content: str) -> None:
@@ -359,6 +360,7 @@ async def answer(
         instructions=list(question.instructions) or None,
         parent_id=question.parent_id,
         branched=question.branched,
+        memories=question.memories,
     )
     tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it
     try:

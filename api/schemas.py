@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from admission.limits import Limits
+from api.memories import MemoryOut
 from safety.policy import Policy
 from storage.api_keys import ApiKey
 from storage.decisions import SafetyDecision
@@ -48,6 +49,9 @@ class MessageOut(BaseModel):
         description="the messages sharing its parent, itself included, oldest first (other versions of a "
         "question or an answer)",
     )
+    memories: list[str] = Field(
+        default_factory=list, description="an answer's: the memories it recalled"
+    )
 
     @classmethod
     def of(
@@ -65,6 +69,7 @@ class MessageOut(BaseModel):
             feedback=m.feedback,
             parent_id=parent_id,
             sibling_ids=sibling_ids or [m.id],
+            memories=list(m.memories),
         )
 
 
@@ -124,6 +129,9 @@ class Export(BaseModel):
     user_id: str
     exported_at: str
     chats: list[ChatExport]
+    memories: list[MemoryOut] = Field(
+        default_factory=list, description="what they asked Parley to remember"
+    )
 
 
 class ContextReset(BaseModel):

@@ -41,6 +41,14 @@ class ApiSettings(StackSettings):
         description="The most tokens a person's own instructions, or a chat's, may take (each is counted within "
         "every prompt's budget).",
     )
+    memories: bool = Field(
+        True,
+        description='Let people keep memories across their chats ("remember that …", or in settings) and recall '
+        "them into their prompts; off: none is made or recalled (those kept can still be listed, exported and "
+        "deleted).",
+    )
+    max_memories: int = Field(200, ge=0, description="The most memories one person may keep.")
+    max_memory_chars: int = Field(500, ge=1, description="The longest one memory may be.")
     max_body_bytes: int = Field(
         4 * 1024 * 1024,
         description="A request body larger than this is refused (413) while it is read, before parsing or auth: "

@@ -20,12 +20,15 @@ from prometheus_client import Histogram
 
 from conversation import tokens
 from conversation.context import Assembled, Limits, TooLong, Turn, assemble_chat, relevant
+from conversation.memories import Recalled as RecalledMemories
+from conversation.memories import embedded, recall_memories
 from conversation.settings import ContextSettings
 from runtime.settings import Pool
 from safety.moderator import Moderator
 from safety.policy import PolicyView
 from storage.conversations import Conversations
 from storage.ids import MIN_ID
+from storage.memories import Memories
 from storage.memory import Memory, Recalled, Summary
 from storage.rows import Change, Message
 from storage.tree import before
@@ -237,19 +240,33 @@ async def branch_of(prompt: PromptAccepted, conversations: Conversations) -> set
     return before(await conversations.skeleton(uuid.UUID(prompt["chat_id"])), parent)
 
 
+async def person_memories(
+    prompt: PromptAccepted, store: Memories, guard: ContextGuard, settings: ContextSettings
+) -> tuple[np.ndarray | None, RecalledMemories]:
+    """(the new message's embedding, when it was needed, and the sender's memories recalled for it)."""
+    if not prompt.get("memories"):
+        return None, RecalledMemories()
+    query = await embedded(guard, prompt["content"])
+    counter = tokens.load(settings.pools[pools_in_order(prompt, settings)[0]].tokenizer)
+    return query, await recall_memories(prompt, store, guard, query, counter, settings)
+
+
 async def assemble_chat_run(
     prompt: PromptAccepted,
     conversations: Conversations,
     memory: Memory,
+    memories: Memories,
     guard: ContextGuard,
     settings: ContextSettings,
 ) -> RunScheduled:
-    """The run for a chat message: system prompt + summary + verbatim window + recalled messages + the new
-    message, fitted into the first pool whose budget holds it (conversation/context.py). Raises TooLong."""
+    """The run for a chat message: system prompt (with instructions and the sender's memories) + summary +
+    verbatim window + recalled messages + the new message, fitted into the first pool whose budget holds it
+    (conversation/context.py). Raises TooLong."""
     chat_id, tier = uuid.UUID(prompt["chat_id"]), prompt["tier"]
     summary, earlier, older, reset = None, [], False, None
     on_branch: set[str] | None = None
-    system, instructed, withheld = await with_instructions(prompt, guard, settings)
+    recalling = asyncio.create_task(person_memories(prompt, memories, guard, settings))
+    instructed_system, instructed, withheld = await with_instructions(prompt, guard, settings)
     if prompt[
         "prev_run_id"
     ]:  # not the chat's first turn (its first turn reads nothing: faster first token)
@@ -281,6 +298,9 @@ async def assemble_chat_run(
         earlier = conversation_turns(rows, before)
         earlier, flagged = await guard.turns(earlier, tier)
         withheld += flagged
+    query, remembered = await recalling
+    system = remembered.system(instructed_system)
+    withheld += remembered.withheld
     refused: TooLong | None = None
     chosen: tuple[str, Limits, Assembled] | None = None
     args = (system, summary, earlier, older)
@@ -307,18 +327,25 @@ async def assemble_chat_run(
     kept = assembled.record["verbatim_ids"]
     if older or len(kept) < len(earlier):  # there is memory beyond the window: recall from it
         first = uuid.UUID(kept[0]) if kept else uuid.UUID(prompt["message_id"])
+        if query is None:
+            query = await embedded(guard, prompt["content"])
         recalled = await recall(
-            memory, guard, chat_id, prompt["content"], reset, first, tier, settings, changes,
-            on_branch,
-        )  # fmt: skip
+            memory, guard, chat_id, query, reset, first, tier, settings, changes, on_branch
+        )
         withheld += [t.id for t in recalled if t.content == WITHHELD]
         counter = tokens.load(settings.pools[name].tokenizer)
         assembled = assemble_chat(*args, recalled, prompt["content"], limits, counter)
     assembled.record["withheld_ids"] = withheld
     assembled.record["instructions"] = instructed
     counter = tokens.load(settings.pools[name].tokenizer)
-    extra = counter.count(system) - counter.count(settings.system_prompt) if instructed else 0
-    assembled.record["instruction_tokens"] = extra
+    base = counter.count(settings.system_prompt)
+    assembled.record["instruction_tokens"] = (
+        counter.count(instructed_system) - base if instructed else 0
+    )
+    assembled.record["memory_ids"] = [m.id for m in remembered.used]
+    assembled.record["memories"] = [m.content for m in remembered.used]
+    used = counter.count(system) - counter.count(instructed_system) if remembered.used else 0
+    assembled.record["memory_tokens"] = used
     PROMPT_TOKENS.labels(name).observe(assembled.record["prompt_tokens"])
     return scheduled(prompt, name, settings, assembled, len(assembled.record["verbatim_ids"]))
 
@@ -327,7 +354,7 @@ async def recall(
     memory: Memory,
     guard: ContextGuard,
     chat_id: uuid.UUID,
-    text: str,
+    query: np.ndarray,
     after: uuid.UUID | None,
     before: uuid.UUID,
     tier: str,
@@ -337,18 +364,15 @@ async def recall(
 ) -> list[Turn]:
     """The older messages to recall for the new one (best first, conversation/context.py `relevant`), with
     assistant messages screened (the user's own were moderated as they came in)."""
-    vector = await asyncio.get_running_loop().run_in_executor(
-        None, guard.moderator.encoder.embed, [text]
-    )
     found = await memory.recall(
-        chat_id, vector[0].tolist(), settings.recall_candidates, after or MIN_ID, before
+        chat_id, query.tolist(), settings.recall_candidates, after or MIN_ID, before
     )
     found = as_changed(found, changes)
     if on_branch is not None:  # only this branch's messages (storage/tree.py)
         found = [r for r in found if r.id in on_branch]
     vectors = np.array([r.embedding for r in found], dtype=np.float32).reshape(len(found), -1)
     picked = relevant(
-        vector[0],
+        query,
         [r.content for r in found],
         vectors,
         settings.recall_k,

@@ -26,6 +26,12 @@ class ContextSettings(StackSettings):
     recall_min_similarity: float = 0.35
     # MMR: 1 ranks by relevance alone; lower prefers messages unlike those chosen
     recall_diversity: float = 0.4
+    # a person's memories across chats (docs/decisions/0024-memories-across-chats.md): the nearest read, the
+    # most recalled into one prompt, the tokens they may take there, and the cosine below which one is left out
+    memories_candidates: int = 8
+    memories_k: int = 3
+    memories_tokens: int = 120
+    memories_min_similarity: float = 0.3
     memory_pool: str = "small"  # the pool summaries run on
     summarize_after_tokens: int = 768  # unsummarised tokens after the summary that start a new one
     # the newest tokens a summary leaves out (the verbatim window keeps them)

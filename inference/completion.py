@@ -10,6 +10,7 @@ from inference.engine import Outcome
 from inference.takeover import Prior
 from topics.clock import now_ms
 from topics.events import RunCompleted, RunScheduled, Usage
+from topics.records import recalled_memories
 
 
 @dataclass
@@ -60,6 +61,7 @@ def completed(
         "itl_p99_ms": timing.itl(0.99),
         "queue_ms": timing.queue_ms,
         "moderation": timing.moderation,
+        "memories": recalled_memories(run),
         "completed_at": now_ms(),
     }
 

@@ -77,6 +77,7 @@ def assistant_turn(done: RunCompleted) -> Message:
         done["finish_reason"],
         done["pool"],
         parent_id=answers(done["prompt"]),
+        memories=tuple(done.get("memories") or ()),
     )
 
 

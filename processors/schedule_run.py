@@ -45,6 +45,7 @@ from safety.policy import PolicyView
 from storage import schema
 from storage.conversations import Conversations
 from storage.ledger import Decision, Ledger
+from storage.memories import Memories
 from storage.memory import Memory
 from storage.withdrawals import TAKEN, WITHDRAWN, ids, suspect
 from topics.clock import now_ms
@@ -64,7 +65,7 @@ from topics.pipeline import (
     TOKEN_DELTA,
     named,
 )
-from topics.records import token_delta
+from topics.records import recalled_memories, token_delta
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ def queued(run: RunScheduled, wait_s: float) -> TokenDelta:
         pool=run["pool"],
         estimated_wait_ms=int(wait_s * 1000),
         degraded_from=run.get("degraded_from"),
+        memories=recalled_memories(run),
     )
 
 
@@ -180,6 +182,7 @@ class Deps:
     pools: PoolView
     context: ContextGuard
     memory: Memory
+    memories: Memories  # a person's memories across chats (read only)
 
 
 async def refuse(prompt: PromptAccepted, code: str, message: str, deps: Deps, **extra: Any) -> None:
@@ -239,7 +242,7 @@ async def on_moderated(moderated: PromptModerated, deps: Deps) -> None:
             run = assemble_given(prompt, deps.settings)
         else:
             run = await assemble_chat_run(
-                prompt, deps.conversations, deps.memory, deps.context, deps.settings
+                prompt, deps.conversations, deps.memory, deps.memories, deps.context, deps.settings
             )
     except TooLong as exc:
         await refuse(prompt, "context_length_exceeded", str(exc), deps)
@@ -334,5 +337,6 @@ def build(stage: Stage, settings: ProcessorSettings) -> None:
         pools,
         ContextGuard(moderator_for(settings), policies),
         Memory(session, keyspace, name),
+        Memories(session, keyspace, name),
     )
     stage.serve(HANDLERS, deps)

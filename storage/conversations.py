@@ -17,6 +17,7 @@ from cassandra.query import PreparedStatement
 
 from storage.ids import MIN_ID, new_id, now
 from storage.rows import (
+    MESSAGE_COLUMNS,
     Change,
     Chat,
     ChatBusy,
@@ -73,6 +74,7 @@ COLUMNS_ADDED = (
     ("messages", "pool", "text"),
     ("messages", "feedback", "text"),
     ("messages", "parent_id", "timeuuid"),  # storage/tree.py
+    ("messages", "memories", "list<text>"),  # a person's memories an answer's context held
 )
 
 
@@ -156,12 +158,12 @@ class Conversations(Store):
         )
         self._insert_message = p(
             f"INSERT INTO {ks}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
-            "finish_reason, pool, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "finish_reason, pool, parent_id, memories) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self._skeleton = p(
             f"SELECT message_id, parent_id, role FROM {ks}.messages WHERE chat_id = ?"
         )
-        columns = "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback, parent_id"
+        columns = MESSAGE_COLUMNS
         self._list_messages = p(
             f"SELECT {columns} FROM {ks}.messages WHERE chat_id = ? AND message_id > ? LIMIT ?"
         )
@@ -218,10 +220,9 @@ class Conversations(Store):
         )
 
     async def delete_chat(self, chat: Chat) -> None:
-        """The chat, its runs (so its streams can no longer be resumed) and the user's changes; its messages and
-        memory are erased by the persistence and memory stages, told first (api/routes/chats.py). Its content
-        goes first and the chat itself last: a delete cut short leaves the chat listed, and deleting it again
-        finishes the job (nothing is left unowned)."""
+        """The chat, its runs (its streams can no longer be resumed) and the user's changes; the persistence and
+        memory stages, told first, erase its messages and memory (api/routes/chats.py). Content goes first, the
+        chat last: a delete cut short leaves the chat listed, and deleting it again finishes (nothing unowned)."""
         await self._all(
             (self._delete_changes, (chat.chat_id,)),
             (self._delete_runs, (chat.chat_id,)),
@@ -319,9 +320,8 @@ class Conversations(Store):
     ) -> list[Message]:
         """A page of the chat's messages as the user left them, oldest first."""
         changes = await self.changes(chat_id)
-        rows = await self._run(
-            self._list_messages, (chat_id, after or MIN_ID, limit + deletions(changes))
-        )
+        page = (chat_id, after or MIN_ID, limit + deletions(changes))
+        rows = await self._run(self._list_messages, page)
         return overlay([message_of(r) for r in rows], changes)[:limit]
 
     async def messages_after(

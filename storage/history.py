@@ -92,6 +92,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "instructions",
         "parent_id",
         "branched",
+        "memories",
     ),
     "PromptModerated": (
         "decision",
@@ -370,7 +371,8 @@ def _summary(e: dict[str, Any]) -> str:
             f"pool {e['pool']} model {e['model']} prompt {ctx.get('prompt_tokens', '?')} tokens "
             f"(summary {ctx.get('summary_version') or 'none'}, {len(ctx.get('verbatim_ids', []))} verbatim, "
             f"{len(ctx.get('retrieved_ids', []))} recalled, instructions "
-            f"{'+'.join(ctx.get('instructions') or []) or 'none'} {ctx.get('instruction_tokens', 0)} tokens"
+            f"{'+'.join(ctx.get('instructions') or []) or 'none'} {ctx.get('instruction_tokens', 0)} tokens, "
+            f"memories {'; '.join(repr(m[:40]) for m in ctx.get('memories') or []) or 'none'}"
             f"{', withheld ' + ' '.join(ctx['withheld_ids']) if ctx.get('withheld_ids') else ''})"
         )
     if kind == "TokenDelta":

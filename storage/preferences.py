@@ -14,8 +14,9 @@ from storage.ids import now, utc
 from storage.session import Store, create_tables
 
 SCHEMA = (
+    # memories: recall the person's memories into their chats (null: on)
     """CREATE TABLE IF NOT EXISTS {ks}.person_settings (
-         user_id text PRIMARY KEY, instructions text, updated_at timestamp)""",
+         user_id text PRIMARY KEY, instructions text, memories boolean, updated_at timestamp)""",
     # one row per chat that has its own instructions or model; deleted with the chat (api/routes/chats.py)
     # branch: the message the person chose the chat's current branch by (storage/tree.py); null: the newest;
     # branched: the chat has more than one branch (until then a run's context needs no tree)
@@ -39,6 +40,11 @@ class ChatSettings:
     branched: bool = False  # the chat has more than one branch
 
 
+@dataclass(frozen=True)
+class PersonSettings:
+    memories: bool = True
+
+
 class Preferences(Store):
     WRITERS = {"person_settings": "api", "chat_settings": "api"}
 
@@ -51,6 +57,10 @@ class Preferences(Store):
         self._get_instructions = p(
             f"SELECT instructions, updated_at FROM {ks}.person_settings WHERE user_id = ?"
         )
+        self._put_settings = p(
+            f"UPDATE {ks}.person_settings SET memories = ?, updated_at = ? WHERE user_id = ?"
+        )
+        self._get_settings = p(f"SELECT memories FROM {ks}.person_settings WHERE user_id = ?")
         self._put_chat = p(
             f"INSERT INTO {ks}.chat_settings (chat_id, instructions, model, updated_at) VALUES (?, ?, ?, ?)"
         )
@@ -72,6 +82,15 @@ class Preferences(Store):
         at = now()
         await self._run(self._put_instructions, (user_id, content, at))
         return at
+
+    async def settings(self, user_id: str) -> PersonSettings:
+        row = (await self._run(self._get_settings, (user_id,))).one()
+        if row is None:
+            return PersonSettings()
+        return PersonSettings(row.memories is not False)
+
+    async def set_settings(self, user_id: str, settings: PersonSettings) -> None:
+        await self._run(self._put_settings, (settings.memories, now(), user_id))
 
     async def chat(self, chat_id: uuid.UUID) -> ChatSettings:
         row = (await self._run(self._get_chat, (chat_id,))).one()

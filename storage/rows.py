@@ -42,6 +42,9 @@ class Message:
     pool: str | None = None
     feedback: str | None = None  # the user's rating of an answer; never written by put_message
     parent_id: str | None = None  # storage/tree.py: None for a message stored before the tree
+    memories: tuple[
+        str, ...
+    ] = ()  # an answer's: the person's memories its context held (storage/memories.py)
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,15 @@ def message_row(message: Message) -> tuple[Any, ...]:
         m.finish_reason,
         m.pool,
         uuid.UUID(m.parent_id) if m.parent_id else None,
+        list(m.memories) or None,
     )
+
+
+# what message_of reads
+MESSAGE_COLUMNS = (
+    "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback, parent_id, "
+    "memories"
+)
 
 
 def message_of(row: Any) -> Message:
@@ -119,4 +130,5 @@ def message_of(row: Any) -> Message:
         row.pool,
         row.feedback,
         str(row.parent_id) if row.parent_id else None,
+        tuple(row.memories or ()),
     )

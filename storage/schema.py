@@ -21,6 +21,7 @@ from storage import (
     decisions,
     idempotency,
     ledger,
+    memories,
     memory,
     people,
     preferences,
@@ -33,7 +34,7 @@ log = logging.getLogger("parley.migrate")
 
 # Each store owns its tables (their DDL is in its module): chats, runs and messages; a chat's memory; API keys;
 # safety decisions; the budget ledger; idempotency keys; people and their browser sessions; what a person sets
-# for their chats; shared snapshots.
+# for their chats; shared snapshots; what a person asked Parley to remember.
 STORES = (
     conversations,
     memory,
@@ -44,6 +45,7 @@ STORES = (
     people,
     preferences,
     shares,
+    memories,
 )
 
 

@@ -54,6 +54,7 @@ class PromptAccepted(TypedDict):
     parent_id: NotRequired[ReadOnly[str | None]]
     branched: NotRequired[ReadOnly[bool]]
     instructions: NotRequired[ReadOnly[Sequence[Instruction] | None]]
+    memories: NotRequired[ReadOnly[bool]]
     created_at: ReadOnly[int]
 
 
@@ -196,6 +197,7 @@ class RunCompleted(TypedDict):
     itl_p99_ms: NotRequired[ReadOnly[float]]
     queue_ms: NotRequired[ReadOnly[float]]
     moderation: NotRequired[ReadOnly[str]]
+    memories: NotRequired[ReadOnly[Sequence[str]]]
     completed_at: ReadOnly[int]
 
 
@@ -240,6 +242,9 @@ class PromptContext(TypedDict):
     withheld_ids: NotRequired[ReadOnly[Sequence[str]]]
     instructions: NotRequired[ReadOnly[Sequence[str]]]
     instruction_tokens: NotRequired[ReadOnly[int]]
+    memory_ids: NotRequired[ReadOnly[Sequence[str]]]
+    memories: NotRequired[ReadOnly[Sequence[str]]]
+    memory_tokens: NotRequired[ReadOnly[int]]
 
 
 class RunScheduled(TypedDict):
@@ -301,4 +306,5 @@ class TokenDelta(TypedDict):
     degraded_from: NotRequired[ReadOnly[str | None]]
     category: NotRequired[ReadOnly[str | None]]
     retract_from: NotRequired[ReadOnly[int | None]]
+    memories: NotRequired[ReadOnly[Sequence[str]]]
     emitted_at: ReadOnly[int]

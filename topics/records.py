@@ -36,6 +36,7 @@ def prompt_accepted(
     instructions: list[Instruction] | None = None,
     parent_id: str | None = None,
     branched: bool = False,
+    memories: bool = False,
 ) -> PromptAccepted:
     """A user's message (or a memory stage's summary request) accepted as a new run."""
     return {
@@ -57,8 +58,15 @@ def prompt_accepted(
         "instructions": instructions,
         "parent_id": parent_id,
         "branched": branched,
+        "memories": memories,
         "created_at": now_ms(),
     }
+
+
+def recalled_memories(run: RunScheduled) -> list[str]:
+    """The sender's memories the run's context holds (shown with its answer)."""
+    context = run.get("context")
+    return list(context.get("memories") or []) if context else []
 
 
 def token_delta(run: RunScheduled, seq: int, kind: str, **fields: Any) -> TokenDelta:
@@ -81,6 +89,7 @@ def token_delta(run: RunScheduled, seq: int, kind: str, **fields: Any) -> TokenD
         "degraded_from": None,
         "category": None,
         "retract_from": None,
+        "memories": [],
         "emitted_at": now_ms(),
         **fields,
     }

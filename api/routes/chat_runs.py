@@ -94,7 +94,7 @@ async def regenerate(
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     chat, _, finish_reason = await owned_run(deps.conversations, user, chat_id, run_id)
     settings = await deps.preferences.chat(chat.chat_id)
-    model, instructions = await for_run(deps, user, settings, body.model)
+    run_with = await for_run(deps, user, settings, body.model)
     if finish_reason is None:
         raise ApiError(409, "The run is still answering; stop it first.", "run_in_progress")
     await not_busy(deps, chat)
@@ -119,8 +119,16 @@ async def regenerate(
     earlier = None if parent == ROOT_ID else parent
     if not settings.branched:  # the new answer is a sibling: the chat has branches from now on
         await deps.preferences.mark_branched(chat.chat_id)
-    again = Question(question.id, question.content, earlier, instructions, parent, True)
-    response, new_run = await answer(deps, user, chat, again, max_tokens, model)
+    again = Question(
+        question.id,
+        question.content,
+        earlier,
+        run_with.instructions,
+        parent,
+        True,
+        run_with.memories,
+    )
+    response, new_run = await answer(deps, user, chat, again, max_tokens, run_with.model)
     if settings.branch is not None:
         await deps.preferences.set_branch(chat.chat_id, None)
     log.info("chat %s: run %s regenerated as %s by %s", chat_id, run_id, new_run, user.user_id)

@@ -17,6 +17,7 @@ from api.deps import (
     ConversationsDep,
     IdempotencyDep,
     LimitsDep,
+    MemoriesDep,
     PreferencesDep,
     ProducerDep,
     SettingsDep,
@@ -24,6 +25,7 @@ from api.deps import (
 )
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
+from api.memories import MemoryOut
 from api.openapi import CHAT_LINKS
 from api.preferences import allowed_model, checked_instructions
 from api.schemas import ChatDetail, ChatExport, ChatOut, ChatPage, ContextReset, Export, MessageOut
@@ -106,8 +108,10 @@ async def list_chats(
 
 
 @router.get("/export")
-async def export_chats(conversations: ConversationsDep, user: CurrentUser) -> Export:
-    """Every chat of the caller with all its messages, as one JSON document."""
+async def export_chats(
+    conversations: ConversationsDep, memories: MemoriesDep, user: CurrentUser
+) -> Export:
+    """Every chat of the caller with all its messages, and their memories, as one JSON document."""
     chats: list[ChatExport] = []
     after: tuple[datetime, uuid.UUID] | None = None
     while True:
@@ -125,7 +129,8 @@ async def export_chats(conversations: ConversationsDep, user: CurrentUser) -> Ex
             break
         after = (rows[-1].active_at, rows[-1].chat_id)
     exported = datetime.now(UTC).isoformat()
-    return Export(user_id=user.user_id, exported_at=exported, chats=chats)
+    kept = [MemoryOut.of(m) for m in await memories.kept(user.user_id)]
+    return Export(user_id=user.user_id, exported_at=exported, chats=chats, memories=kept)
 
 
 @router.get("/{chat_id}")

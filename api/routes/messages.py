@@ -20,6 +20,7 @@ from api.chat_state import forget_message, memory_changed, owned_chat, owned_mes
 from api.deps import ConversationsDep, Deps, PreferencesDep, ProducerDep, Services, SettingsDep
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
+from api.memories import command, remember
 from api.openapi import NEW_RUN
 from api.preferences import for_run
 from api.routes.chats import Limit
@@ -136,7 +137,7 @@ async def post_message(
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     parsed, chat = await owned_chat(deps.conversations, user, chat_id)
     settings = await deps.preferences.chat(parsed)
-    model, instructions = await for_run(deps, user, settings, body.model)
+    run_with = await for_run(deps, user, settings, body.model)
     given = "parent_id" in body.model_fields_set
     parent, chosen_before = await parent_for(
         deps.conversations, settings.branch, chat, body.parent_id, given
@@ -153,12 +154,24 @@ async def post_message(
     holder = idempotency.Holder(deps.idempotency, user, key)
     try:
         await not_busy(deps, chat)
+        fact = command(content) if deps.settings.memories else None
+        if fact is not None:  # "remember that …": kept first, so this very answer can recall it
+            await remember(
+                deps.settings, deps.memories, deps.memory_guard, user, fact, f"chat:{parsed}"
+            )
         after = None if parent == ROOT_ID else parent
         # marked before the prompt goes: its context is read along the tree
         if branched and not settings.branched:
             await deps.preferences.mark_branched(parsed)
-        question = Question(str(message_id), body.content, after, instructions, parent, branched)
-        response, _ = await answer(deps, user, chat, question, max_tokens, model, run, holder.made)
+        recall = run_with.memories or (
+            fact is not None and (await deps.preferences.settings(user.user_id)).memories
+        )
+        question = Question(
+            str(message_id), body.content, after, run_with.instructions, parent, branched, recall
+        )
+        response, _ = await answer(
+            deps, user, chat, question, max_tokens, run_with.model, run, holder.made
+        )
         if chosen_before:  # the new message's branch is the current one now
             await deps.preferences.set_branch(parsed, None)
     except BaseException as exc:

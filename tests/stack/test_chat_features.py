@@ -2,7 +2,10 @@
 the old one, both answers stay reachable, and each run's context comes from its own branch; a regenerated answer
 keeps the old one as its sibling. Instructions, models and usage in view: a person's and a chat's instructions
 and the chat's model go into the run (as `parley runs show` tells it), an injected instruction is withheld, a
-model the tier may not use is refused with nothing written. In headless Chromium: a message is edited and sent
+model the tier may not use is refused with nothing written. Memories: one asked for in a chat is recalled in
+another chat of the same person (never another's) and named on the answer; an injection is not kept; switched
+off, none is recalled. In headless Chromium: a memory is added in the account dialog and named on the answer it
+went into; a message is edited and sent
 again and its versions browsed; the branch is shared read-only with another person and revoked; the account
 dialog shows the budget and saves the person's instructions; the picker's model is remembered per chat; a low
 budget is announced; and axe-core finds no violation in any of these states."""
@@ -119,6 +122,40 @@ def test_instructions_and_the_chats_model_go_into_the_run_and_a_tier_is_refused_
         assert third.status == 200 and third.completed, third.error
 
 
+def test_a_memory_made_in_one_chat_is_recalled_in_another_screened_and_switched_off(live):
+    user = f"mem-{uuid.uuid4().hex[:8]}"
+    with live.client(live.token(user, "pro")) as client, live.client(live.token()) as stranger:
+        chats = ChatClient(client)
+        first = client.post("/v1/chats").json()["id"]
+        said = chats.send(first, "Remember that my cat is called Mochi.", max_tokens=8)
+        assert said.status == 200 and said.completed, said.error
+        [kept] = client.get("/v1/me/memories").json()["data"]
+        assert (kept["content"], kept["source"]) == ("my cat is called Mochi", f"chat:{first}")
+
+        other = client.post("/v1/chats").json()["id"]
+        asked = chats.send(other, "What is my cat called?", max_tokens=8)
+        assert asked.status == 200 and asked.completed, asked.error
+        assert "my cat is called Mochi" in context_of(live, asked.run_id)
+        assert "memories 'my cat is called Mochi'" in parley(live, "runs", "show", asked.run_id).stdout
+        answers = wait_for(
+            lambda: [m for m in client.get(f"/v1/chats/{other}/messages").json()["data"] if m["role"] == "assistant"]
+        )
+        assert answers[0]["memories"] == ["my cat is called Mochi"]  # shown on the answer that used it
+
+        # someone else asking the same never gets it; an injection is not kept; switched off, none is recalled
+        theirs = ChatClient(stranger).send(
+            stranger.post("/v1/chats").json()["id"], "What is my cat called?", max_tokens=8
+        )
+        assert theirs.completed and "Mochi" not in context_of(live, theirs.run_id)
+        refused = client.post("/v1/me/memories", json={"content": INJECTION})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "memory_rejected", refused.text
+        assert client.get("/v1/me/memories").json()["data"] == [kept]
+        assert client.patch("/v1/me/settings", json={"memories": False}).json()["memories"] is False
+        again = chats.send(other, "What is my cat called?", max_tokens=8)
+        assert again.completed and "Mochi" not in context_of(live, again.run_id)
+        assert client.get("/v1/chats/export").json()["memories"] == [kept]
+
+
 def test_the_app_shows_the_budget_saves_instructions_remembers_the_model_and_axe_finds_nothing(live, chromium):
     user = f"web-{uuid.uuid4().hex[:8]}"
     token = live.token(user, "pro")
@@ -130,6 +167,11 @@ def test_the_app_shows_the_budget_saves_instructions_remembers_the_model_and_axe
         shown = wait_for(lambda: page.text_content("#usage-tier") == "pro", 10)
         assert shown, (page.text_content("#account-dialog"), page.errors)
         assert "500,000 of 500,000 tokens" in page.text_content("#usage-left")
+        page.fill("#new-memory", "When I say hello, answer in one short sentence.")
+        page.click("#add-memory")
+        page.wait_for_selector("#my-memories li input", timeout=20_000)  # the classifier loads on the first
+        [memory] = client.get("/v1/me/memories").json()["data"]
+        assert memory["content"] == "When I say hello, answer in one short sentence."
         assert_clean(page, "the account dialog")
         page.fill("#my-instructions", "I prefer metric units.")
         page.click("#account-dialog button[value=save]")
@@ -149,7 +191,8 @@ def test_the_app_shows_the_budget_saves_instructions_remembers_the_model_and_axe
                 [m for m in client.get(f"/v1/chats/{chat}/messages").json()["data"] if m["role"] == "assistant"] or None
             )
         )
-        assert stored["model"] == LARGE
+        assert stored["model"] == LARGE and stored["memories"] == [memory["content"]]
+        assert memory["content"] in page.text_content(".msg.assistant .memories")  # the answer names it
 
         # edit the question and send it again: a second version; the first stays one click away
         page.click(".msg.user .edit")

@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
+from api.errors import ApiError
 from storage.api_keys import UNSCOPED, ApiKey, KeyOwner
 from storage.idempotency import Claim
 from storage.ids import new_id
-from storage.preferences import ChatSettings
+from storage.memories import PersonMemory
+from storage.preferences import ChatSettings, PersonSettings
 from storage.rows import Change, Chat, Message, overlay
 from storage.shares import Share
 
@@ -174,6 +176,13 @@ class FakePreferences:
     def __init__(self) -> None:
         self.people: dict[str, tuple[str, datetime]] = {}
         self.chats: dict[uuid.UUID, ChatSettings] = {}
+        self.settings_of: dict[str, PersonSettings] = {}
+
+    async def settings(self, user_id: str) -> PersonSettings:
+        return self.settings_of.get(user_id, PersonSettings())
+
+    async def set_settings(self, user_id: str, settings: PersonSettings) -> None:
+        self.settings_of[user_id] = settings
 
     async def instructions(self, user_id: str) -> tuple[str, datetime | None]:
         return self.people.get(user_id, ("", None))
@@ -196,6 +205,50 @@ class FakePreferences:
 
     async def forget_chat(self, chat_id: uuid.UUID) -> None:
         self.chats.pop(chat_id, None)
+
+
+class FakeMemories:
+    """A person's memories (storage/memories.py); recall ranks by the dot product of the embeddings."""
+
+    def __init__(self) -> None:
+        self.people: dict[str, dict[str, PersonMemory]] = {}
+
+    async def kept(self, user_id: str, limit: int = 1000) -> list[PersonMemory]:
+        mine = sorted(self.people.get(user_id, {}).values(), key=lambda m: uuid.UUID(m.id).time)
+        return mine[:limit]
+
+    async def get(self, user_id: str, memory_id: uuid.UUID) -> PersonMemory | None:
+        return self.people.get(user_id, {}).get(str(memory_id))
+
+    async def put(self, user_id, memory_id, content, embedding, source, created_at=None) -> PersonMemory:
+        at = now()
+        memory = PersonMemory(str(memory_id), content, source, created_at or at, at, tuple(embedding))
+        self.people.setdefault(user_id, {})[memory.id] = memory
+        return memory
+
+    async def delete(self, user_id: str, memory_id: uuid.UUID) -> None:
+        self.people.get(user_id, {}).pop(str(memory_id), None)
+
+    async def forget_person(self, user_id: str) -> None:
+        self.people.pop(user_id, None)
+
+    async def recall(self, user_id: str, embedding: list[float], k: int) -> list[PersonMemory]:
+        score = lambda m: sum(a * b for a, b in zip(m.embedding, embedding, strict=True))  # noqa: E731
+        return sorted(await self.kept(user_id), key=score, reverse=True)[:k]
+
+
+class FakeMemoryGuard:
+    """The edge's memory check (api/memories.py) with the classifier left out: what says to ignore something is
+    refused; the embedding is a fixed unit vector. The real classifier: tests/stack/test_chat_features.py."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def checked(self, content: str, tier: str) -> list[float]:
+        self.seen.append(content)
+        if "ignore" in content.lower():
+            raise ApiError(400, "This memory cannot be kept.", "memory_rejected", "content")
+        return [1.0, 0.0, 0.0]
 
 
 class FakeShares:

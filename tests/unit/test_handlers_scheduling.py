@@ -10,6 +10,7 @@ from admission.limits import DEFAULT_TIERS
 from processors import schedule_run
 from processors.settings import ProcessorSettings
 from storage.withdrawals import WITHDRAWN
+from tests.unit.edge_fakes import FakeMemories
 from tests.unit.fakes import (
     FakeConversations,
     FakeGuard,
@@ -39,6 +40,7 @@ def scheduling(**limits):
         FakePools(),
         FakeGuard(),
         FakeMemory(),
+        FakeMemories(),
     )
 
 

@@ -8,69 +8,16 @@ import json
 import uuid
 from dataclasses import replace
 from datetime import timedelta
-from types import SimpleNamespace
 from urllib.parse import unquote
 
-import pytest
-from fastapi.testclient import TestClient
-
 from admission.limits import DEFAULT_TIERS
-from api import deps
-from api.app import create_app
 from api.auth import credential
 from api.settings import ApiSettings
 from storage.ids import new_id
 from storage.rows import Message
 from topics.pipeline import AUDIT, FEEDBACK, MEMORY_CHANGED
 
-from .edge_fakes import (
-    FakeChats,
-    FakeIdempotencyKeys,
-    FakeKeys,
-    FakePeople,
-    FakePreferences,
-    FakeProducer,
-    FakeShares,
-    now,
-)
-from .fakes import FakeLimits
-
-
-@pytest.fixture
-def edge():
-    settings = ApiSettings(dev_tokens=True)
-    app = create_app(settings)
-    chats, keys, producer = FakeChats(), FakeKeys(), FakeProducer()
-    app.dependency_overrides[deps.conversations] = lambda: chats
-    idempotency = FakeIdempotencyKeys()
-    app.dependency_overrides[deps.idempotency] = lambda: idempotency
-    app.dependency_overrides[deps.keys] = lambda: keys
-    app.dependency_overrides[deps.producer] = lambda: producer
-    people = FakePeople()  # browser sessions themselves: tests/stack/test_signin.py
-    app.dependency_overrides[deps.people] = lambda: people
-    app.dependency_overrides[deps.provider] = lambda: None
-    preferences, limits = FakePreferences(), FakeLimits()
-    app.dependency_overrides[deps.preferences] = lambda: preferences
-    app.dependency_overrides[deps.limits] = lambda: limits
-    shares = FakeShares()
-    app.dependency_overrides[deps.shares] = lambda: shares
-    client = TestClient(app, raise_server_exceptions=False)  # no lifespan: nothing to connect to
-
-    def signed(user: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {credential(user, settings=settings)}"}
-
-    return SimpleNamespace(
-        app=app,
-        http=client,
-        chats=chats,
-        keys=keys,
-        producer=producer,
-        people=people,
-        preferences=preferences,
-        limits=limits,
-        shares=shares,
-        signed=signed,
-    )
+from .edge_fakes import FakeProducer, now
 
 
 def told(producer: FakeProducer) -> list[tuple[str, str | None]]:
@@ -217,6 +164,9 @@ def test_a_key_is_held_to_its_scopes_and_refused_once_expired(edge):
     assert never["expires_at"] is None and never["scopes"] == ["chat", "openai", "usage"]
     too_long = edge.http.post("/v1/api-keys", json={"expires_in_days": 4000}, headers=ada)
     assert too_long.status_code == 400
+    for not_a_number in (True, "7"):  # the schema says integer: no coercion
+        coerced = edge.http.post("/v1/api-keys", json={"expires_in_days": not_a_number}, headers=ada)
+        assert coerced.status_code == 400, not_a_number
     admin_key = edge.http.post("/v1/api-keys", json={"scopes": ["admin"]}, headers=ada)
     assert (admin_key.status_code, admin_key.json()["error"]["code"]) == (403, "admin_required")
 
@@ -369,6 +319,8 @@ def test_a_share_is_a_snapshot_for_signed_in_people_that_its_owner_lists_and_rev
     assert edge.http.post(f"/v1/chats/{chat_id}/share", headers=bob).status_code == 404  # not bob's chat
     public = edge.http.post(f"/v1/chats/{chat_id}/share", json={"public": True}, headers=ada)
     assert (public.status_code, public.json()["error"]["code"]) == (403, "public_shares_disabled")
+    yes = edge.http.post(f"/v1/chats/{chat_id}/share", json={"public": "yes"}, headers=ada)
+    assert yes.status_code == 400, "the schema says boolean: no coercion"
     made = edge.http.post(f"/v1/chats/{chat_id}/share", headers=ada)
     assert made.status_code == 201, made.text
     share = made.json()

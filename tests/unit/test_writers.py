@@ -20,6 +20,7 @@ from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
+from storage.memories import Memories
 from storage.memory import Memory
 from storage.people import People
 from storage.preferences import Preferences
@@ -29,7 +30,18 @@ from storage.session import WRITE, NotTheWriter
 from storage.shares import Shares
 
 ROOT = Path(__file__).resolve().parents[2]
-STORES = (Conversations, Memory, ApiKeys, SafetyDecisions, Ledger, IdempotencyKeys, People, Preferences, Shares)
+STORES = (
+    Conversations,
+    Memory,
+    ApiKeys,
+    SafetyDecisions,
+    Ledger,
+    IdempotencyKeys,
+    People,
+    Preferences,
+    Shares,
+    Memories,
+)
 
 
 class Sent(Exception):

@@ -111,6 +111,24 @@ export class Api {
   setInstructions(content) {
     return this.call("PUT", "/v1/me/instructions", { content });
   }
+  memories() {
+    return this.call("GET", "/v1/me/memories");
+  }
+  addMemory(content) {
+    return this.call("POST", "/v1/me/memories", { content });
+  }
+  editMemory(id, content) {
+    return this.call("PATCH", `/v1/me/memories/${id}`, { content });
+  }
+  deleteMemory(id) {
+    return this.call("DELETE", `/v1/me/memories/${id}`);
+  }
+  mySettings() {
+    return this.call("GET", "/v1/me/settings");
+  }
+  changeMySettings(patch) {
+    return this.call("PATCH", "/v1/me/settings", patch);
+  }
   /** Change a chat's title, instructions or model (a field left out stays). */
   changeChat(id, patch) {
     return this.call("PATCH", `/v1/chats/${id}`, patch);

@@ -168,6 +168,16 @@ function modelLine(run) {
   );
 }
 
+/** The person's memories the answer's context recalled, named under it. */
+function memoriesLine(run) {
+  if (!run.memories?.length) return null;
+  return h(
+    "p",
+    { class: "memories", title: "Recalled from your memories (Account → Memories)" },
+    `From your memories: ${run.memories.join(" · ")}`,
+  );
+}
+
 /** What ended an answer other than its own end: a refusal, a retraction, an error, a stop, the length limit. */
 export function notice(run) {
   const note = (kind, ...text) => h("p", { class: `notice ${kind}`, role: "note" }, ...text);
@@ -220,7 +230,7 @@ export function drawAnswer(el, run, message = null, last = false) {
     footer.append(h("span", { class: "queued" }, wait));
   }
   if (isFinished(run) && message) footer.append(...answerActions(run, message, last));
-  el.replaceChildren(body, notice(run) || "", footer);
+  el.replaceChildren(body, notice(run) || "", memoriesLine(run) || "", footer);
 }
 
 function answerActions(run, message, last) {

@@ -14,6 +14,7 @@ export function newRun(runId = null) {
     estimatedWaitMs: null,
     finishReason: null,
     usage: null,
+    memories: [], // the person's memories its context recalled
     moderation: null, // {action: "refused" | "retract", category, message}
     error: null, // {code, message}
     cursor: null, // the last applied event's id: a resume's Last-Event-ID
@@ -54,6 +55,7 @@ export function apply(run, { event, id, data }) {
         pool: data.pool ?? run.pool,
         degradedFrom: data.degraded_from ?? null,
         estimatedWaitMs: data.estimated_wait_ms ?? null,
+        memories: data.memories ?? run.memories,
       };
     case "run.started":
       return { ...next, status: "streaming", model: data.model ?? run.model };
@@ -101,6 +103,7 @@ export function fromMessage(message) {
     model: message.model,
     pool: message.pool,
     finishReason: reason,
+    memories: message.memories || [],
   };
   if (reason === "cancelled") return { ...base, status: "stopped" };
   if (reason === "content_filter" && !message.model) {
@@ -136,5 +139,6 @@ export function toMessage(run) {
     pool: run.pool,
     finish_reason: run.finishReason,
     feedback: null,
+    memories: run.memories,
   };
 }

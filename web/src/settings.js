@@ -1,6 +1,7 @@
 // What a person sets and sees of their own: the model picker (remembered per chat), the chat's instructions,
 // the account dialog (tier, budget, this month's tokens, their instructions for every chat), and a notice
 // before the budget runs out.
+import { listMemories, wireMemories } from "./memories.js";
 import { guarded, showBanner } from "./page.js";
 import { $, h, state } from "./state.js";
 
@@ -87,7 +88,8 @@ async function openAccount() {
   if (mine.status === "fulfilled") $("#my-instructions").value = mine.value.content;
   if (usage.status === "fulfilled") showUsage(usage.value);
   else $("#account-status").textContent = `Usage is unavailable: ${usage.reason.message}`;
-  await listShares();
+  $("#memory-status").textContent = "";
+  await Promise.all([listShares(), listMemories()]);
 }
 
 /** The person's shared links, newest first, each with Revoke. */
@@ -230,4 +232,5 @@ export function wireSettings() {
   $("#chat-form").addEventListener("submit", saveChatInstructions);
   $("#share").addEventListener("click", shareChat);
   $("#share-form").addEventListener("submit", shareAction);
+  wireMemories();
 }

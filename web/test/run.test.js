@@ -137,7 +137,13 @@ test("a finished live answer becomes the message it is stored as, and reads back
     pool: "small",
     finish_reason: "stop",
     feedback: null,
+    memories: [],
   });
+  const [queued, ...rest] = started("r4", 0);
+  const recalled = { ...queued, data: { ...queued.data, memories: ["I prefer metric units."] } };
+  const remembering = toMessage(play([recalled, ...rest, completed("r4", 3)]));
+  assert.deepEqual(remembering.memories, ["I prefer metric units."]);
+  assert.deepEqual(fromMessage(remembering).memories, ["I prefer metric units."]);
   const refusal = {
     event: "moderation",
     id: "r:2:9",
