@@ -15,6 +15,7 @@ from safety.policy import Policy
 from storage.api_keys import ApiKey
 from storage.decisions import SafetyDecision
 from storage.ids import utc
+from storage.preferences import Marks
 from storage.rows import Message
 
 
@@ -89,9 +90,11 @@ class ChatOut(BaseModel):
     title: str
     created_at: str
     last_active_at: str
+    pinned: bool = Field(False, description="listed first")
+    archived: bool = Field(False, description="listed only with ?archived=true")
 
     @classmethod
-    def of(cls, row: Any) -> ChatOut:
+    def of(cls, row: Any, marks: Marks | None = None) -> ChatOut:
         """From a chat row, or a row of the owner's chats by activity (which names its time `active_at`)."""
         active = row.last_active_at if hasattr(row, "last_active_at") else row.active_at
         return cls(
@@ -99,6 +102,8 @@ class ChatOut(BaseModel):
             title=row.title,
             created_at=utc(row.created_at).isoformat(),
             last_active_at=utc(active or row.created_at).isoformat(),
+            pinned=bool(marks and marks.pinned),
+            archived=bool(marks and marks.archived),
         )
 
 

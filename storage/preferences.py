@@ -23,6 +23,10 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.chat_settings (
          chat_id timeuuid PRIMARY KEY, instructions text, model text, branch timeuuid, branched boolean,
          updated_at timestamp)""",
+    # a person's pinned and archived chats, one partition (read whole with every listing of their chats); a
+    # row goes when neither holds; deleted with the chat
+    """CREATE TABLE IF NOT EXISTS {ks}.chat_marks (
+         user_id text, chat_id timeuuid, pinned boolean, archived boolean, PRIMARY KEY ((user_id), chat_id))""",
 )
 
 
@@ -45,8 +49,14 @@ class PersonSettings:
     memories: bool = True
 
 
+@dataclass(frozen=True)
+class Marks:
+    pinned: bool = False
+    archived: bool = False
+
+
 class Preferences(Store):
-    WRITERS = {"person_settings": "api", "chat_settings": "api"}
+    WRITERS = {"person_settings": "api", "chat_settings": "api", "chat_marks": "api"}
 
     def __init__(self, session: Session, keyspace: str, writer: str) -> None:
         super().__init__(session, keyspace, writer)
@@ -70,6 +80,11 @@ class Preferences(Store):
         self._set_branch = p(f"UPDATE {ks}.chat_settings SET branch = ? WHERE chat_id = ?")
         self._branched = p(f"UPDATE {ks}.chat_settings SET branched = true WHERE chat_id = ?")
         self._forget_chat = p(f"DELETE FROM {ks}.chat_settings WHERE chat_id = ?")
+        self._marks = p(f"SELECT chat_id, pinned, archived FROM {ks}.chat_marks WHERE user_id = ?")
+        self._mark = p(
+            f"INSERT INTO {ks}.chat_marks (user_id, chat_id, pinned, archived) VALUES (?, ?, ?, ?)"
+        )
+        self._unmark = p(f"DELETE FROM {ks}.chat_marks WHERE user_id = ? AND chat_id = ?")
 
     async def instructions(self, user_id: str) -> tuple[str, datetime | None]:
         """A person's own instructions ("" when none) and when they were last set."""
@@ -107,5 +122,16 @@ class Preferences(Store):
     async def mark_branched(self, chat_id: uuid.UUID) -> None:
         await self._run(self._branched, (chat_id,))
 
-    async def forget_chat(self, chat_id: uuid.UUID) -> None:
-        await self._run(self._forget_chat, (chat_id,))
+    async def forget_chat(self, user_id: str, chat_id: uuid.UUID) -> None:
+        await self._all((self._forget_chat, (chat_id,)), (self._unmark, (user_id, chat_id)))
+
+    async def marks(self, user_id: str) -> dict[uuid.UUID, Marks]:
+        """The person's pinned and archived chats."""
+        rows = await self._run(self._marks, (user_id,))
+        return {r.chat_id: Marks(bool(r.pinned), bool(r.archived)) for r in rows}
+
+    async def mark(self, user_id: str, chat_id: uuid.UUID, marks: Marks) -> None:
+        if marks.pinned or marks.archived:
+            await self._run(self._mark, (user_id, chat_id, marks.pinned, marks.archived))
+        else:
+            await self._run(self._unmark, (user_id, chat_id))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
@@ -29,9 +30,11 @@ from api.memories import MemoryOut
 from api.openapi import CHAT_LINKS
 from api.preferences import allowed_model, checked_instructions
 from api.schemas import ChatDetail, ChatExport, ChatOut, ChatPage, ContextReset, Export, MessageOut
+from storage.conversations import Conversations
 from storage.idempotency import Claim
 from storage.ids import decode_cursor, encode_cursor, id_time_ms, new_id, parse_id, utc
-from storage.preferences import ChatSettings
+from storage.preferences import ChatSettings, Marks
+from storage.rows import Chat
 from storage.tree import shown
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,10 @@ class ChatPatch(BaseModel):
     title: str | None = Field(None, min_length=1, max_length=200)
     instructions: str | None = Field(None, description="the chat's own instructions; empty: none")
     model: str | None = Field(None, description="the chat's model; null: the deployment's default")
+    pinned: bool | None = Field(None, strict=True, description="list it first")
+    archived: bool | None = Field(
+        None, strict=True, description="leave it out of the list (GET /v1/chats?archived=true)"
+    )
 
 
 def activity_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
@@ -91,12 +98,46 @@ async def create_chat(
     return ChatOut(id=str(chat_id), title=title, created_at=iso, last_active_at=iso)
 
 
+def active(row: Any) -> datetime:
+    return utc(row.last_active_at or row.created_at)
+
+
+async def marked(
+    conversations: Conversations, user_id: str, marks: dict[uuid.UUID, Marks], archived: bool
+) -> list[Chat]:
+    """The person's pinned (not archived) chats, or their archived ones, most recently active first."""
+    ids = [c for c, m in marks.items() if (m.archived if archived else m.pinned and not m.archived)]
+    rows = await asyncio.gather(*(conversations.get_chat(c) for c in ids))
+    return sorted((r for r in rows if r and r.user_id == user_id), key=active, reverse=True)
+
+
 @router.get("")
 async def list_chats(
-    conversations: ConversationsDep, user: CurrentUser, cursor: str | None = None, limit: Limit = 20
+    conversations: ConversationsDep,
+    preferences: PreferencesDep,
+    user: CurrentUser,
+    cursor: str | None = None,
+    limit: Limit = 20,
+    archived: Annotated[bool, Query(description="the archived chats, all at once")] = False,
 ) -> ChatPage:
-    """The caller's chats, most recently active first (a new message moves a chat to the top)."""
-    rows = await conversations.list_chats(user.user_id, limit + 1, activity_cursor(cursor))
+    """The caller's chats, most recently active first (a new message moves a chat to the top); the first page
+    starts with the pinned ones (beyond `limit`); archived ones only with `archived=true`."""
+    marks = await preferences.marks(user.user_id)
+    if archived:
+        shelved = await marked(conversations, user.user_id, marks, True)
+        return ChatPage(data=[ChatOut.of(r, marks[r.chat_id]) for r in shelved], next_cursor=None)
+    pinned = [] if cursor else await marked(conversations, user.user_id, marks, False)
+    hidden = {c for c, m in marks.items() if m.pinned or m.archived}
+    after = activity_cursor(cursor)
+    rows: list[Any] = []
+    while (
+        len(rows) <= limit
+    ):  # the listed ones past the pinned and archived, which have their own place
+        read = await conversations.list_chats(user.user_id, limit + 1, after)
+        rows += [r for r in read if r.chat_id not in hidden]
+        if len(read) <= limit:
+            break
+        after = (read[-1].active_at, read[-1].chat_id)
     page = rows[:limit]
     next_cursor = None
     if len(rows) > limit:
@@ -104,6 +145,8 @@ async def list_chats(
         next_cursor = encode_cursor(
             {"at": int(utc(last.active_at).timestamp() * 1000), "after": str(last.chat_id)}
         )
+    first = [ChatOut.of(r, marks[r.chat_id]) for r in pinned]
+    return ChatPage(data=first + [ChatOut.of(r) for r in page], next_cursor=next_cursor)
     return ChatPage(data=[ChatOut.of(r) for r in page], next_cursor=next_cursor)
 
 
@@ -145,9 +188,9 @@ async def get_chat(
         else None
     )
     active = chat.last_run_id if run and run[1] is None else None
-    chosen = await preferences.chat(parsed)
+    chosen, marks = await asyncio.gather(preferences.chat(parsed), preferences.marks(user.user_id))
     return ChatDetail(
-        **ChatOut.of(chat).model_dump(),
+        **ChatOut.of(chat, marks.get(parsed)).model_dump(),
         active_run_id=active,
         instructions=chosen.instructions,
         model=chosen.model,
@@ -184,9 +227,14 @@ async def change_chat(
         await conversations.rename_chat(chat, body.title)
     if wanted != current:
         await preferences.set_chat(parsed, wanted)
+    marks = (await preferences.marks(user.user_id)).get(parsed, Marks())
+    if body.pinned is not None or body.archived is not None:
+        pinned = marks.pinned if body.pinned is None else body.pinned
+        marks = Marks(pinned, marks.archived if body.archived is None else body.archived)
+        await preferences.mark(user.user_id, parsed, marks)
     title = body.title if body.title is not None else chat.title
     return ChatDetail(
-        **ChatOut.of(chat).model_dump(exclude={"title"}),
+        **ChatOut.of(chat, marks).model_dump(exclude={"title"}),
         title=title,
         active_run_id=None,
         instructions=wanted.instructions,
@@ -208,7 +256,7 @@ async def delete_chat(
     is finished by deleting again."""
     parsed, chat = await owned_chat(conversations, user, chat_id)
     await memory_changed(producer, parsed, user, "chat_deleted")
-    await preferences.forget_chat(parsed)
+    await preferences.forget_chat(user.user_id, parsed)
     await shares.revoke_chat(user.user_id, parsed)
     await conversations.delete_chat(chat)
     log.info("chat %s deleted by %s", chat_id, user.user_id)

@@ -5,9 +5,9 @@ and the chat's model go into the run (as `parley runs show` tells it), an inject
 model the tier may not use is refused with nothing written. Memories: one asked for in a chat is recalled in
 another chat of the same person (never another's) and named on the answer; an injection is not kept; switched
 off, none is recalled. In headless Chromium: a memory is added in the account dialog and named on the answer it
-went into; a message is edited and sent
-again and its versions browsed; the branch is shared read-only with another person and revoked; the account
-dialog shows the budget and saves the person's instructions; the picker's model is remembered per chat; a low
+went into; a message is edited and sent again and its versions browsed; the branch is shared read-only with
+another person and revoked; the account dialog shows the budget and saves the person's instructions; the
+picker's model is remembered per chat; a chat is pinned, archived and brought back from the sidebar; a low
 budget is announced; and axe-core finds no violation in any of these states."""
 
 from __future__ import annotations
@@ -241,6 +241,24 @@ def test_the_app_shows_the_budget_saves_instructions_remembers_the_model_and_axe
         reader.wait_for_selector("text=does not exist", timeout=10_000)
         reader.context.close()
         page.click("#share-dialog button[value=close]")
+
+        # pinned, it stays first; archived, it leaves the list for the archived one; unarchived, it is back
+        item = f'#chat-list [data-chat-id="{chat}"]'
+        page.click(f'{item} button[aria-label^="Pin "]')
+        page.wait_for_selector(f'{item} button[aria-pressed="true"]', timeout=10_000)
+        assert client.get(f"/v1/chats/{chat}").json()["pinned"] is True
+        assert client.get("/v1/chats").json()["data"][0]["id"] == chat
+        page.click(f'{item} button[aria-label^="Archive "]')
+        page.wait_for_selector(item, state="detached", timeout=10_000)
+        page.click("#archived")
+        page.wait_for_selector(item, timeout=10_000)
+        assert_clean(page, "the archived chats")
+        assert [c["id"] for c in client.get("/v1/chats", params={"archived": "true"}).json()["data"]] == [chat]
+        assert chat not in [c["id"] for c in client.get("/v1/chats").json()["data"]]
+        page.click(f'{item} button[aria-label^="Unarchive "]')
+        page.wait_for_selector(item, state="detached", timeout=10_000)
+        page.click("#archived")
+        page.wait_for_selector(item, timeout=10_000)
 
         # nearly all of the budget spent: the app says so when it opens, and the model stays the chat's
         usage = client.get("/v1/usage").json()

@@ -61,9 +61,12 @@ def fuzz(live, token: str, har: Path, cwd: Path, *args: str) -> None:
 
 
 def test_fuzzing_the_live_edge_finds_no_server_error_and_nothing_undocumented(live, tmp_path: Path):
-    user = f"fuzz-{uuid.uuid4().hex[:6]}"
-    set_limits(live, user, budget_tokens=10**9, refill_tokens_per_hour=10**9, max_concurrent=64)
-    token = live.token(user)
+    # one person per run: a run that lists its person's chats may delete them, under the other's sequences
+    tokens = []
+    for _ in range(2):
+        user = f"fuzz-{uuid.uuid4().hex[:6]}"
+        set_limits(live, user, budget_tokens=10**9, refill_tokens_per_hour=10**9, max_concurrent=64)
+        tokens.append(live.token(user))
     # Every phase over every operation, and beside it the stateful phase alone over the chat routes, where the
     # links are (alone, its sequences go deeper: a chat, a message, then its answer's run). The two run at once,
     # each with its own time budget: the edge spends most of a request waiting on the stores and the engines.
@@ -73,8 +76,10 @@ def test_fuzzing_the_live_edge_finds_no_server_error_and_nothing_undocumented(li
     stateful = ("--phases", "stateful", "--include-path-regex", "^/v1/chats", "--max-time", "60")
     with ThreadPoolExecutor(2) as pool:
         runs = [
-            pool.submit(fuzz, live, token, everything, tmp_path / "all", "--max-examples", "25", "--max-time", "100"),
-            pool.submit(fuzz, live, token, chats, tmp_path / "chats", *stateful),
+            pool.submit(
+                fuzz, live, tokens[0], everything, tmp_path / "all", "--max-examples", "25", "--max-time", "100"
+            ),
+            pool.submit(fuzz, live, tokens[1], chats, tmp_path / "chats", *stateful),
         ]
         for run in runs:
             run.result()

@@ -203,6 +203,7 @@ BODIES = {
     "NewFeedback": {"rating": "down"},
     "LimitsPatch": {"max_concurrent": 1},
     "PolicyBody": {"version": "walked", "rules": []},
+    "MemoryIn": {"content": "I walked here."},
 }
 
 
@@ -221,6 +222,7 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         assert messages, "the answer was never stored"
         key = mine.post("/v1/api-keys", json={"name": "kept"}).json()
         share = mine.post(f"/v1/chats/{chat}/share").json()
+        memory = mine.post("/v1/me/memories", json={"content": "I keep this."}).json()
         spec = mine.get("/openapi.json").json()
     values = {
         "chat_id": chat,
@@ -228,6 +230,7 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         "message_id": messages[-1]["id"],
         "key_id": key["id"],
         "share_id": share["id"],
+        "memory_id": memory["id"],
         "user_id": owner,
         "tier": "free",
     }
@@ -270,6 +273,7 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         assert mine.get(f"/v1/chats/{chat}").json()["title"] == "kept"
         assert mine.get(f"/v1/chats/{chat}/messages").json()["data"] == messages
         assert [s["id"] for s in mine.get("/v1/me/shares").json()["data"]] == [share["id"]]
+        assert mine.get("/v1/me/memories").json()["data"] == [memory]
         assert mine.get("/v1/me", headers={"Authorization": f"Bearer {key['key']}"}).status_code == 200
 
 

@@ -14,7 +14,7 @@ from storage.api_keys import UNSCOPED, ApiKey, KeyOwner
 from storage.idempotency import Claim
 from storage.ids import new_id
 from storage.memories import PersonMemory
-from storage.preferences import ChatSettings, PersonSettings
+from storage.preferences import ChatSettings, Marks, PersonSettings
 from storage.rows import Change, Chat, Message, overlay
 from storage.shares import Share
 
@@ -177,6 +177,7 @@ class FakePreferences:
         self.people: dict[str, tuple[str, datetime]] = {}
         self.chats: dict[uuid.UUID, ChatSettings] = {}
         self.settings_of: dict[str, PersonSettings] = {}
+        self.marked: dict[str, dict[uuid.UUID, Marks]] = {}
 
     async def settings(self, user_id: str) -> PersonSettings:
         return self.settings_of.get(user_id, PersonSettings())
@@ -203,8 +204,19 @@ class FakePreferences:
     async def mark_branched(self, chat_id: uuid.UUID) -> None:
         self.chats[chat_id] = replace(self.chats.get(chat_id, ChatSettings()), branched=True)
 
-    async def forget_chat(self, chat_id: uuid.UUID) -> None:
+    async def forget_chat(self, user_id: str, chat_id: uuid.UUID) -> None:
         self.chats.pop(chat_id, None)
+        self.marked.get(user_id, {}).pop(chat_id, None)
+
+    async def marks(self, user_id: str) -> dict[uuid.UUID, Marks]:
+        return dict(self.marked.get(user_id, {}))
+
+    async def mark(self, user_id: str, chat_id: uuid.UUID, marks: Marks) -> None:
+        mine = self.marked.setdefault(user_id, {})
+        if marks.pinned or marks.archived:
+            mine[chat_id] = marks
+        else:
+            mine.pop(chat_id, None)
 
 
 class FakeMemories:

@@ -347,3 +347,29 @@ def test_a_share_is_a_snapshot_for_signed_in_people_that_its_owner_lists_and_rev
     again = edge.http.post(f"/v1/chats/{chat_id}/share", headers=ada).json()
     assert edge.http.delete(f"/v1/chats/{chat_id}", headers=ada).status_code == 204  # the chat goes, its shares too
     assert edge.http.get(f"/v1/shared/{again['id']}", headers=ada).status_code == 404
+
+
+def test_pinned_chats_come_first_and_archived_ones_are_listed_apart(edge):
+    ada, bob = edge.signed("ada"), edge.signed("bob")
+    c1, c2, c3, c4, c5 = [
+        edge.http.post("/v1/chats", json={"title": f"c{i}"}, headers=ada).json()["id"] for i in range(1, 6)
+    ]
+    pinned = edge.http.patch(f"/v1/chats/{c1}", json={"pinned": True}, headers=ada).json()
+    assert pinned["pinned"] is True and pinned["archived"] is False and pinned["title"] == "c1"
+    assert edge.http.patch(f"/v1/chats/{c4}", json={"archived": True}, headers=ada).json()["archived"] is True
+    assert edge.http.patch(f"/v1/chats/{c2}", json={"pinned": True}, headers=bob).status_code == 404
+    assert edge.http.patch(f"/v1/chats/{c2}", json={"pinned": "yes"}, headers=ada).status_code == 400
+
+    first = edge.http.get("/v1/chats", params={"limit": 2}, headers=ada).json()
+    assert [c["id"] for c in first["data"]] == [c1, c5, c3] and first["data"][0]["pinned"]
+    rest = edge.http.get("/v1/chats", params={"limit": 2, "cursor": first["next_cursor"]}, headers=ada).json()
+    assert [c["id"] for c in rest["data"]] == [c2] and rest["next_cursor"] is None
+    shelved = edge.http.get("/v1/chats", params={"archived": "true"}, headers=ada).json()["data"]
+    assert [(c["id"], c["archived"]) for c in shelved] == [(c4, True)]
+    assert edge.http.get(f"/v1/chats/{c4}", headers=ada).json()["archived"] is True
+    assert edge.http.get("/v1/chats", params={"archived": "true"}, headers=bob).json()["data"] == []
+
+    edge.http.patch(f"/v1/chats/{c4}", json={"archived": False}, headers=ada)
+    assert c4 in [c["id"] for c in edge.http.get("/v1/chats", headers=ada).json()["data"]]
+    assert edge.http.delete(f"/v1/chats/{c1}", headers=ada).status_code == 204
+    assert edge.preferences.marked["ada"] == {}  # its mark went with it

@@ -133,9 +133,11 @@ export class Api {
   changeChat(id, patch) {
     return this.call("PATCH", `/v1/chats/${id}`, patch);
   }
-  chats(cursor = null, limit = 20) {
+  /** A page of chats (pinned first); `archived`: the archived ones instead, all at once. */
+  chats(cursor = null, limit = 20, archived = false) {
     const query = new URLSearchParams({ limit: String(limit) });
     if (cursor) query.set("cursor", cursor);
+    if (archived) query.set("archived", "true");
     return this.call("GET", `/v1/chats?${query}`);
   }
   chat(id) {

@@ -13,6 +13,8 @@ const PATHS = {
   sun: "M12 8a4 4 0 1 0 0 8 4 4 0 0 0 0-8zM12 2v2M12 20v2M4.9 4.9l1.4 1.4M17.7 17.7l1.4 1.4M2 12h2M20 12h2M4.9 19.1l1.4-1.4M17.7 6.3l1.4-1.4",
   stop: "M7 7h10v10H7z",
   send: "M12 19V5M6 11l6-6 6 6",
+  pin: "M12 16v6M8 3h8l-1 6 3 4H6l3-4z",
+  archive: "M3 4h18v4H3zM5 8v12h14V8M10 12h4",
 };
 
 /** An <svg> for one icon, hidden from screen readers (its button carries the label). */

@@ -14,7 +14,7 @@ import {
   toggleTheme,
 } from "./page.js";
 import { checkBudget, loadModels, wireSettings } from "./settings.js";
-import { loadChats } from "./sidebar.js";
+import { loadChats, wireArchive } from "./sidebar.js";
 import { $, actions, chatOfPath, state, THEME_KEY } from "./state.js";
 
 Object.assign(actions, {
@@ -102,6 +102,7 @@ function wire() {
     newChat();
   });
   $("#more-chats").addEventListener("click", () => loadChats(true));
+  wireArchive();
   const drawerOpen = () => document.body.classList.contains("sidebar-open");
   $("#menu").addEventListener("click", () => (drawerOpen() ? closeSidebar() : openSidebar()));
   $("#scrim").addEventListener("click", closeSidebar);

@@ -1,10 +1,12 @@
-// The sidebar: the user's chats, most recently active first, a page at a time, with rename and delete.
+// The sidebar: the user's chats, pinned ones first, then most recently active first, a page at a time, with
+// pin, archive, rename and delete; or their archived chats, each with a way back.
 import { icon } from "./icons.js";
 import { announce, closeSidebar, guarded, showBanner } from "./page.js";
 import { $, actions, h, PAGE, showTitle, state } from "./state.js";
 
 export async function loadChats(more = false) {
-  const page = await guarded(() => state.api.chats(more ? state.nextCursor : null, PAGE));
+  const cursor = more ? state.nextCursor : null;
+  const page = await guarded(() => state.api.chats(cursor, PAGE, state.archived));
   const known = (c) => state.chats.some((k) => k.id === c.id);
   state.chats = more ? [...state.chats, ...page.data.filter((c) => !known(c))] : page.data;
   state.nextCursor = page.next_cursor;
@@ -15,6 +17,28 @@ export function renderChats() {
   $("#chat-list").replaceChildren(...state.chats.map(chatItem));
   $("#more-chats").hidden = !state.nextCursor;
   $("#no-chats").hidden = state.chats.length > 0;
+  $("#no-chats").textContent = state.archived ? "No archived chats." : "No chats yet.";
+  $("#archived").setAttribute("aria-pressed", String(state.archived));
+  $("#archived").textContent = state.archived ? "Back to chats" : "Archived chats";
+}
+
+/** Pin or archive a chat (or take it back), then list the chats again. */
+async function mark(chat, patch, said) {
+  try {
+    await guarded(() => state.api.changeChat(chat.id, patch));
+  } catch (error) {
+    showBanner(`Could not change the chat: ${error.message}`);
+    return;
+  }
+  announce(said);
+  await loadChats();
+}
+
+export function wireArchive() {
+  $("#archived").addEventListener("click", async () => {
+    state.archived = !state.archived;
+    await loadChats();
+  });
 }
 
 /** The chat just answered moves to the top. */
@@ -55,10 +79,24 @@ function chatItem(chat) {
     );
   const rename = button("Rename", "pencil", () => startRename(item, chat));
   const remove = button("Delete", "trash", () => confirmDelete(chat));
+  const pin = button(chat.pinned ? "Unpin" : "Pin", "pin", () =>
+    mark(chat, { pinned: !chat.pinned }, `${chat.pinned ? "Unpinned" : "Pinned"} “${chat.title}”.`),
+  );
+  pin.setAttribute("aria-pressed", String(Boolean(chat.pinned)));
+  const archive = button(chat.archived ? "Unarchive" : "Archive", "archive", () =>
+    mark(
+      chat,
+      { archived: !chat.archived },
+      `${chat.archived ? "Unarchived" : "Archived"} “${chat.title}”.`,
+    ),
+  );
+  const classes = ["chat", current ? "current" : "", chat.pinned ? "pinned" : ""];
   const item = h(
     "li",
-    { class: current ? "chat current" : "chat", "data-chat-id": chat.id },
+    { class: classes.join(" ").trim(), "data-chat-id": chat.id },
     link,
+    pin,
+    archive,
     rename,
     remove,
   );

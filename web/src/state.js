@@ -10,6 +10,7 @@ export const state = {
   me: null,
   chats: [],
   nextCursor: null,
+  archived: false, // the sidebar lists the archived chats
   chatId: null, // the open chat; null: a new chat, created when its first message is sent
   messages: [], // the open chat's stored messages, oldest first
   live: null, // {chatId, run, controller, el, announcer}: the answer streaming into the open chat
