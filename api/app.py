@@ -22,6 +22,7 @@ from api.forwarded import Forwarded, Networks
 from api.memories import MemoryGuard
 from api.oidc import Provider
 from api.replies import ReplyHub
+from api.retention import sweep_forever
 from api.settings import ApiSettings
 from conversation import tokens
 from registry import client as registry
@@ -37,6 +38,7 @@ from storage.ledger import Ledger
 from storage.memories import Memories
 from storage.people import People
 from storage.preferences import Preferences
+from storage.retention import Retention
 from storage.shares import Shares
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         preferences = await loop.run_in_executor(None, Preferences, session, keyspace, "api")
         shares = await loop.run_in_executor(None, Shares, session, keyspace, "api")
         kept = await loop.run_in_executor(None, Memories, session, keyspace, "api")
+        retention = await loop.run_in_executor(None, Retention, session, keyspace, "api")
         provider = None
         if settings.oidc_issuer:
             provider = Provider(
@@ -109,8 +112,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             shares,
             kept,
             MemoryGuard(policies),
+            retention,
             provider,
         )
+        sweeper = asyncio.create_task(sweep_forever(app.state.services))
         log.info(
             "edge ready on %s:%d, reply partitions %s",
             settings.host,
@@ -120,6 +125,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            sweeper.cancel()
             await http.aclose()
             policies.stop()
             pools.stop()

@@ -1,5 +1,5 @@
 """The edge's reads and writes of a chat on its owner's behalf: the ownership checks every route makes (404,
-never 403: no existence leak) and deleting a message, which the memory stage is told of."""
+never 403: no existence leak), deleting a message, which the memory stage is told of, and deleting a chat."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from api.settings import ApiSettings
 from runtime.kafka import AsyncProducer
 from storage.conversations import Conversations
 from storage.ids import epoch_ms, parse_id
+from storage.preferences import Preferences
 from storage.rows import Chat, Message
+from storage.shares import Shares
 from topics.clock import now_ms
 from topics.events import MemoryChanged
 from topics.pipeline import MEMORY_CHANGED
@@ -74,7 +76,7 @@ async def owned_run(
 async def memory_changed(
     producer: AsyncProducer,
     chat_id: uuid.UUID,
-    user: Principal,
+    user_id: str,
     action: Literal["edited", "deleted", "reset", "chat_deleted"],
     at_ms: int | None = None,
     **fields: Any,
@@ -85,7 +87,7 @@ async def memory_changed(
     event: MemoryChanged = {
         "event_id": str(uuid.uuid4()),
         "chat_id": str(chat_id),
-        "user_id": user.user_id,
+        "user_id": user_id,
         "action": action,
         "message_id": fields.get("message_id"),
         "role": fields.get("role"),
@@ -93,6 +95,22 @@ async def memory_changed(
         "at": now_ms() if at_ms is None else at_ms,
     }
     await producer.publish(MEMORY_CHANGED, event, key=str(chat_id))
+
+
+async def erase_chat(
+    conversations: Conversations,
+    preferences: Preferences,
+    shares: Shares,
+    producer: AsyncProducer,
+    chat: Chat,
+) -> None:
+    """The chat with its messages and runs (by its owner, or by the retention sweep). The persistence and memory
+    stages, told first, erase its messages and memory; its settings and shares go; the chat row goes last, so a
+    delete cut short is finished by deleting again."""
+    await memory_changed(producer, chat.chat_id, chat.user_id, "chat_deleted")
+    await preferences.forget_chat(chat.user_id, chat.chat_id)
+    await shares.revoke_chat(chat.user_id, chat.chat_id)
+    await conversations.delete_chat(chat)
 
 
 async def forget_message(
@@ -106,5 +124,11 @@ async def forget_message(
     it; until then the scheduler passes over them, conversation/gather.py)."""
     at = await conversations.edit_message(chat_id, uuid.UUID(message.id), None)
     await memory_changed(
-        producer, chat_id, user, "deleted", epoch_ms(at), message_id=message.id, role=message.role
+        producer,
+        chat_id,
+        user.user_id,
+        "deleted",
+        epoch_ms(at),
+        message_id=message.id,
+        role=message.role,
     )

@@ -27,6 +27,7 @@ from storage.ledger import Ledger
 from storage.memories import Memories
 from storage.people import People
 from storage.preferences import Preferences
+from storage.retention import Retention
 from storage.shares import Shares
 
 
@@ -50,6 +51,7 @@ class Services:
     shares: Shares  # shared snapshots of chats
     memories: Memories  # what people asked Parley to remember across their chats
     memory_guard: MemoryGuard  # checks a memory before it is kept (api/memories.py)
+    retention: Retention  # what the sweep of chats past their age reads (api/retention.py)
     provider: Provider | None  # the OpenID Connect provider, when one is configured
 
 

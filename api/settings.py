@@ -49,6 +49,17 @@ class ApiSettings(StackSettings):
     )
     max_memories: int = Field(200, ge=0, description="The most memories one person may keep.")
     max_memory_chars: int = Field(500, ge=1, description="The longest one memory may be.")
+    max_chat_age_days: int | None = Field(
+        None,
+        ge=1,
+        description="The longest a chat untouched is kept, for everyone (a person may choose fewer days); "
+        "unset: kept until deleted.",
+    )
+    retention_check_s: int = Field(
+        3600,
+        ge=1,
+        description="How often the edge deletes the chats past their age (one replica at a time).",
+    )
     max_body_bytes: int = Field(
         4 * 1024 * 1024,
         description="A request body larger than this is refused (413) while it is read, before parsing or auth: "

@@ -14,9 +14,11 @@ from storage.ids import now, utc
 from storage.session import Store, create_tables
 
 SCHEMA = (
-    # memories: recall the person's memories into their chats (null: on)
+    # memories: recall the person's memories into their chats (null: on); delete_after_days: their chats
+    # untouched that long are deleted (null: kept, up to the deployment's longest: api/retention.py)
     """CREATE TABLE IF NOT EXISTS {ks}.person_settings (
-         user_id text PRIMARY KEY, instructions text, memories boolean, updated_at timestamp)""",
+         user_id text PRIMARY KEY, instructions text, memories boolean, delete_after_days int,
+         updated_at timestamp)""",
     # one row per chat that has its own instructions or model; deleted with the chat (api/routes/chats.py)
     # branch: the message the person chose the chat's current branch by (storage/tree.py); null: the newest;
     # branched: the chat has more than one branch (until then a run's context needs no tree)
@@ -47,6 +49,7 @@ class ChatSettings:
 @dataclass(frozen=True)
 class PersonSettings:
     memories: bool = True
+    delete_after_days: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,12 @@ class Preferences(Store):
             f"SELECT instructions, updated_at FROM {ks}.person_settings WHERE user_id = ?"
         )
         self._put_settings = p(
-            f"UPDATE {ks}.person_settings SET memories = ?, updated_at = ? WHERE user_id = ?"
+            f"UPDATE {ks}.person_settings SET memories = ?, delete_after_days = ?, updated_at = ? "
+            "WHERE user_id = ?"
         )
-        self._get_settings = p(f"SELECT memories FROM {ks}.person_settings WHERE user_id = ?")
+        self._get_settings = p(
+            f"SELECT memories, delete_after_days FROM {ks}.person_settings WHERE user_id = ?"
+        )
         self._put_chat = p(
             f"INSERT INTO {ks}.chat_settings (chat_id, instructions, model, updated_at) VALUES (?, ?, ?, ?)"
         )
@@ -102,10 +108,11 @@ class Preferences(Store):
         row = (await self._run(self._get_settings, (user_id,))).one()
         if row is None:
             return PersonSettings()
-        return PersonSettings(row.memories is not False)
+        return PersonSettings(row.memories is not False, row.delete_after_days)
 
     async def set_settings(self, user_id: str, settings: PersonSettings) -> None:
-        await self._run(self._put_settings, (settings.memories, now(), user_id))
+        values = (settings.memories, settings.delete_after_days, now(), user_id)
+        await self._run(self._put_settings, values)
 
     async def chat(self, chat_id: uuid.UUID) -> ChatSettings:
         row = (await self._run(self._get_chat, (chat_id,))).one()

@@ -25,6 +25,7 @@ from storage import (
     memory,
     people,
     preferences,
+    retention,
     shares,
 )
 from storage.session import agree, connect_session, ensure_keyspace
@@ -46,6 +47,7 @@ STORES = (
     preferences,
     shares,
     memories,
+    retention,
 )
 
 

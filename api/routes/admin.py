@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from fastapi import APIRouter, Response
@@ -19,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from admission.limits import FIELDS, change, effective, row_key
 from api.audit import TrailDep
 from api.auth import TIERS, Admin
-from api.deps import KeysDep, LedgerDep, LimitsDep, PeopleDep, ProducerDep, SettingsDep
+from api.deps import Deps, KeysDep, LedgerDep, LimitsDep, PeopleDep, ProducerDep, SettingsDep
 from api.errors import ApiError
+from api.retention import sweep
 from api.schemas import AccessRevoked, LimitsList, TierLimits, UserBudget, UserOverrides
 from runtime.kafka import AsyncProducer
 from runtime.tables import TopicTable
@@ -175,3 +177,46 @@ async def revoke_access(
         user_id,
     )
     return AccessRevoked(user_id=user_id, revoked_keys=revoked, ended_sessions=ended)
+
+
+class SweepIn(BaseModel):
+    dry_run: bool = Field(True, strict=True, description="only list what would be deleted")
+    as_of: datetime | None = Field(
+        None,
+        description="sweep as if it were this time (a preview ahead, or the policy applied early); now if null",
+    )
+
+
+class SweptChat(BaseModel):
+    user_id: str
+    chat_id: str
+    last_active_at: str
+
+
+class SweepOut(BaseModel):
+    dry_run: bool
+    as_of: str
+    data: list[SweptChat]
+
+
+@router.post("/retention/sweep")
+async def sweep_now(
+    admin: Admin, trail: TrailDep, deps: Deps, body: SweepIn | None = None
+) -> SweepOut:
+    """The chats past their age (each owner's days, at most PARLEY_MAX_CHAT_AGE_DAYS) found, and unless
+    `dry_run`, deleted now, as the edge's hourly sweep would."""
+    body = body or SweepIn()
+    at = (body.as_of or datetime.now(UTC)).astimezone(UTC)
+    await trail(
+        "retention.sweep", "chats", None, {"dry_run": body.dry_run, "as_of": at.isoformat()}
+    )
+    swept = await sweep(deps, at, body.dry_run)
+    log.info("admin %s swept chats as of %s: %d %s", admin.user_id, at.isoformat(), len(swept),
+             "found" if body.dry_run else "deleted")  # fmt: skip
+    data = [
+        SweptChat(
+            user_id=s.user_id, chat_id=str(s.chat_id), last_active_at=s.last_active_at.isoformat()
+        )
+        for s in swept
+    ]
+    return SweepOut(dry_run=body.dry_run, as_of=at.isoformat(), data=data)

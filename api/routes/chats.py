@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from api import idempotency
 from api.auth import CurrentUser
-from api.chat_state import memory_changed, owned_chat
+from api.chat_state import erase_chat, memory_changed, owned_chat
 from api.deps import (
     ConversationsDep,
     IdempotencyDep,
@@ -251,14 +251,9 @@ async def delete_chat(
     user: CurrentUser,
     chat_id: str,
 ) -> Response:
-    """The chat with its messages and runs; its streams can no longer be resumed (404). Its messages and memory
-    are erased by the persistence and memory stages, told first: the chat row goes last, so a delete cut short
-    is finished by deleting again."""
-    parsed, chat = await owned_chat(conversations, user, chat_id)
-    await memory_changed(producer, parsed, user, "chat_deleted")
-    await preferences.forget_chat(user.user_id, parsed)
-    await shares.revoke_chat(user.user_id, parsed)
-    await conversations.delete_chat(chat)
+    """The chat with its messages and runs; its streams can no longer be resumed (404)."""
+    _, chat = await owned_chat(conversations, user, chat_id)
+    await erase_chat(conversations, preferences, shares, producer, chat)
     log.info("chat %s deleted by %s", chat_id, user.user_id)
     return Response(status_code=204)
 
@@ -271,6 +266,6 @@ async def reset_context(
     summary and no retrieved memory."""
     parsed, _ = await owned_chat(conversations, user, chat_id)
     marker = await conversations.reset_context(parsed)
-    await memory_changed(producer, parsed, user, "reset", id_time_ms(marker))
+    await memory_changed(producer, parsed, user.user_id, "reset", id_time_ms(marker))
     log.info("chat %s: context reset by %s", chat_id, user.user_id)
     return ContextReset(id=chat_id, context_from=str(marker))

@@ -1,6 +1,6 @@
 """A person's memories across chats (`/v1/me/memories`: list, add, edit, delete one or all) and their own
-settings (`/v1/me/settings`: whether their memories are recalled). Adding and editing check a memory before
-it is kept (api/memories.py)."""
+settings (`/v1/me/settings`: whether their memories are recalled, and after how many days untouched their chats
+are deleted: api/retention.py). Adding and editing check a memory before it is kept (api/memories.py)."""
 
 from __future__ import annotations
 
@@ -37,11 +37,21 @@ class MemoryList(BaseModel):
 
 class SettingsIn(BaseModel):
     memories: bool | None = Field(None, strict=True, description="recall my memories in my chats")
+    delete_after_days: int | None = Field(
+        None,
+        ge=1,
+        strict=True,
+        description="delete my chats untouched this many days; null: keep them",
+    )
 
 
 class SettingsOut(BaseModel):
     memories: bool
     memories_available: bool = Field(description="whether the deployment allows memories at all")
+    delete_after_days: int | None = Field(description="the person's choice; null: kept")
+    max_chat_age_days: int | None = Field(
+        description="the deployment's longest keeping of an untouched chat, for everyone; null: none"
+    )
 
 
 async def owned(store: Memories, user_id: str, memory_id: str) -> PersonMemory:
@@ -103,7 +113,12 @@ async def forget_all(memories: MemoriesDep, user: CurrentUser) -> None:
 
 
 def settings_out(settings: SettingsDep, mine: PersonSettings) -> SettingsOut:
-    return SettingsOut(memories=mine.memories, memories_available=settings.memories)
+    return SettingsOut(
+        memories=mine.memories,
+        memories_available=settings.memories,
+        delete_after_days=mine.delete_after_days,
+        max_chat_age_days=settings.max_chat_age_days,
+    )
 
 
 @router.get("/settings")
@@ -117,9 +132,21 @@ async def get_settings(
 async def change_settings(
     preferences: PreferencesDep, settings: SettingsDep, user: CurrentUser, body: SettingsIn
 ) -> SettingsOut:
-    """A field left out stays."""
+    """A field left out stays; 400 delete_after_too_long past the deployment's longest."""
     mine = await preferences.settings(user.user_id)
-    wanted = PersonSettings(mine.memories if body.memories is None else body.memories)
+    days = mine.delete_after_days
+    if "delete_after_days" in body.model_fields_set:
+        days = body.delete_after_days
+    longest = settings.max_chat_age_days
+    if days is not None and longest is not None and days > longest:
+        raise ApiError(
+            400,
+            f"This deployment keeps an untouched chat at most {longest} days; choose {longest} or fewer.",
+            "delete_after_too_long",
+            "delete_after_days",
+        )
+    wanted = PersonSettings(mine.memories if body.memories is None else body.memories, days)
     await preferences.set_settings(user.user_id, wanted)
-    log.info("%s changed their settings: memories %s", user.user_id, wanted.memories)
+    log.info("%s changed their settings: memories %s, chats deleted after %s days", user.user_id,
+             wanted.memories, days)  # fmt: skip
     return settings_out(settings, wanted)

@@ -209,7 +209,7 @@ async def edit_message(
     message = await owned_message(conversations, settings, parsed, message_id)
     at = epoch_ms(await conversations.edit_message(parsed, uuid.UUID(message.id), body.content))
     fields = {"message_id": message.id, "role": message.role, "content": body.content}
-    await memory_changed(producer, parsed, user, "edited", at, **fields)
+    await memory_changed(producer, parsed, user.user_id, "edited", at, **fields)
     log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)
     return MessageOut.of(replace(message, content=body.content))
 

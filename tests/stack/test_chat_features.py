@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 
 from replay.client import ChatClient
 
@@ -151,9 +152,38 @@ def test_a_memory_made_in_one_chat_is_recalled_in_another_screened_and_switched_
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "memory_rejected", refused.text
         assert client.get("/v1/me/memories").json()["data"] == [kept]
         assert client.patch("/v1/me/settings", json={"memories": False}).json()["memories"] is False
-        again = chats.send(other, "What is my cat called?", max_tokens=8)
+        third = client.post("/v1/chats").json()["id"]  # a new chat: the other's answers may name the cat
+        again = chats.send(third, "What is my cat called?", max_tokens=8)
         assert again.completed and "Mochi" not in context_of(live, again.run_id)
         assert client.get("/v1/chats/export").json()["memories"] == [kept]
+
+
+def test_chats_untouched_past_a_persons_days_are_deleted_by_the_sweep_and_pinned_ones_kept(live):
+    user = f"old-{uuid.uuid4().hex[:8]}"
+    with (
+        live.client(live.token(user)) as client,
+        live.client(live.token()) as other,
+        live.client(live.token("root", "pro", admin=True)) as admin,
+    ):
+        assert client.patch("/v1/me/settings", json={"delete_after_days": 1}).json()["delete_after_days"] == 1
+        old, pinned = [client.post("/v1/chats", json={"title": title}).json()["id"] for title in ("old", "pinned")]
+        assert client.patch(f"/v1/chats/{pinned}", json={"pinned": True}).status_code == 200
+        theirs = other.post("/v1/chats").json()["id"]  # someone who chose nothing
+        later = (datetime.now(UTC) + timedelta(days=2)).isoformat()
+        sweep = "/v1/admin/retention/sweep"
+        assert client.post(sweep, json={"as_of": later}).status_code == 403
+
+        preview = admin.post(sweep, json={"as_of": later})
+        assert preview.status_code == 200, preview.text
+        assert [c["chat_id"] for c in preview.json()["data"] if c["user_id"] == user] == [old]
+        assert theirs not in preview.text and client.get(f"/v1/chats/{old}").status_code == 200  # nothing deleted
+        done = admin.post(sweep, json={"as_of": later, "dry_run": False}).json()
+        assert old in [c["chat_id"] for c in done["data"]] and not done["dry_run"]
+        assert client.get(f"/v1/chats/{old}").status_code == 404
+        assert [c["id"] for c in client.get("/v1/chats").json()["data"]] == [pinned]
+        assert other.get(f"/v1/chats/{theirs}").status_code == 200
+        now = admin.post(sweep, json={"dry_run": False}).json()["data"]  # as of now: nothing of theirs is old
+        assert user not in {c["user_id"] for c in now}
 
 
 def test_the_app_shows_the_budget_saves_instructions_remembers_the_model_and_axe_finds_nothing(live, chromium):
@@ -172,6 +202,10 @@ def test_the_app_shows_the_budget_saves_instructions_remembers_the_model_and_axe
         page.wait_for_selector("#my-memories li input", timeout=20_000)  # the classifier loads on the first
         [memory] = client.get("/v1/me/memories").json()["data"]
         assert memory["content"] == "When I say hello, answer in one short sentence."
+        page.fill("#delete-after", "30")
+        page.click("#save-delete-after")
+        page.wait_for_selector("#memory-status:has-text('30 days')", timeout=10_000)
+        assert client.get("/v1/me/settings").json()["delete_after_days"] == 30
         assert_clean(page, "the account dialog")
         page.fill("#my-instructions", "I prefer metric units.")
         page.click("#account-dialog button[value=save]")

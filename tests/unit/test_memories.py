@@ -74,7 +74,8 @@ def test_a_bad_memory_is_refused_with_nothing_kept(edge):
 
 def test_a_person_and_a_deployment_can_switch_memories_off(edge):
     ada = edge.signed("ada")
-    assert edge.http.get("/v1/me/settings", headers=ada).json() == {"memories": True, "memories_available": True}
+    shown = edge.http.get("/v1/me/settings", headers=ada).json()
+    assert (shown["memories"], shown["memories_available"]) == (True, True)
     off = edge.http.patch("/v1/me/settings", json={"memories": False}, headers=ada)
     assert off.json()["memories"] is False and edge.http.get(URL, headers=ada).json()["recalled"] is False
     assert edge.http.patch("/v1/me/settings", json={"memories": "no"}, headers=ada).status_code == 400

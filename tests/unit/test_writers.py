@@ -24,6 +24,7 @@ from storage.memories import Memories
 from storage.memory import Memory
 from storage.people import People
 from storage.preferences import Preferences
+from storage.retention import Retention
 from storage.rows import Change, Message, overlay
 from storage.rows import deletions as deleted
 from storage.session import WRITE, NotTheWriter
@@ -41,6 +42,7 @@ STORES = (
     Preferences,
     Shares,
     Memories,
+    Retention,
 )
 
 

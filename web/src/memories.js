@@ -1,5 +1,6 @@
-// The person's memories in the account dialog: the switch that recalls them into their chats, each memory
-// editable in place and deletable, and a box to add one. The server checks each one before keeping it.
+// The person's own settings in the account dialog: their memories (the switch that recalls them into their
+// chats, each memory editable in place and deletable, a box to add one; the server checks each one before
+// keeping it), and after how many days untouched their chats are deleted.
 import { guarded } from "./page.js";
 import { $, h, state } from "./state.js";
 
@@ -62,6 +63,7 @@ export async function listMemories() {
     ]);
     $("#my-memories").replaceChildren(...listed.data.map(item));
     $("#use-memories").checked = mine.memories;
+    showKeeping(mine);
     $("#use-memories").disabled = !mine.memories_available;
     if (!mine.memories_available) say("Memories are switched off on this deployment.");
   } catch (error) {
@@ -76,7 +78,28 @@ async function addMemory() {
   if ($("#memory-status").textContent === "Memory kept.") $("#new-memory").value = "";
 }
 
+function showKeeping(mine) {
+  $("#delete-after").value = mine.delete_after_days ?? "";
+  if (mine.max_chat_age_days) $("#delete-after").max = String(mine.max_chat_age_days);
+  $("#delete-after-hint").textContent = mine.max_chat_age_days
+    ? `This deployment deletes any chat untouched for ${mine.max_chat_age_days} days. Pinned chats are kept past your own choice.`
+    : "Pinned chats are kept.";
+}
+
+async function saveKeeping() {
+  const value = $("#delete-after").value.trim();
+  const days = value === "" ? null : Number(value);
+  try {
+    const mine = await guarded(() => state.api.changeMySettings({ delete_after_days: days }));
+    showKeeping(mine);
+    say(days ? `Chats untouched for ${days} days will be deleted.` : "Your chats are kept.");
+  } catch (error) {
+    say(error.message);
+  }
+}
+
 export function wireMemories() {
+  $("#save-delete-after").addEventListener("click", saveKeeping);
   $("#add-memory").addEventListener("click", addMemory);
   $("#new-memory").addEventListener("keydown", (event) => {
     if (event.key === "Enter") {
