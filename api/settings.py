@@ -12,6 +12,8 @@ from pydantic_settings import NoDecode
 from api.oidc import RoleMap
 from runtime.settings import StackSettings, local_jwt_secret
 
+MAX_DAYS = 36_500  # a hundred years: the longest a chat's age may be set to (the store's day count is 32-bit)
+
 
 class ApiSettings(StackSettings):
     port: int = 8000
@@ -52,6 +54,7 @@ class ApiSettings(StackSettings):
     max_chat_age_days: int | None = Field(
         None,
         ge=1,
+        le=MAX_DAYS,
         description="The longest a chat untouched is kept, for everyone (a person may choose fewer days); "
         "unset: kept until deleted.",
     )

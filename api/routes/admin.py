@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from fastapi import APIRouter, Response
@@ -24,6 +24,7 @@ from api.deps import Deps, KeysDep, LedgerDep, LimitsDep, PeopleDep, ProducerDep
 from api.errors import ApiError
 from api.retention import sweep
 from api.schemas import AccessRevoked, LimitsList, TierLimits, UserBudget, UserOverrides
+from api.settings import MAX_DAYS
 from runtime.kafka import AsyncProducer
 from runtime.tables import TopicTable
 from topics.pipeline import LIMITS, Topic
@@ -207,6 +208,10 @@ async def sweep_now(
     `dry_run`, deleted now, as the edge's hourly sweep would."""
     body = body or SweepIn()
     at = (body.as_of or datetime.now(UTC)).astimezone(UTC)
+    if abs(at - datetime.now(UTC)) > timedelta(days=MAX_DAYS):
+        raise ApiError(
+            400, "as_of must be within a hundred years of now.", "invalid_value", "as_of"
+        )
     await trail(
         "retention.sweep", "chats", None, {"dry_run": body.dry_run, "as_of": at.isoformat()}
     )

@@ -15,6 +15,7 @@ from api.auth import CurrentUser
 from api.deps import MemoriesDep, MemoryGuardDep, PreferencesDep, SettingsDep
 from api.errors import ApiError
 from api.memories import MemoryOut, remember
+from api.settings import MAX_DAYS
 from storage.ids import parse_id
 from storage.memories import Memories, PersonMemory
 from storage.preferences import PersonSettings
@@ -40,6 +41,7 @@ class SettingsIn(BaseModel):
     delete_after_days: int | None = Field(
         None,
         ge=1,
+        le=MAX_DAYS,
         strict=True,
         description="delete my chats untouched this many days; null: keep them",
     )

@@ -21,7 +21,7 @@ def test_a_person_chooses_their_days_within_the_deployments_longest(edge):
     chosen = edge.http.patch("/v1/me/settings", json={"delete_after_days": 30}, headers=ada).json()
     assert (chosen["delete_after_days"], chosen["max_chat_age_days"], chosen["memories"]) == (30, None, True)
     assert edge.http.patch("/v1/me/settings", json={"memories": False}, headers=ada).json()["delete_after_days"] == 30
-    for bad in (0, "30", 1.5):
+    for bad in (0, "30", 1.5, 643055905768132):
         assert edge.http.patch("/v1/me/settings", json={"delete_after_days": bad}, headers=ada).status_code == 400
 
     edge.app.state.settings = edge.app.state.settings.model_copy(update={"max_chat_age_days": 14})
