@@ -28,16 +28,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# "remember that I prefer metric units", "Please remember: my team is Platform" (a question is not a command)
+# "Remember that I prefer metric units.", "Please remember: my team is Platform": one line, said outright. A
+# question is not a command, nor "Remember this list: …", which asks the chat, not the person's memory.
 COMMAND = re.compile(
-    r"^\s*(?:please\s+)?remember(?:\s+that)?\s*[:,]?\s+(?P<fact>[^?]+?)[.!]?\s*$", re.I | re.S
+    r"^\s*(?:please\s+)?remember(?:\s+that\s+|\s*:\s*)(?P<fact>[^?\n]+?)[.!]?\s*$", re.I
 )
 
 
-def command(content: str) -> str | None:
-    """The fact a message asks to remember, or None when it is not such a command (pure)."""
+def command(content: str, longest: int) -> str | None:
+    """The fact a message asks to remember, or None when it is not such a command or the fact is longer than
+    a memory may be (then it is an ordinary message) (pure)."""
     found = COMMAND.match(content)
-    return " ".join(found.group("fact").split()) if found else None
+    fact = " ".join(found.group("fact").split()) if found else ""
+    return fact if 0 < len(fact) <= longest else None
 
 
 class MemoryGuard:

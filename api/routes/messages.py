@@ -154,7 +154,7 @@ async def post_message(
     holder = idempotency.Holder(deps.idempotency, user, key)
     try:
         await not_busy(deps, chat)
-        fact = command(content) if deps.settings.memories else None
+        fact = command(content, deps.settings.max_memory_chars) if deps.settings.memories else None
         if fact is not None:  # "remember that …": kept first, so this very answer can recall it
             await remember(
                 deps.settings, deps.memories, deps.memory_guard, user, fact, f"chat:{parsed}"

@@ -92,14 +92,17 @@ def test_a_person_and_a_deployment_can_switch_memories_off(edge):
     [
         ("Remember that I prefer metric units.", "I prefer metric units"),
         ("please remember: my team is Platform", "my team is Platform"),
-        ("remember my cat is called Mochi!", "my cat is called Mochi"),
+        ("remember that my cat is called Mochi!", "my cat is called Mochi"),
+        ("Remember this list of fruits: fruit 1 costs 3 cents", None),
+        ("Remember that " + "long " * 200, None),
+        ("remember that my cat\nis called Mochi", None),
         ("Do you remember what I said?", None),
         ("Remember what I told you?", None),
         ("What should I remember about Rome?", None),
     ],
 )
 def test_a_message_that_asks_to_remember_is_a_command_and_a_question_is_not(said, fact):
-    assert command(said) == fact
+    assert command(said, 500) == fact
 
 
 class Embedding:
