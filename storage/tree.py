@@ -3,7 +3,8 @@ the question it answers (an answer). A branch is the path from the root to a lea
 question, or regenerating an answer, adds a sibling beside the old one, which stays reachable.
 
 Messages stored before the tree (no parent) follow the message before them in time, so an old chat reads as one
-branch. A message at the root names ROOT as its parent."""
+branch; so does a message whose parent was never stored (an answer whose run was withdrawn or failed before it
+was written), so that nothing after it drops out of its branch. A message at the root names ROOT as its parent."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ def shown(parent: str | None) -> str | None:
 
 def parents(rows: Sequence[tuple[str, str | None, str]]) -> dict[str, str]:
     """Each message's parent id (ROOT_ID at the root), from (id, stored parent or None, role) in time order."""
+    stored = {message_id for message_id, _, _ in rows}
     out: dict[str, str] = {}
     previous = ROOT_ID
     for message_id, parent, _ in rows:
-        out[message_id] = parent or previous
+        out[message_id] = parent if parent == ROOT_ID or parent in stored else previous
         previous = message_id
     return out
 

@@ -43,3 +43,13 @@ def test_a_new_first_message_is_a_second_root():
     parent_of = parents([(q1, ROOT_ID, "user"), (a1, q1, "assistant"), (r2, ROOT_ID, "user"), (b2, r2, "assistant")])
     assert children(parent_of)[ROOT_ID] == [q1, r2]
     assert branch(parent_of, None) == [r2, b2] and branch(parent_of, a1) == [q1, a1]
+
+
+def test_a_message_whose_parent_was_never_stored_follows_the_one_before_it():
+    # a1's run was withdrawn (its edge died): q2 names it, yet the branch runs through q1 and a0 to q2
+    q0, a0, q1, a1, q2, a2 = (str(new_id()) for _ in range(6))
+    rows = [(q0, ROOT_ID, "user"), (a0, q0, "assistant"), (q1, a0, "user"), (q2, a1, "user"), (a2, q2, "assistant")]
+    parent_of = parents(rows)
+    assert parent_of[q2] == q1
+    assert branch(parent_of, None) == [q0, a0, q1, q2, a2]
+    assert before(rows, q2) == {q0, a0, q1, q2}
