@@ -108,7 +108,8 @@ format_if_needed() {
   local cid="${KAFKA_CLUSTER_ID:-}"
   [ -n "$cid" ] || cid="$(storage_tool random-uuid | tail -n 1)"
   log "formatting $DATA (cluster.id=$cid)"
-  storage_tool format --ignore-formatted -t "$cid" -c "$CONF" >"$LOGS/format.out"
+  # the = form: a random id may start with "-", which would read as an option
+  storage_tool format --ignore-formatted --cluster-id="$cid" -c "$CONF" >"$LOGS/format.out"
 }
 
 cmd_start() {
