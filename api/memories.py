@@ -21,7 +21,6 @@ from safety.moderator import Moderator
 from safety.policy import PolicyView
 from storage.ids import new_id
 from storage.memories import Memories, PersonMemory
-from storage.preferences import Preferences
 
 if TYPE_CHECKING:
     from api.auth import Principal
@@ -147,15 +146,3 @@ async def remember(
     kept = await store.put(user.user_id, memory_id, content, embedding, source, first)
     log.info("%s %s memory %s", user.user_id, "edited" if existing else "kept", kept.id)
     return kept
-
-
-async def recalled(
-    settings: ApiSettings, preferences: Preferences, store: Memories, user: Principal
-) -> bool:
-    """Whether a run of this person recalls their memories: the deployment's switch, theirs, and one kept."""
-    if not settings.memories:
-        return False
-    mine, some = await asyncio.gather(
-        preferences.settings(user.user_id), store.kept(user.user_id, 1)
-    )
-    return mine.memories and bool(some)

@@ -12,7 +12,6 @@ from admission.limits import LimitsView, allowed_default, model_refusal
 from api.auth import Principal
 from api.deps import Services
 from api.errors import ApiError
-from api.memories import recalled
 from api.settings import ApiSettings
 from conversation import tokens
 from storage.preferences import ChatSettings
@@ -54,19 +53,22 @@ def allowed_model(
 class ForRun:
     model: str | None  # None: the deployment's default
     instructions: list[Instruction]
-    memories: bool  # recall the person's memories (api/memories.py)
+    memories_on: bool  # the deployment's switch and the person's (api/memories.py)
+    memories: bool  # and they keep some: recall them
 
 
 async def for_run(deps: Services, user: Principal, chat: ChatSettings, model: str | None) -> ForRun:
     """What a message in a chat with these settings runs with; `model`: the one the message asked for."""
     chosen = allowed_model(deps.settings, deps.limits, user, model or chat.model)
-    (own, _), memories = await asyncio.gather(
-        deps.preferences.instructions(user.user_id),
-        recalled(deps.settings, deps.preferences, deps.memories, user),
-    )
+    person = deps.preferences.person(user.user_id)  # instructions and switches: one row
+    if deps.settings.memories:  # and whether they keep any memory, beside it
+        (own, _, mine), kept = await asyncio.gather(person, deps.memories.kept(user.user_id, 1))
+    else:
+        (own, _, mine), kept = await person, []
+    on = deps.settings.memories and mine.memories
     instructions: list[Instruction] = [
         {"source": source, "content": text}
         for source, text in (("person", own), ("chat", chat.instructions))
         if text
     ]
-    return ForRun(chosen, instructions, memories)
+    return ForRun(chosen, instructions, on, on and bool(kept))

@@ -18,7 +18,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +28,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from measure import summary  # noqa: E402
+from measure import summary, timed  # noqa: E402
 
 from api.branches import listed_branch  # noqa: E402
 from runtime.settings import StackSettings  # noqa: E402
@@ -59,12 +58,6 @@ async def write_chat(store: Conversations, turns: int) -> uuid.UUID:
             a = a2
         answer = a
     return chat
-
-
-async def timed(work: Any) -> float:
-    started = time.perf_counter()
-    await work
-    return (time.perf_counter() - started) * 1000
 
 
 async def measure(rounds: int) -> dict[str, Any]:

@@ -1,9 +1,12 @@
-"""The benches' one percentile: nearest rank, q in percent (50, 95, 99), None for no values."""
+"""The benches' one percentile: nearest rank, q in percent (50, 95, 99), None for no values; a sample's summary;
+and the time one awaited piece of work takes."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Sequence
+from typing import Any
 
 
 def pct(values: Sequence[float], q: float, digits: int | None = None) -> float | None:
@@ -23,3 +26,10 @@ def summary(values: Sequence[float]) -> dict[str, float | None]:
         "mean": round(statistics.fmean(values), 2) if values else None,
         "n": len(values),
     }
+
+
+async def timed(work: Awaitable[Any]) -> float:
+    """Milliseconds until `work` is done."""
+    started = time.perf_counter()
+    await work
+    return (time.perf_counter() - started) * 1000

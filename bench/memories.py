@@ -16,7 +16,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +26,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from measure import summary  # noqa: E402
+from measure import summary, timed  # noqa: E402
 
 from conversation.gather import ContextGuard, person_memories  # noqa: E402
 from conversation.settings import ContextSettings  # noqa: E402
@@ -52,12 +51,6 @@ class Policies:
 
     def for_tier(self, tier: str) -> Any:
         return BUILTIN
-
-
-async def timed(work: Any) -> float:
-    started = time.perf_counter()
-    await work
-    return (time.perf_counter() - started) * 1000
 
 
 async def measure(rounds: int) -> dict[str, Any]:

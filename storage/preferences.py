@@ -67,15 +67,13 @@ class Preferences(Store):
         self._put_instructions = p(
             f"INSERT INTO {ks}.person_settings (user_id, instructions, updated_at) VALUES (?, ?, ?)"
         )
-        self._get_instructions = p(
-            f"SELECT instructions, updated_at FROM {ks}.person_settings WHERE user_id = ?"
+        self._get_person = p(
+            f"SELECT instructions, updated_at, memories, delete_after_days FROM {ks}.person_settings "
+            "WHERE user_id = ?"
         )
         self._put_settings = p(
             f"UPDATE {ks}.person_settings SET memories = ?, delete_after_days = ?, updated_at = ? "
             "WHERE user_id = ?"
-        )
-        self._get_settings = p(
-            f"SELECT memories, delete_after_days FROM {ks}.person_settings WHERE user_id = ?"
         )
         self._put_chat = p(
             f"INSERT INTO {ks}.chat_settings (chat_id, instructions, model, updated_at) VALUES (?, ?, ?, ?)"
@@ -92,12 +90,23 @@ class Preferences(Store):
         )
         self._unmark = p(f"DELETE FROM {ks}.chat_marks WHERE user_id = ? AND chat_id = ?")
 
+    async def person(self, user_id: str) -> tuple[str, datetime | None, PersonSettings]:
+        """A person's own instructions ("" when none), when their row was last set, and their settings: the
+        one row, read once."""
+        row = (await self._run(self._get_person, (user_id,))).one()
+        if row is None:
+            return "", None, PersonSettings()
+        at = utc(row.updated_at) if row.updated_at else None
+        return (
+            row.instructions or "",
+            at,
+            PersonSettings(row.memories is not False, row.delete_after_days),
+        )
+
     async def instructions(self, user_id: str) -> tuple[str, datetime | None]:
         """A person's own instructions ("" when none) and when they were last set."""
-        row = (await self._run(self._get_instructions, (user_id,))).one()
-        if row is None:
-            return "", None
-        return row.instructions or "", utc(row.updated_at) if row.updated_at else None
+        own, at, _ = await self.person(user_id)
+        return own, at
 
     async def set_instructions(self, user_id: str, content: str) -> datetime:
         at = now()
@@ -105,10 +114,7 @@ class Preferences(Store):
         return at
 
     async def settings(self, user_id: str) -> PersonSettings:
-        row = (await self._run(self._get_settings, (user_id,))).one()
-        if row is None:
-            return PersonSettings()
-        return PersonSettings(row.memories is not False, row.delete_after_days)
+        return (await self.person(user_id))[2]
 
     async def set_settings(self, user_id: str, settings: PersonSettings) -> None:
         values = (settings.memories, settings.delete_after_days, now(), user_id)

@@ -163,9 +163,7 @@ async def post_message(
         # marked before the prompt goes: its context is read along the tree
         if branched and not settings.branched:
             await deps.preferences.mark_branched(parsed)
-        recall = run_with.memories or (
-            fact is not None and (await deps.preferences.settings(user.user_id)).memories
-        )
+        recall = run_with.memories or (fact is not None and run_with.memories_on)
         question = Question(
             str(message_id), body.content, after, run_with.instructions, parent, branched, recall
         )

@@ -185,6 +185,10 @@ class FakePreferences:
     async def set_settings(self, user_id: str, settings: PersonSettings) -> None:
         self.settings_of[user_id] = settings
 
+    async def person(self, user_id: str) -> tuple[str, datetime | None, PersonSettings]:
+        own, at = self.people.get(user_id, ("", None))
+        return own, at, await self.settings(user_id)
+
     async def instructions(self, user_id: str) -> tuple[str, datetime | None]:
         return self.people.get(user_id, ("", None))
 
