@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from api.chat_state import erase_chat
 from api.deps import Services
 from storage.ids import utc
+from storage.rows import active_at
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ async def sweep(deps: Services, at: datetime, dry_run: bool = False) -> list[Swe
             chat = await deps.conversations.get_chat(chat_id)
             if chat is None or chat.user_id != user_id:
                 continue
-            active = utc(chat.last_active_at or chat.created_at)
+            active = utc(active_at(chat))
             own_choice_only = longest is None or active >= at - timedelta(days=longest)
             if active >= cutoff or (own_choice_only and chat_id in marks and marks[chat_id].pinned):
                 continue  # a stale activity row of a chat used since; or pinned, kept past the person's days

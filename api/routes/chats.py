@@ -34,7 +34,7 @@ from storage.conversations import Conversations
 from storage.idempotency import Claim
 from storage.ids import decode_cursor, encode_cursor, id_time_ms, new_id, parse_id, utc
 from storage.preferences import ChatSettings, Marks
-from storage.rows import Chat
+from storage.rows import Chat, active_at
 from storage.tree import shown
 
 log = logging.getLogger(__name__)
@@ -98,17 +98,13 @@ async def create_chat(
     return ChatOut(id=str(chat_id), title=title, created_at=iso, last_active_at=iso)
 
 
-def active(row: Any) -> datetime:
-    return utc(row.last_active_at or row.created_at)
-
-
 async def marked(
     conversations: Conversations, user_id: str, marks: dict[uuid.UUID, Marks], archived: bool
 ) -> list[Chat]:
     """The person's pinned (not archived) chats, or their archived ones, most recently active first."""
     ids = [c for c, m in marks.items() if (m.archived if archived else m.pinned and not m.archived)]
     rows = await asyncio.gather(*(conversations.get_chat(c) for c in ids))
-    return sorted((r for r in rows if r and r.user_id == user_id), key=active, reverse=True)
+    return sorted((r for r in rows if r and r.user_id == user_id), key=active_at, reverse=True)
 
 
 @router.get("")
@@ -130,9 +126,8 @@ async def list_chats(
     hidden = {c for c, m in marks.items() if m.pinned or m.archived}
     after = activity_cursor(cursor)
     rows: list[Any] = []
-    while (
-        len(rows) <= limit
-    ):  # the listed ones past the pinned and archived, which have their own place
+    # the listed ones past the pinned and archived, which have their own place
+    while len(rows) <= limit:
         read = await conversations.list_chats(user.user_id, limit + 1, after)
         rows += [r for r in read if r.chat_id not in hidden]
         if len(read) <= limit:
