@@ -1,5 +1,6 @@
 """RunCompleted | RunRejected -> ClickHouse usage rows, in batches, exactly one row per run; and the audit
-record (AuditEvent) -> ClickHouse audit_log.
+record (AuditEvent) -> ClickHouse audit_log. The same runs, and MemoryChanged, keep a person's chats searchable
+(processors/search_index.py).
 
 A batch is written, then its offsets are committed (faust commits acked events); a crash between the two
 delivers the batch again, and `UsageStore.write` skips the runs already stored, so neither the rows nor the
@@ -20,15 +21,17 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from processors import usage_pages
+from processors import search_index, usage_pages
+from processors.search_index import Index
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Stage, on_batches
 from processors.usage_pages import in_thread
+from safety.encoder import Encoder
 from storage import audit
 from storage.clickhouse import iso
 from storage.usage import UsageStore, open_usage
-from topics.events import AuditEvent, PromptAccepted, RunCompleted, RunRejected
-from topics.pipeline import AUDIT, RUN_COMPLETED, RUN_REJECTED, Topic
+from topics.events import AuditEvent, MemoryChanged, PromptAccepted, RunCompleted, RunRejected
+from topics.pipeline import AUDIT, MEMORY_CHANGED, RUN_COMPLETED, RUN_REJECTED, Topic
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +171,7 @@ class Deps:
     crash_point: Callable[
         [str], None
     ]  # tests: a process killed between the write and the offsets' commit
+    index: Index
 
 
 def write(rows: list[dict[str, Any]], ended_ms: list[int], deps: Deps) -> None:
@@ -189,11 +193,13 @@ def write(rows: list[dict[str, Any]], ended_ms: list[int], deps: Deps) -> None:
 async def on_completed(batch: list[RunCompleted], deps: Deps) -> None:
     rows = [completed_row(done, deps.prices) for done in batch]
     await in_thread(write, rows, [done["completed_at"] for done in batch], deps)
+    await search_index.on_completed(batch, deps.index)
 
 
 async def on_rejected(batch: list[RunRejected], deps: Deps) -> None:
     rows = [rejected_row(rejected) for rejected in batch]
     await in_thread(write, rows, [rejected["rejected_at"] for rejected in batch], deps)
+    await search_index.on_rejected(batch, deps.index)
 
 
 async def on_audit(batch: list[AuditEvent], deps: Deps) -> None:
@@ -202,15 +208,22 @@ async def on_audit(batch: list[AuditEvent], deps: Deps) -> None:
     AUDITED.inc(len(batch))
 
 
+async def on_changed(batch: list[MemoryChanged], deps: Deps) -> None:
+    await search_index.on_changed(batch, deps.index)
+
+
 HANDLERS: list[Handler[Deps]] = [
     on_batches(RUN_COMPLETED, on_completed),
     on_batches(RUN_REJECTED, on_rejected),
     on_batches(AUDIT, on_audit),
+    on_batches(MEMORY_CHANGED, on_changed),
 ]
 
 
 def build(stage: Stage, settings: ProcessorSettings) -> None:
     store = open_usage(settings)
-    deps = Deps(store, Prices.load(settings.price_table), stage.crash_point)
+    index = Index(store.backend, store.db, Encoder())
+    deps = Deps(store, Prices.load(settings.price_table), stage.crash_point, index)
     stage.serve(HANDLERS, deps, batch=(settings.meter_batch, settings.meter_batch_s))
     usage_pages.add(stage, store)
+    search_index.add(stage, index)

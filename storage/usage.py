@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.settings import StackSettings
-from storage import audit
+from storage import audit, search
 from storage.clickhouse import Backend, ChdbBackend, ServerBackend, in_buckets, iso, moment, quote
 from storage.usage_report import LATENCIES, QUANTILES, Report
 
@@ -147,7 +147,7 @@ def ddl(db: str) -> list[str]:
              error String, at DateTime64(3, 'UTC')
            ) ENGINE = MergeTree ORDER BY (label, suite, case, at)"""
     )
-    statements += audit.ddl(db)
+    statements += audit.ddl(db) + search.ddl(db)
     for name, (columns, _, order, _, _) in ROLLUPS.items():
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {db}.{name} ({columns}, {_SUMS}, {_LATENCY_STATES}) "

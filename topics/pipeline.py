@@ -153,14 +153,15 @@ RUN_COMPLETED = Topic(
     EVENTS,
 )
 # Edits, deletes and context resets of a chat's messages, and deleted chats: for the memory stage (which
-# re-embeds, forgets and summarises again) and for persistence (which erases a deleted chat's messages). The
+# re-embeds, forgets and summarises again), for persistence (which erases a deleted chat's messages) and for
+# metering (which keeps search in step, processors/search_index.py). The
 # memory stage also writes RunScheduled itself: a summary is a run on the small pool
 # (docs/decisions/0008-conversation-memory.md).
 MEMORY_CHANGED = Topic(
     "chat.memory-changed.v1",
     events.MemoryChanged,
     ("api",),
-    ("memory", "persistence"),
+    ("memory", "persistence", "metering"),
     CHAT,
     "chat_id",
     EVENTS,

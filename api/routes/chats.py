@@ -142,7 +142,6 @@ async def list_chats(
         )
     first = [ChatOut.of(r, marks[r.chat_id]) for r in pinned]
     return ChatPage(data=first + [ChatOut.of(r) for r in page], next_cursor=next_cursor)
-    return ChatPage(data=[ChatOut.of(r) for r in page], next_cursor=next_cursor)
 
 
 @router.get("/export")

@@ -55,15 +55,17 @@ async def metering(
     http: httpx.AsyncClient,
     path: str,
     params: dict[str, str | int] | None = None,
+    what: tuple[str, str] = ("Usage data", "usage_unavailable"),
 ) -> dict[str, Any]:
-    """A read from the metering stage, which owns the usage tables (the embedded engine is one process's)."""
+    """A read from the metering stage, which owns the usage and search tables (the embedded engine is one
+    process's); `what`: what is unavailable when it does not answer, and the error's code."""
     try:
         url, headers = f"{settings.metering_url}{path}", settings.internal_headers()
         response = await http.get(url, params=params, headers=headers, timeout=30)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise ApiError(
-            503, "Usage data is unavailable right now; try again shortly.", "usage_unavailable"
+            503, f"{what[0]} is unavailable right now; try again shortly.", what[1]
         ) from exc
     return dict(response.json())
 

@@ -156,17 +156,34 @@ def test_only_a_moderation_that_matched_a_rule_goes_to_the_review_list():
 # -- metering -------------------------------------------------------------------------------------------------
 
 
+class FakeIndex:
+    """What the stage hands the search index (the index itself: tests/unit/test_search.py)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def write(self, rows, texts):
+        self.rows += rows
+        return len(rows)
+
+
 def metering(crashes=None):
     prices = Prices({"smollm2-135m-instruct": {"prompt": 1.0, "cached": 0.5, "completion": 2.0}})
-    return meter_usage.Deps(FakeUsage(), prices, (crashes if crashes is not None else []).append)
+    crashed = (crashes if crashes is not None else []).append
+    return meter_usage.Deps(FakeUsage(), prices, crashed, FakeIndex())
 
 
 def test_a_batch_is_one_priced_row_per_run_and_a_redelivered_batch_adds_none():
     crashes = []
     deps = metering(crashes)
     done = completed(prompt())
-    for _ in range(2):
-        run(meter_usage.on_completed([done], deps))
+    run(meter_usage.on_completed([done], deps))
+    # the question and the answer are made searchable
+    assert [(r["role"], r["content"]) for r in deps.index.rows] == [
+        ("user", done["prompt"]["content"]),
+        ("assistant", done["content"]),
+    ]
+    run(meter_usage.on_completed([done], deps))
     [row] = deps.store.rows.values()
     # 600 uncached prompt tokens at $1/M, 400 cached at $0.5/M, 200 completion at $2/M
     assert row["cost_usd"] == "0.001200000" and row["kind"] == "chat"
@@ -177,6 +194,7 @@ def test_a_rejected_run_is_a_row_with_nothing_served():
     deps = metering()
     refused = rejected(prompt(), "content_filter")
     run(meter_usage.on_rejected([refused], deps))
+    assert [r["role"] for r in deps.index.rows] == ["user"]  # the question stays in its chat
     [row] = deps.store.rows.values()
     assert row["finish_reason"] == "rejected:content_filter" and row["moderation"] == "refused:policy"
     assert row["prompt_tokens"] == row["completion_tokens"] == 0
