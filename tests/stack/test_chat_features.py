@@ -7,8 +7,10 @@ another chat of the same person (never another's) and named on the answer; an in
 off, none is recalled. In headless Chromium: a memory is added in the account dialog and named on the answer it
 went into; a message is edited and sent again and its versions browsed; the branch is shared read-only with
 another person and revoked; the account dialog shows the budget and saves the person's instructions; the
-picker's model is remembered per chat; a chat is pinned, archived and brought back from the sidebar; a low
-budget is announced; and axe-core finds no violation in any of these states."""
+picker's model is remembered per chat; Ctrl+K finds a message and opens its chat at it on its branch; a chat
+is pinned, archived and brought back from the sidebar; a low budget is announced; and axe-core finds no
+violation in any of these states. Search: a person's own message is found by a word, as typed and by meaning,
+never another person's, and not once edited away or its chat deleted."""
 
 from __future__ import annotations
 
@@ -158,6 +160,44 @@ def test_a_memory_made_in_one_chat_is_recalled_in_another_screened_and_switched_
         assert client.get("/v1/chats/export").json()["memories"] == [kept]
 
 
+def test_search_finds_a_persons_own_messages_by_words_and_by_meaning_and_not_once_deleted(live):
+    word = f"zq{uuid.uuid4().hex[:6]}"  # a word no other message has
+    trip = f"I am planning a trip to see the northern lights in Norway, code {word}."
+    with live.client(live.token(f"find-{uuid.uuid4().hex[:8]}", "pro")) as client, live.client(live.token()) as other:
+        chats = ChatClient(client)
+        chat = client.post("/v1/chats", json={"title": "Travel"}).json()["id"]
+        sent = chats.send(chat, trip, max_tokens=8)
+        assert sent.status == 200 and sent.completed, sent.error
+        theirs = other.post("/v1/chats").json()["id"]
+        ChatClient(other).send(theirs, f"Their note {word}", max_tokens=8)
+
+        def search(q: str, who=client, **params) -> list[dict]:
+            found = who.get("/v1/search", params={"q": q, **params})
+            assert found.status_code == 200, found.text
+            return found.json()["data"]
+
+        question = client.get(f"/v1/chats/{chat}/messages").json()["data"][0]
+        # found within the wait (the index's freshness); the answer may repeat the word
+        hits = wait_for(lambda: {h["message_id"]: h for h in search(f"{word} ")}.get(question["id"]))
+        assert hits and (hits["chat_id"], hits["chat_title"], hits["match"]) == (chat, "Travel", "words")
+        assert [hits["snippet"][a:b] for a, b in hits["highlights"]] == [word]
+        typed = search(word[:5])  # as typed so far
+        assert question["id"] in [h["message_id"] for h in typed] and {h["chat_id"] for h in typed} == {chat}
+        assert {h["chat_id"] for h in wait_for(lambda: search(word, other))} == {theirs}  # each their own
+        related = search("aurora borealis holiday", mode="meaning")
+        assert question["id"] in [h["message_id"] for h in related] and all(h["match"] == "meaning" for h in related)
+
+        for q, code in (("  ", "query_empty"), (" ".join(["w"] * 10_000), "query_too_long")):
+            refused = client.get("/v1/search", params={"q": q})
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == code, refused.text
+        edited = client.patch(f"/v1/chats/{chat}/messages/{question['id']}", json={"content": f"Fjords {word}"})
+        assert edited.status_code == 200, edited.text
+        ids = lambda q: [h["message_id"] for h in search(q, mode="words")]  # noqa: E731
+        assert wait_for(lambda: question["id"] in ids("fjords ")) and question["id"] not in ids("northern lights ")
+        assert client.delete(f"/v1/chats/{chat}").status_code == 204
+        assert wait_for(lambda: search(f"{word} ") == [] and search("aurora borealis", mode="meaning") == [])
+
+
 def test_chats_untouched_past_a_persons_days_are_deleted_by_the_sweep_and_pinned_ones_kept(live):
     user = f"old-{uuid.uuid4().hex[:8]}"
     with (
@@ -245,6 +285,25 @@ def test_the_app_shows_the_budget_saves_instructions_remembers_the_model_and_axe
         assert [m["id"] for m in listed][1:] == [stored["id"]] and second["run"] != stored["id"]
         page.reload()  # the chosen branch is the chat's, not the page's
         page.wait_for_selector(".msg.user .versions .count:text-is('1/2')", timeout=20_000)
+
+        # Ctrl+K finds the edited question, on the other branch, and opens the chat at it on its branch
+        hit = wait_for(
+            lambda: [
+                h for h in client.get("/v1/search", params={"q": "hi sente"}).json()["data"] if h["role"] == "user"
+            ]
+        )
+        page.keyboard.press("Control+k")
+        page.fill("#search-input", "hi sente")
+        found = f'.search-hit[data-message-id="{hit[0]["message_id"]}"]'
+        page.wait_for_selector(f"{found} mark", timeout=10_000)
+        assert page.eval_on_selector_all(f"{found} mark", "ms => ms.map(m => m.textContent)") == ["hi", "sentence"]
+        assert_clean(page, "search results")
+        page.click(found)
+        page.wait_for_selector(".msg.user.found .versions .count:text-is('2/2')", timeout=10_000)
+        assert page.text_content(".msg.user.found .body") == "Say hi in one short sentence."
+        assert page.evaluate("document.activeElement.dataset.messageId") == hit[0]["message_id"]
+        page.click(".msg.user .versions button[aria-label='Previous version']")  # back as it was
+        page.wait_for_selector(".msg.user .versions .count:text-is('1/2')", timeout=10_000)
 
         page.click("#chat-settings")
         page.fill("#chat-instructions", "Answer as a travel guide.")

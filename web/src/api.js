@@ -185,6 +185,10 @@ export class Api {
   revokeShare(chatId, shareId) {
     return this.call("DELETE", `/v1/chats/${chatId}/share/${shareId}`);
   }
+  /** The person's messages matching `q` (words, the last one as typed, and meaning), best first. */
+  search(q) {
+    return this.call("GET", `/v1/search?${new URLSearchParams({ q, limit: "20" })}`);
+  }
   chooseBranch(chatId, messageId) {
     return this.call("PUT", `/v1/chats/${chatId}/branch`, { message_id: messageId });
   }

@@ -30,7 +30,8 @@ export function newChat({ push = true } = {}) {
   $("#composer-input").focus();
 }
 
-export async function openChat(chatId, { push = true } = {}) {
+/** Open a chat; `at`: a message to show (a search hit), its branch made current when it is on another. */
+export async function openChat(chatId, { push = true, at = null } = {}) {
   stopLive();
   const opening = ++state.opening;
   state.chatId = chatId;
@@ -43,6 +44,10 @@ export async function openChat(chatId, { push = true } = {}) {
     [chat, messages] = await guarded(() =>
       Promise.all([state.api.chat(chatId), state.api.messages(chatId)]),
     );
+    if (at && !messages.some((m) => m.id === at)) {
+      await guarded(() => state.api.chooseBranch(chatId, at));
+      messages = await guarded(() => state.api.messages(chatId));
+    }
   } catch (error) {
     if (opening !== state.opening) return;
     if (error.status === 404) {
@@ -61,7 +66,18 @@ export async function openChat(chatId, { push = true } = {}) {
     // An answer still being written (this page was reloaded, or it is open elsewhere): read it from its start.
     actions.stream(chatId, null, { runId: running });
   }
-  $("#composer-input").focus();
+  if (at) showMessage(at);
+  else $("#composer-input").focus();
+}
+
+/** Bring a message into view, marked, and move the focus to it. */
+function showMessage(messageId) {
+  const el = document.querySelector(`#messages [data-message-id="${CSS.escape(messageId)}"]`);
+  if (!el) return;
+  el.classList.add("found");
+  el.setAttribute("tabindex", "-1");
+  el.scrollIntoView({ block: "center" });
+  el.focus();
 }
 
 // -- the messages ---------------------------------------------------------------------------------------------
@@ -90,7 +106,7 @@ export function renderConversation() {
 export function userElement(text, message = null) {
   const el = h(
     "article",
-    { class: "msg user", "aria-label": "You said" },
+    { class: "msg user", "aria-label": "You said", "data-message-id": message?.id || "" },
     h("div", { class: "body" }, text),
   );
   if (message && state.chatId) {
@@ -204,7 +220,11 @@ export function notice(run) {
 
 /** An answer: its text as markdown, what ended it, the model, and (once it ended) its actions. */
 export function answerElement(run, message = null, last = false) {
-  const el = h("article", { class: "msg assistant", "data-run-id": run.runId || "" });
+  const el = h("article", {
+    class: "msg assistant",
+    "data-run-id": run.runId || "",
+    "data-message-id": message?.id || "",
+  });
   drawAnswer(el, run, message, last);
   return el;
 }

@@ -13,6 +13,7 @@ import {
   showSignIn,
   toggleTheme,
 } from "./page.js";
+import { openSearch, wireSearch } from "./search.js";
 import { checkBudget, loadModels, wireSettings } from "./settings.js";
 import { loadChats, wireArchive } from "./sidebar.js";
 import { $, actions, chatOfPath, state, THEME_KEY } from "./state.js";
@@ -71,11 +72,16 @@ function onKey(event) {
     event.preventDefault();
     newChat();
   }
+  if ((event.ctrlKey || event.metaKey) && !event.shiftKey && event.key.toLowerCase() === "k") {
+    event.preventDefault(); // the browser's own Ctrl+K goes to its address bar
+    if (state.api) openSearch();
+  }
 }
 
 function wire() {
   drawIcons();
   wireSettings();
+  wireSearch();
   const stored = localStorage.getItem(THEME_KEY);
   applyTheme(stored || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light"));
   $("#theme").addEventListener("click", toggleTheme);
