@@ -1,12 +1,13 @@
 """Where to search a person's chats, measured: 100,000 messages of one person (and 100,000 of four others beside
 them), searched by words and by meaning, in the ClickHouse engine we already run (chdb here; a server in
 production), with its full-text `text` index and without it, against the floor of reading the person's newest 20
-rows. And Cassandra 5.0.8, the store the messages live in: whether its SAI takes a text analyzer.
+rows; the queries are the ones search runs (storage/search.py). And Cassandra 5.0.8, the store the messages live
+in: whether its SAI takes a text analyzer.
 
-- words: every message with all the query's words (lowercased tokens), the newest first, 20;
-- prefix: the last word as typed so far ("ligh" finds "lighthouse"), over the person's messages;
+- words: every message with all the query's words (lowercased tokens), ranked, the best 20;
+- prefix: the last word as typed so far ("ligh" finds "lighthouse"), over the person's messages, ranked;
 - meaning: the 10 nearest of the person's 100,000 MiniLM-sized (384-d) vectors, by cosine, scanned;
-- freshness: a message inserted as a stage inserts a batch, then searched until found.
+- freshness: a message written as the stage writes one (`search.write`), then searched until found.
 
 Interleaved round by round so the machine's noise falls on all alike. Prints JSON, writes
 bench/results/search_store.json. Needs Cassandra for the analyzer check (started if not running).
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from measure import summary  # noqa: E402
 
+from storage import search  # noqa: E402
 from storage.clickhouse import ChdbBackend, quote  # noqa: E402
+from storage.search import Query  # noqa: E402
 
 PERSON = "person-0"
 VOCABULARY = 5000  # made-up words, used by a Zipf law (a few common, most rare)
@@ -40,15 +44,18 @@ MARKED = "lighthouse"  # in one message of 2,000
 
 
 def tables(backend: ChdbBackend) -> None:
-    for name, index in (
-        ("indexed", ", INDEX words terms TYPE text(tokenizer = splitByNonAlpha) GRANULARITY 1"),
-        ("scanned", ""),
-    ):
-        backend.command(
-            f"CREATE TABLE {name} (user_id String, message_id UUID, chat_id UUID, content String, "
-            f"terms String MATERIALIZED lower(content), embedding Array(Float32){index}) "
-            "ENGINE = MergeTree ORDER BY (user_id, message_id)"
-        )
+    """The shipped table (storage/search.py) in `indexed`, and the same without its text index in `scanned`."""
+    for db, keep in (("indexed", True), ("scanned", False)):
+        backend.command(f"CREATE DATABASE {db}")
+        for statement in search.ddl(db):
+            if not keep:
+                statement = statement.replace(INDEX_LINE, "").replace(
+                    "DateTime64(3, 'UTC'),\n", "DateTime64(3, 'UTC')\n"
+                )
+            backend.command(statement)
+
+
+INDEX_LINE = "             INDEX words terms TYPE text(tokenizer = splitByNonAlpha) GRANULARITY 1\n"
 
 
 def fill(backend: ChdbBackend, user: str, messages: int) -> None:
@@ -56,52 +63,56 @@ def fill(backend: ChdbBackend, user: str, messages: int) -> None:
     words = "[" + ",".join(f"'w{i}'" for i in range(VOCABULARY)) + f",'{MARKED}']"
     # a word's rank is log-uniform (a few common, most rare); the argument keeps each draw its own
     rank = f"least({VOCABULARY - 1}, floor(exp(randCanonical(i + number) * log({VOCABULARY}))))"
-    chat = "reinterpretAsUUID(toFixedString(toString(number % 400), 16))"
     backend.command(  # into `indexed`; copied into `scanned` once every person is in
-        "INSERT INTO indexed (user_id, message_id, chat_id, content, embedding) "
-        f"SELECT {quote(user)}, generateUUIDv7(), {chat}, "
+        f"INSERT INTO indexed.chat_search ({COLUMNS}) "
+        f"SELECT {quote(user)}, toString(number % 400), toString(generateUUIDv7()), 'user', "
         f"arrayStringConcat(arrayMap(i -> if(i = 0 AND number % 2000 = 7, '{MARKED}', "
         f"{words}[1 + toUInt32({rank})]), range(10 + number % 50)), ' '), "
-        f"arrayMap(i -> randNormal(0, 1, i + number), range(384)) FROM numbers({messages})"
+        f"arrayMap(i -> randNormal(0, 1, i + number), range(384)), now64(3) FROM numbers({messages})"
     )
 
 
-def ways(vector: list[float]) -> dict[str, str]:
-    person = quote(PERSON)
-    near = "[" + ",".join(f"{x:.5f}" for x in vector) + "]"
-    mine = f"user_id = {person}"
-    words = f"{mine} AND hasAllTokens(terms, ['{MARKED}', 'w3'])"
-    newest = "ORDER BY message_id DESC LIMIT 20"
-    common = f"{mine} AND hasAllTokens(terms, ['w1'])"
+COLUMNS = "user_id, chat_id, message_id, role, content, embedding, created_at"
+
+
+def ways(vector: list[float]) -> dict[str, Callable[[ChdbBackend], list[dict[str, Any]]]]:
+    """The shipped queries (storage/search.py), on the indexed table and on the one without the index."""
+    two, common, typed = Query.parse(f"{MARKED} w3 "), Query.parse("w1 "), Query.parse("ligh")
+    mine = quote(PERSON)
     return {
-        "words_text_index": f"SELECT message_id, chat_id, content FROM indexed WHERE {words} {newest}",
-        "words_scanned": f"SELECT message_id, chat_id, content FROM scanned WHERE {words} {newest}",
-        "one_common_word_text_index": f"SELECT message_id FROM indexed WHERE {common} {newest}",
-        "prefix_scanned": f"SELECT message_id, content FROM indexed WHERE {mine} AND "
-        f"arrayExists(t -> startsWith(t, 'ligh'), splitByNonAlpha(terms)) {newest}",
-        "meaning_scanned": f"SELECT message_id, cosineDistance(embedding, {near}) AS d FROM indexed "
-        f"WHERE {mine} ORDER BY d LIMIT 10",
-        "floor_newest_20": f"SELECT message_id, content FROM indexed WHERE {mine} {newest}",
+        "words_text_index": lambda b: search.by_words(b, "indexed", PERSON, two, 20),
+        "words_scanned": lambda b: search.by_words(b, "scanned", PERSON, two, 20),
+        "one_common_word_text_index": lambda b: search.by_words(b, "indexed", PERSON, common, 20),
+        "prefix_as_typed": lambda b: search.by_words(b, "indexed", PERSON, typed, 20),
+        "meaning_scanned": lambda b: search.by_meaning(b, "indexed", PERSON, vector, 10),
+        "floor_newest_20": lambda b: b.query(
+            f"SELECT message_id, content FROM indexed.chat_search WHERE user_id = {mine} "
+            "ORDER BY created_at DESC LIMIT 20"
+        ),
     }
 
 
-def timed(backend: ChdbBackend, sql: str) -> tuple[float, int]:
+def timed(backend: ChdbBackend, query: Callable[[ChdbBackend], list[dict[str, Any]]]) -> tuple[float, int]:
     started = time.perf_counter()
-    rows = backend.query(sql)
+    rows = query(backend)
     return (time.perf_counter() - started) * 1000, len(rows)
 
 
 def freshness(backend: ChdbBackend) -> float:
-    """ms from a message's insert to the words search finding it."""
+    """ms from a message's write (the stage's `search.write`: checks, insert, check) to the words search finding it."""
     word = f"fresh{uuid.uuid4().hex[:8]}"
+    row = {
+        "user_id": PERSON,
+        "chat_id": "fresh",
+        "message_id": str(uuid.uuid4()),
+        "role": "user",
+        "content": f"just sent {word}",
+        "embedding": [],
+        "created_at": int(time.time() * 1000),
+    }
     started = time.perf_counter()
-    backend.command(
-        f"INSERT INTO indexed (user_id, message_id, chat_id, content, embedding) VALUES "
-        f"({quote(PERSON)}, generateUUIDv7(), generateUUIDv4(), 'just sent {word}', [])"
-    )
-    while not backend.query(
-        f"SELECT 1 FROM indexed WHERE user_id = {quote(PERSON)} AND hasAllTokens(terms, ['{word}'])"
-    ):
+    search.write(backend, "indexed", [row])
+    while not search.by_words(backend, "indexed", PERSON, Query.parse(f"{word} "), 20):
         time.sleep(0.001)
     return (time.perf_counter() - started) * 1000
 
@@ -146,8 +157,7 @@ def main() -> None:
     fill(backend, PERSON, args.messages)
     for other in range(1, 5):
         fill(backend, f"person-{other}", args.messages // 4)
-    columns = "user_id, message_id, chat_id, content, embedding"
-    backend.command(f"INSERT INTO scanned ({columns}) SELECT {columns} FROM indexed")  # the same rows
+    backend.command(f"INSERT INTO scanned.chat_search ({COLUMNS}) SELECT {COLUMNS} FROM indexed.chat_search")
     filled_s = time.perf_counter() - started
     import random
 
@@ -155,11 +165,11 @@ def main() -> None:
     queries = ways(vector)
     times: dict[str, list[float]] = {name: [] for name in queries}
     found: dict[str, int] = {}
-    for sql in queries.values():  # warm
-        backend.query(sql)
+    for query in queries.values():  # warm
+        query(backend)
     for _ in tqdm(range(args.rounds), desc="rounds", file=sys.stderr):
-        for name, sql in queries.items():
-            ms, found[name] = timed(backend, sql)
+        for name, query in queries.items():
+            ms, found[name] = timed(backend, query)
             times[name].append(ms)
     fresh = [freshness(backend) for _ in range(20)]
     stats = {name: summary(values) for name, values in times.items()}
