@@ -64,7 +64,7 @@ def latency(http: httpx.Client, rounds: int) -> dict[str, Any]:
     ways: dict[str, tuple[str, dict[str, str]]] = {
         "words": ("/v1/search", {"q": "sourdough starters ", "mode": "words"}),
         "prefix_as_typed": ("/v1/search", {"q": "sourd", "mode": "words"}),
-        "meaning": ("/v1/search", {"q": "baking bread at home", "mode": "meaning"}),
+        "meaning": ("/v1/search", {"q": "baking bread with a starter", "mode": "meaning"}),
         "words_and_meaning": ("/v1/search", {"q": "sourdough bread"}),
         "baseline_chat_list": ("/v1/chats", {}),
     }

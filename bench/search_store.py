@@ -5,7 +5,9 @@ rows; the queries are the ones search runs (storage/search.py). And Cassandra 5.
 in: whether its SAI takes a text analyzer.
 
 - words: every message with all the query's words (lowercased tokens), ranked, the best 20;
-- prefix: the last word as typed so far ("ligh" finds "lighthouse"), over the person's messages, ranked;
+- prefix: the last word as typed so far ("ligh" finds "lighthouse"), over the person's messages, ranked; and
+  the worst case, one letter that starts every word of every message;
+- a word in 90% of the messages ("w1"): only the newest 2,000 matches are ranked;
 - meaning: the 10 nearest of the person's 100,000 MiniLM-sized (384-d) vectors, by cosine, scanned;
 - freshness: a message written as the stage writes one (`search.write`), then searched until found.
 
@@ -78,12 +80,14 @@ COLUMNS = "user_id, chat_id, message_id, role, content, embedding, created_at"
 def ways(vector: list[float]) -> dict[str, Callable[[ChdbBackend], list[dict[str, Any]]]]:
     """The shipped queries (storage/search.py), on the indexed table and on the one without the index."""
     two, common, typed = Query.parse(f"{MARKED} w3 "), Query.parse("w1 "), Query.parse("ligh")
+    letter = Query.parse("w")  # the first letter typed: every made-up word starts with it
     mine = quote(PERSON)
     return {
         "words_text_index": lambda b: search.by_words(b, "indexed", PERSON, two, 20),
         "words_scanned": lambda b: search.by_words(b, "scanned", PERSON, two, 20),
         "one_common_word_text_index": lambda b: search.by_words(b, "indexed", PERSON, common, 20),
         "prefix_as_typed": lambda b: search.by_words(b, "indexed", PERSON, typed, 20),
+        "one_letter_typed_every_message": lambda b: search.by_words(b, "indexed", PERSON, letter, 20),
         "meaning_scanned": lambda b: search.by_meaning(b, "indexed", PERSON, vector, 10),
         "floor_newest_20": lambda b: b.query(
             f"SELECT message_id, content FROM indexed.chat_search WHERE user_id = {mine} "

@@ -20,6 +20,7 @@ from storage.clickhouse import Backend, iso, quote
 MAX_TERMS = 16
 MAX_QUERY_CHARS = 256
 SNIPPET_CHARS = 160
+MAX_RANKED = 2000
 MEANING_FLOOR = 0.3  # cosine similarity below which a message is not "about" the query (MiniLM)
 # A token as ClickHouse's splitByNonAlpha and hasToken see it: ASCII letters and digits, and any non-ASCII
 # character, so "café" and "日本語" are words and "_" or "-" part them.
@@ -141,6 +142,8 @@ def by_words(
 
     Score: each word's count in the message, saturated and normalised by the message's length as BM25 does
     (k1 1.2, b 0.75, an average message of 40 words); no document frequency, since every hit has every word.
+    Only the newest MAX_RANKED matches are ranked: a word in most of a long history ("the", or a first letter
+    typed) costs the same as a rare one.
     """
     where = [f"user_id = {quote(user_id)}"]
     where += [f"hasToken(terms, {quote(w)})" for w in query.words]
@@ -153,8 +156,9 @@ def by_words(
     score = " + ".join(f"{c} * 2.2 / ({c} + {norm})" for c in counts)
     return backend.query(
         f"SELECT chat_id, message_id, role, content, toUnixTimestamp64Milli(created_at) AS at, {score} AS score "
-        f"FROM (SELECT *, splitByNonAlpha(terms) AS toks FROM {db}.chat_search "
-        f"WHERE {' AND '.join(where)}) ORDER BY score DESC, created_at DESC LIMIT {int(limit)}"
+        f"FROM (SELECT chat_id, message_id, role, content, created_at, splitByNonAlpha(terms) AS toks "
+        f"FROM {db}.chat_search WHERE {' AND '.join(where)} ORDER BY created_at DESC LIMIT {MAX_RANKED}) "
+        f"ORDER BY score DESC, created_at DESC LIMIT {int(limit)}"
     )
 
 
