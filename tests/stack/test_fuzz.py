@@ -73,7 +73,10 @@ def test_fuzzing_the_live_edge_finds_no_server_error_and_nothing_undocumented(li
     everything, chats = tmp_path / "all.har.json", tmp_path / "chats.har.json"
     (tmp_path / "all").mkdir()
     (tmp_path / "chats").mkdir()
-    stateful = ("--phases", "stateful", "--include-path-regex", "^/v1/chats", "--max-time", "60")
+    # the routes on the way from a chat to its runs, so the 60 s go deep rather than wide (the other run has
+    # every operation): chats, their messages, a message's feedback, a run's events, cancel and regenerate
+    deep = r"^/v1/chats(/\{[^}]+\}(/messages(/\{[^}]+\}(/feedback)?)?|/runs/\{[^}]+\}/[a-z]+)?)?$"
+    stateful = ("--phases", "stateful", "--include-path-regex", deep, "--max-time", "60")
     with ThreadPoolExecutor(2) as pool:
         runs = [
             pool.submit(
