@@ -43,14 +43,20 @@ class Index:
     db: str
     encoder: Encoder
 
-    def write(self, rows: list[dict[str, Any]], texts: list[str]) -> int:
-        """Rows (without their vectors yet) and their texts: embedded, then written."""
-        if not rows:
-            return 0
-        vectors = self.encoder.embed(texts)
-        for row, vector in zip(rows, vectors, strict=True):
-            row["embedding"] = [round(float(x), 6) for x in vector]
-        return search.write(self.backend, self.db, rows)
+    def embedded(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows with their contents' vectors."""
+        vectors = self.encoder.embed([r["content"] for r in rows])
+        return [
+            r | {"embedding": [round(float(x), 6) for x in v]}
+            for r, v in zip(rows, vectors, strict=True)
+        ]
+
+    def write(self, rows: list[dict[str, Any]]) -> int:
+        """Rows without their vectors yet: embedded, then written."""
+        return search.write(self.backend, self.db, self.embedded(rows)) if rows else 0
+
+    def replace(self, row: dict[str, Any]) -> None:
+        search.replace(self.backend, self.db, self.embedded([row])[0])
 
 
 def row(
@@ -79,20 +85,25 @@ def completed_rows(done: RunCompleted) -> list[dict[str, Any]]:
     prompt = done["prompt"]
     if not stored(prompt):
         return []
-    answer = row(prompt, prompt["run_id"], "assistant", done["content"], done["completed_at"])
-    return [r for r in (question(prompt), answer) if r["content"].strip()]
+    return [
+        question(prompt),
+        row(prompt, prompt["run_id"], "assistant", done["content"], done["completed_at"]),
+    ]
 
 
 def rejected_rows(rejected: RunRejected) -> list[dict[str, Any]]:
     """A refused run's question stays in its chat (the refusal is Parley's words, not searched for)."""
     prompt = rejected["prompt"]
-    if not stored(prompt) or rejected["code"] == WITHDRAWN or not prompt["content"].strip():
+    if not stored(prompt) or rejected["code"] == WITHDRAWN:
         return []
     return [question(prompt)]
 
 
 def index_rows(index: Index, rows: list[dict[str, Any]], ended_ms: list[int]) -> None:
-    written = index.write(rows, [r["content"] for r in rows])
+    rows = [
+        r for r in rows if r["content"].strip()
+    ]  # an empty answer (an error) has nothing to find
+    written = index.write(rows)
     INDEXED.labels("written").inc(written)
     INDEXED.labels("already stored").inc(len(rows) - written)
     now = datetime.now(UTC).timestamp()
@@ -119,17 +130,15 @@ def change(index: Index, event: MemoryChanged) -> None:
     elif action == "deleted" and message:
         search.remove(index.backend, index.db, user, chat, message, event["at"])
     elif action == "edited" and message:
-        content = event.get("content") or ""
         edited = {
             "user_id": user,
             "chat_id": chat,
             "message_id": message,
             "role": event.get("role") or "user",
-            "content": content,
+            "content": event.get("content") or "",
             "created_at": event["at"],
-            "embedding": [round(float(x), 6) for x in index.encoder.embed([content])[0]],
         }
-        search.replace(index.backend, index.db, edited)
+        index.replace(edited)
     else:
         return  # a context reset changes no message
     REMOVED.labels(action).inc()

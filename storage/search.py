@@ -86,11 +86,14 @@ def write(backend: Backend, db: str, rows: list[dict[str, Any]]) -> int:
     )
     # a delete handled between the check and the insert: its rows go again
     for user_id, message_id in removed(backend, db, list(batch.values())):
-        backend.command(
-            f"DELETE FROM {db}.chat_search WHERE user_id = {quote(user_id)} "
-            f"AND message_id = {quote(message_id)}"
-        )
+        drop(backend, db, user_id, message_id)
     return len(batch)
+
+
+def drop(backend: Backend, db: str, user_id: str, message_id: str) -> None:
+    backend.command(
+        f"DELETE FROM {db}.chat_search WHERE user_id = {quote(user_id)} AND message_id = {quote(message_id)}"
+    )
 
 
 def removed(backend: Backend, db: str, rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
@@ -128,10 +131,7 @@ def remove(
 
 def replace(backend: Backend, db: str, row: dict[str, Any]) -> None:
     """An edited message: its row now holds the new text (unless the message was removed)."""
-    backend.command(
-        f"DELETE FROM {db}.chat_search WHERE user_id = {quote(row['user_id'])} "
-        f"AND message_id = {quote(row['message_id'])}"
-    )
+    drop(backend, db, row["user_id"], row["message_id"])
     write(backend, db, [row])
 
 

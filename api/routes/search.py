@@ -44,9 +44,10 @@ class SearchResults(BaseModel):
 
 def checked(q: str) -> str:
     text = q.strip()
-    if not Typed.parse(text).terms:
+    terms = Typed.parse(text).terms
+    if not terms:
         raise ApiError(400, "Type a word to search for.", "query_empty", "q")
-    if len(text) > MAX_QUERY_CHARS or Typed.parse(text).terms > MAX_TERMS:
+    if len(text) > MAX_QUERY_CHARS or terms > MAX_TERMS:
         raise ApiError(
             400,
             f"A search takes at most {MAX_TERMS} words and {MAX_QUERY_CHARS} characters.",

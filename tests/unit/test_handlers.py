@@ -162,7 +162,7 @@ class FakeIndex:
     def __init__(self):
         self.rows = []
 
-    def write(self, rows, texts):
+    def write(self, rows):
         self.rows += rows
         return len(rows)
 
