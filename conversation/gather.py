@@ -94,10 +94,13 @@ def assemble_given(prompt: PromptAccepted, settings: ContextSettings) -> RunSche
     """The run for a prompt that carries its whole conversation (the OpenAI-compatible route), used as sent:
     the first pool in order whose budget holds it, counted with that pool's tokenizer. Raises TooLong."""
     messages = list(prompt.get("messages") or [])
+    generation = prompt.get("generation")
+    tools = generation.get("tools") if generation else None  # described in the system turn
     need = 0
     for name in pools_in_order(prompt, settings):
         pool = settings.pools[name]
-        need = tokens.load(pool.tokenizer).count_chat(messages)
+        counter = tokens.load(pool.tokenizer)
+        need = counter.count_chat(messages) + (counter.count(tools) if tools else 0)
         if need + prompt["max_tokens"] <= pool.context:
             record = {"budget": pool.context - prompt["max_tokens"], "prompt_tokens": need}
             return scheduled(prompt, name, settings, Assembled(messages, record), len(messages) - 1)

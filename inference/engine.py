@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from inference import calls
+
 log = logging.getLogger(__name__)
 
 
@@ -34,9 +36,13 @@ log = logging.getLogger(__name__)
 class Request:
     run_id: str
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     max_tokens: int
     temperature: float = 0.7
+    # the client's sampling, response format and tools as body fields (inference/calls.py)
+    options: dict[str, Any] = field(default_factory=dict)
+    # the answer must be tool calls: the text is the constrained JSON of them, never streamed as text
+    forced_calls: bool = False
     # the answer so far, when a run is taken over: generation continues after it
     continuation: str = ""
     priority: int | None = None  # the run's (higher first); SGLang orders its queue by it
@@ -55,6 +61,7 @@ class Chunk:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI deltas
 
 
 @dataclass
@@ -69,6 +76,9 @@ class Outcome:
     text: list[str] = field(default_factory=list)
     # streamed text chunks: the completion count when the engine reported none (a cancel)
     pieces: int = 0
+    tool_calls: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # whole, once the stream has ended
 
 
 class Engine(Protocol):
@@ -166,6 +176,7 @@ class OpenAIStreamEngine:
                 body["priority"] = request.priority
         return {
             **body,
+            **request.options,
             "model": request.model,
             "messages": messages,
             "max_tokens": request.max_tokens,
@@ -260,6 +271,7 @@ def parse_sse_line(line: str) -> Chunk | None:
     for choice in payload.get("choices") or ():
         delta = choice.get("delta") or {}
         chunk.text += delta.get("content") or ""
+        chunk.tool_calls.extend(delta.get("tool_calls") or ())
         chunk.finish_reason = choice.get("finish_reason") or chunk.finish_reason
     if (
         chunk.finish_reason == "abort"
@@ -297,7 +309,7 @@ async def generate(
     long: SGLang sends nothing (not even its response headers) while a request waits in its queue or is
     prefilled, and the edge counts only silence against a run.
     """
-    outcome = Outcome()
+    outcome, native = Outcome(), calls.Calls()
     async for chunk in _until(
         engine.stream(request), cancel, outcome, lambda: engine.abort(request), heartbeat_s
     ):
@@ -306,6 +318,9 @@ async def generate(
             if outcome.first_token_at is None:
                 outcome.first_token_at = time.perf_counter()
             outcome.text.append(chunk.text)
+            if request.forced_calls:
+                chunk.text = ""  # the calls' JSON: published whole as tool calls at the end
+        native.add(chunk.tool_calls)
         if chunk.finish_reason:
             outcome.finish_reason = chunk.finish_reason
         if chunk.prompt_tokens is not None:
@@ -314,6 +329,11 @@ async def generate(
         if chunk.cached_tokens is not None:
             outcome.cached_tokens = chunk.cached_tokens
         yield chunk.text, outcome
+    outcome.tool_calls = native.whole()
+    if request.forced_calls and (forced := calls.forced_calls("".join(outcome.text))):
+        outcome.tool_calls, outcome.text = forced, []
+    if outcome.tool_calls and outcome.finish_reason == "stop":
+        outcome.finish_reason = "tool_calls"
     if outcome.finish_reason == "cancelled":
         outcome.completion_tokens = max(outcome.completion_tokens, outcome.pieces)
         yield "", outcome

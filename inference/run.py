@@ -6,6 +6,7 @@ A run another consumer had begun is continued after the text it published (infer
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from confluent_kafka import Message
 
 from admission.limits import BACKGROUND_PRIORITY
 from conversation.tokens import load as load_tokenizer
+from inference import calls
 from inference.coalesce import Coalescer
 from inference.completion import Timing, completed, usage_after
 from inference.control import RunControls
@@ -170,7 +172,7 @@ class RunServer:
                 ),
                 timing=timing,
             )
-        messages = [{"role": m["role"], "content": m["content"]} for m in run["messages"]]
+        messages = [calls.engine_message(m) for m in run["messages"]]
         max_tokens = prompt["max_tokens"] - prior.tokens
         if prior.text and max_tokens > 0:
             max_tokens = self._clamped(prompt["run_id"], messages, prior.text, max_tokens)
@@ -190,6 +192,7 @@ class RunServer:
         if not prior.started:
             seq = 0
             await self._publish_delta(run, delta(run, 0, "started", model=run["model"]))
+        options, forced = calls.engine_options(prompt.get("generation"))
         request = Request(
             prompt["run_id"],
             run["model"],
@@ -198,6 +201,8 @@ class RunServer:
             self.settings.temperature if (t := prompt.get("temperature")) is None else t,
             continuation=prior.text,
             priority=run["priority"],
+            options=options,
+            forced_calls=forced,
         )
         coalescer = Coalescer(self.settings.coalesce_ms / 1000)
         guard = None
@@ -258,10 +263,19 @@ class RunServer:
                 f"The model failed while generating this answer ({type(exc).__name__}).",
             )
         rest = coalescer.drain()
+        if forced and outcome is not None and not outcome.tool_calls:
+            rest += "".join(
+                outcome.text
+            )  # not whole calls (cut by max_tokens): the text as it came
         if rest:  # generated text is published even when the run stops here, so a successor continues after it
             seq += 1
             tokens = prior.tokens + (outcome.completion_tokens if outcome else 0)
             await self._publish_delta(run, delta(run, seq, "delta", text=rest, tokens=tokens))
+        if outcome is not None and outcome.tool_calls and not flight.handing_off:
+            seq += 1
+            made = json.dumps(outcome.tool_calls)
+            tokens = prior.tokens + outcome.completion_tokens
+            await self._publish_delta(run, delta(run, seq, "delta", tool_calls=made, tokens=tokens))
         if flight.handing_off:
             HANDED_OFF.labels(pool).inc()
             log.info("run %s handed off after %d records", prompt["run_id"], seq + 1)

@@ -23,6 +23,9 @@ from runtime.settings import state_dir
 log = logging.getLogger(__name__)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The bundled model's own chat template with tool use added (it has none): tools reach the prompt, and the
+# engine parses the model's calls. It renders a conversation without tools exactly as the GGUF's template.
+TOOLS_TEMPLATE = Path(__file__).resolve().parent / "templates" / "smollm2-tools.jinja"
 
 
 def model_path() -> Path:
@@ -126,6 +129,7 @@ class LlamaServer:
             "--metrics",
             "--alias",
             alias,
+            *(["--chat-template-file", str(TOOLS_TEMPLATE)] if model is None else []),
             *(["--api-key-file", str(key_file)] if key_file else []),
         ]
         self.log_path = log_path

@@ -20,6 +20,8 @@ class ChatMessage(TypedDict):
 
     role: ReadOnly[str]
     content: ReadOnly[str]
+    tool_calls: NotRequired[ReadOnly[str | None]]
+    tool_call_id: NotRequired[ReadOnly[str | None]]
 
 
 class SummaryRequest(TypedDict):
@@ -31,6 +33,22 @@ class SummaryRequest(TypedDict):
 class Instruction(TypedDict):
     source: ReadOnly[str]
     content: ReadOnly[str]
+
+
+class Generation(TypedDict):
+    """What the client asked of the decoding beside temperature (OpenAI's chat completions fields), passed to
+    the engine."""
+
+    top_p: NotRequired[ReadOnly[float | None]]
+    seed: NotRequired[ReadOnly[int | None]]
+    stop: NotRequired[ReadOnly[Sequence[str]]]
+    presence_penalty: NotRequired[ReadOnly[float | None]]
+    frequency_penalty: NotRequired[ReadOnly[float | None]]
+    logit_bias: NotRequired[ReadOnly[Mapping[str, int]]]
+    response_format: NotRequired[ReadOnly[str | None]]
+    tools: NotRequired[ReadOnly[str | None]]
+    tool_choice: NotRequired[ReadOnly[str | None]]
+    parallel_tool_calls: NotRequired[ReadOnly[bool]]
 
 
 class PromptAccepted(TypedDict):
@@ -55,6 +73,7 @@ class PromptAccepted(TypedDict):
     branched: NotRequired[ReadOnly[bool]]
     instructions: NotRequired[ReadOnly[Sequence[Instruction] | None]]
     memories: NotRequired[ReadOnly[bool]]
+    generation: NotRequired[ReadOnly[Generation | None]]
     created_at: ReadOnly[int]
 
 
@@ -307,4 +326,5 @@ class TokenDelta(TypedDict):
     category: NotRequired[ReadOnly[str | None]]
     retract_from: NotRequired[ReadOnly[int | None]]
     memories: NotRequired[ReadOnly[Sequence[str]]]
+    tool_calls: NotRequired[ReadOnly[str | None]]
     emitted_at: ReadOnly[int]

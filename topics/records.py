@@ -9,6 +9,7 @@ from typing import Any, cast
 from topics.clock import now_ms
 from topics.events import (
     ChatMessage,
+    Generation,
     Instruction,
     PromptAccepted,
     RunScheduled,
@@ -37,6 +38,7 @@ def prompt_accepted(
     parent_id: str | None = None,
     branched: bool = False,
     memories: bool = False,
+    generation: Generation | None = None,
 ) -> PromptAccepted:
     """A user's message (or a memory stage's summary request) accepted as a new run."""
     return {
@@ -59,6 +61,7 @@ def prompt_accepted(
         "parent_id": parent_id,
         "branched": branched,
         "memories": memories,
+        "generation": generation,
         "created_at": now_ms(),
     }
 

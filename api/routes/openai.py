@@ -17,11 +17,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
 from api import idempotency, runs, streams
@@ -29,6 +28,7 @@ from api.auth import CurrentUser, Principal
 from api.deps import Deps, Services
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
+from api.openai_request import Completion, conversation, generation
 from api.openai_schemas import (
     AssistantMessage,
     CachedTokens,
@@ -43,86 +43,18 @@ from api.runs import checked_max_tokens
 from storage.idempotency import Claim
 from storage.ids import new_id
 from topics import records
-from topics.events import ChatMessage, PromptAccepted, TokenDelta
+from topics.events import ChatMessage, Generation, PromptAccepted, TokenDelta
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
-class Part(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
-
-
-class InMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[Part] | None = None
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: bool = Field(False, strict=True)
-
-
-class Completion(BaseModel):
-    """The subset of OpenAI's request we honour; sampling knobs we do not forward are accepted and ignored."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    messages: list[InMessage] = Field(min_length=1)
-    # Strict: a string or a boolean where the schema says a number (or a number where it says a boolean) is a
-    # 400, not coerced (schemathesis found "5" accepted as max_tokens).
-    max_tokens: int | None = Field(None, ge=1, strict=True)
-    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
-    temperature: float | None = Field(None, ge=0, le=2, strict=True)
-    stream: bool = Field(False, strict=True)
-    stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
-    tools: list[Any] | None = Field(
-        None, max_length=0, description="Tool calling is not supported: null or empty."
-    )
-
-
-def text_of(message: InMessage, index: int) -> str:
-    if message.content is None or isinstance(message.content, str):
-        return message.content or ""
-    texts = []
-    for part in message.content:
-        if part.type != "text" or part.text is None:
-            message_text = f"messages[{index}]: only text content is supported."
-            raise ApiError(400, message_text, "unsupported_content", "messages")
-        texts.append(part.text)
-    return "".join(texts)
-
-
-def conversation(deps: Services, body: Completion) -> list[ChatMessage]:
-    messages: list[ChatMessage] = []
-    for i, message in enumerate(body.messages):
-        role = ROLES.get(message.role)
-        if role is None:
-            raise ApiError(
-                400,
-                f"messages[{i}].role '{message.role}' is not supported.",
-                "invalid_value",
-                "messages",
-            )
-        messages.append({"role": role, "content": text_of(message, i)})
-    if messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
-        raise ApiError(
-            400, "The last message must be a non-empty user message.", "invalid_value", "messages"
-        )
-    if sum(len(m["content"]) for m in messages) > deps.settings.max_content_chars:
-        raise ApiError(
-            400,
-            f"messages are longer than {deps.settings.max_content_chars} characters.",
-            "content_too_long",
-        )
-    return messages
+def tools_message(decoding: Generation | None) -> list[ChatMessage]:
+    """The tools' definitions as the prompt carries them, for the request's size at the door."""
+    tools = decoding.get("tools") if decoding else None
+    return [{"role": "system", "content": tools}] if tools else []
 
 
 def conversation_key(user_id: str, messages: list[ChatMessage]) -> str:
@@ -143,7 +75,8 @@ async def chat_completions(
 ) -> JSONResponse | EventSourceResponse:
     """With an Idempotency-Key, a retry gets the first request's run (whole, read from the log), and a client
     that goes away does not cancel the run: its retry reads it."""
-    messages = conversation(deps, body)
+    messages = conversation(deps.settings, body)
+    decoding = generation(body)
     max_tokens = checked_max_tokens(deps.settings, body.max_completion_tokens or body.max_tokens)
     model = allowed_model(deps.settings, deps.limits, user, body.model)
     chat_id, run_id = conversation_key(user.user_id, messages), str(new_id())
@@ -171,11 +104,13 @@ async def chat_completions(
         messages=messages,
         temperature=body.temperature,
         store=False,
+        generation=decoding,
     )
     abandon = None if key else partial(cancel, deps, user, event, "client_disconnected")
     holder = idempotency.Holder(deps.idempotency, user, key)
     try:
-        runs.shed_when_full(deps, user, run_id, model, messages, max_tokens, may_grow=False)
+        sized = messages + tools_message(decoding)
+        runs.shed_when_full(deps, user, run_id, model, sized, max_tokens, may_grow=False)
         try:
             live = await runs.start_run(deps, event)
         except Exception:
@@ -211,9 +146,11 @@ async def respond(
             chunks = chunk_stream(deps, run_id, model, reply, replies, include_usage, abandon)
             return EventSourceResponse(chunks, ping=15)
         text: list[str] = []
+        tool_calls: list[dict[str, Any]] = []
         while reply.kind not in TERMINAL:  # a slow decision (`accepted`) only means a longer wait
             if reply.kind == "delta":
                 text.append(reply.delta["text"])
+                tool_calls += json.loads(reply.delta.get("tool_calls") or "[]")
             elif (
                 reply.kind == "moderation"
             ):  # the answer was cut: what follows retract_from is withdrawn
@@ -221,7 +158,8 @@ async def respond(
             reply = await anext(replies)
         ended = True
         check_end(reply)
-        return JSONResponse(completion(run_id, reply, "".join(text)).model_dump(mode="json"))
+        answer = completion(run_id, reply, "".join(text), tool_calls)
+        return JSONResponse(answer.model_dump(mode="json"))
     except streams.StreamTimeout as exc:
         raise ApiError(504, str(exc), "timeout") from None
     finally:
@@ -273,10 +211,15 @@ def finish_reason(end: TokenDelta) -> str:
     return FINISH.get(reason, reason)
 
 
-def completion(run_id: str, end: Reply, text: str) -> ChatCompletion:
+def completion(
+    run_id: str, end: Reply, text: str, tool_calls: list[dict[str, Any]]
+) -> ChatCompletion:
     record = end.delta
+    message = AssistantMessage(
+        content=text or (None if tool_calls else ""), tool_calls=tool_calls or None
+    )
     choice = Choice(
-        message=AssistantMessage(content=text),
+        message=message,
         finish_reason=finish_reason(record),
     )
     return ChatCompletion(
@@ -298,6 +241,11 @@ def chunk(
         "model": model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
     }
+
+
+def indexed(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run's whole tool calls as one streamed delta: each with its index, arguments in one piece."""
+    return [{"index": i, **call} for i, call in enumerate(calls)]
 
 
 def data(payload: dict[str, Any]) -> dict[str, str]:
@@ -326,6 +274,9 @@ async def chunk_stream(
                 reply.kind == "delta" and reply.delta["text"]
             ):  # an empty one is a keepalive (prefill)
                 yield data(chunk(run_id, model, created, {"content": reply.delta["text"]}))
+            if reply.kind == "delta" and (made := reply.delta.get("tool_calls")):
+                calls = json.loads(made)
+                yield data(chunk(run_id, model, created, {"tool_calls": indexed(calls)}))
             elif reply.kind in TERMINAL:
                 ended = True
                 if reply.kind != "completed":

@@ -9,10 +9,10 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from api import errors
+from api.openai_request import Completion
 from api.routes.admin import LimitsPatch
 from api.routes.chat_runs import Regenerate
 from api.routes.messages import NewMessage
-from api.routes.openai import Completion
 
 RAISED = {
     "timeout": OperationTimedOut({"127.0.0.12:9042": "Connection defunct by heartbeat"}),
