@@ -66,6 +66,7 @@ ROUTE_SCOPES = (
     ("/v1/admin", {"admin"}),
     ("/v1/usage", {"usage"}),
     ("/v1/chat/completions", {"openai"}),
+    ("/v1/embeddings", {"openai"}),
     ("/v1/models", {"openai", "chat"}),
     ("/v1/chats", {"chat"}),
 )

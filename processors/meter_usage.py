@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from processors import search_index, usage_pages
+from processors import embeddings, search_index, usage_pages
 from processors.search_index import Index
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Stage, on_batches
@@ -222,8 +222,11 @@ HANDLERS: list[Handler[Deps]] = [
 
 def build(stage: Stage, settings: ProcessorSettings) -> None:
     store = open_usage(settings)
-    index = Index(store.backend, store.db, Encoder())
-    deps = Deps(store, Prices.load(settings.price_table), stage.crash_point, index)
+    encoder = Encoder()
+    index = Index(store.backend, store.db, encoder)
+    prices = Prices.load(settings.price_table)
+    deps = Deps(store, prices, stage.crash_point, index)
     stage.serve(HANDLERS, deps, batch=(settings.meter_batch, settings.meter_batch_s))
     usage_pages.add(stage, store)
     search_index.add(stage, index)
+    embeddings.add(stage, encoder, store, prices.cost)

@@ -255,6 +255,16 @@ class Encoder:
         )
         return np.asarray(out, dtype=np.float32)
 
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """Each text's tokens, whole (what `embed` reads is the first 256 of them)."""
+        with self._lock:
+            self._tokenizer.no_truncation()
+            try:
+                encodings = self._tokenizer.encode_batch(texts)
+            finally:
+                self._tokenizer.enable_truncation(MAX_TOKENS, stride=32)
+        return [len(e.ids) for e in encodings]
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """One embedding per text (its first 256 tokens)."""
         with self._lock:

@@ -230,8 +230,10 @@ class UsageStore:
         )
 
     def between(self, since_ms: int, until_ms: int) -> list[dict[str, Any]]:
-        """The stored rows created in [since, until): what reconciliation compares with the log."""
-        return self.rows(f"created_at >= {moment(since_ms)} AND created_at < {moment(until_ms)}")
+        """The stored rows of runs created in [since, until): what reconciliation compares with the log (an
+        embeddings request is metered where it is served, with no record on the log)."""
+        window = f"created_at >= {moment(since_ms)} AND created_at < {moment(until_ms)}"
+        return self.rows(f"{window} AND kind != 'embedding'")
 
     def totals(self, user_id: str, since_ms: int = 0) -> dict[str, Any]:
         """A person's totals, and `period_tokens`: the tokens of their runs since `since_ms`."""
