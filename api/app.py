@@ -38,6 +38,7 @@ from storage.ledger import Ledger
 from storage.memories import Memories
 from storage.people import People
 from storage.preferences import Preferences
+from storage.responses import Responses
 from storage.retention import Retention
 from storage.shares import Shares
 
@@ -85,6 +86,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         shares = await loop.run_in_executor(None, Shares, session, keyspace, "api")
         kept = await loop.run_in_executor(None, Memories, session, keyspace, "api")
         retention = await loop.run_in_executor(None, Retention, session, keyspace, "api")
+        stored_responses = await loop.run_in_executor(None, Responses, session, keyspace, "api")
         provider = None
         if settings.oidc_issuer:
             provider = Provider(
@@ -113,6 +115,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             kept,
             MemoryGuard(policies),
             retention,
+            stored_responses,
             provider,
         )
         sweeper = asyncio.create_task(sweep_forever(app.state.services))
@@ -163,6 +166,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         openai,
         people,
         preferences,
+        responses,
         runs,
         safety,
         search,
@@ -177,6 +181,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         messages,
         chat_runs,
         openai,
+        responses,
         embeddings,
         keys,
         system,

@@ -67,6 +67,7 @@ ROUTE_SCOPES = (
     ("/v1/usage", {"usage"}),
     ("/v1/chat/completions", {"openai"}),
     ("/v1/embeddings", {"openai"}),
+    ("/v1/responses", {"openai"}),
     ("/v1/models", {"openai", "chat"}),
     ("/v1/chats", {"chat"}),
 )

@@ -27,6 +27,7 @@ from storage.ledger import Ledger
 from storage.memories import Memories
 from storage.people import People
 from storage.preferences import Preferences
+from storage.responses import Responses
 from storage.retention import Retention
 from storage.shares import Shares
 
@@ -52,6 +53,9 @@ class Services:
     memories: Memories  # what people asked Parley to remember across their chats
     memory_guard: MemoryGuard  # checks a memory before it is kept (api/memories.py)
     retention: Retention  # what the sweep of chats past their age reads (api/retention.py)
+    responses: (
+        Responses  # the Responses API's stored requests (their answers are their runs' records)
+    )
     provider: Provider | None  # the OpenID Connect provider, when one is configured
 
 

@@ -73,6 +73,11 @@ CHUNK_EVENT = {  # one event of the OpenAI route's stream: a chunk, an error, or
     "required": ["data"],
     "properties": {"data": {"type": "string"}},
 }
+RESPONSE_EVENT = {  # one event of a Responses stream: its type, and the event as JSON
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+}
 CHAT = "/v1/chats/{chat_id}"
 
 
@@ -142,6 +147,11 @@ NEW_RUN: dict[int | str, dict[str, Any]] = {
 }
 CHUNKS: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {"schema": CHUNK_EVENT}}}
+}
+
+
+RESPONSE_EVENTS: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {"schema": RESPONSE_EVENT}}}
 }
 
 

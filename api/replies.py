@@ -299,6 +299,8 @@ class Replay:
         )
         self._after: tuple[str, int, int] | None = None
         self.finished = False
+        self._next: dict[str, int] = {}  # per topic: the offset read next
+        self._ends: dict[str, int] = {}  # per topic: the end of the partition when the read began
 
     def seek(self, since_ms: int, after: tuple[str, int, int] | None) -> None:
         """Start at the cursor's own record (its topic) and at the run's start time (the other topic)."""
@@ -319,7 +321,15 @@ class Replay:
                     TopicPartition(tp.topic, self.partition), timeout=10
                 )[1]
             assignment.append(TopicPartition(tp.topic, self.partition, offset))
+            self._next[tp.topic] = offset
+            self._ends[tp.topic] = self._consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, self.partition), timeout=10
+            )[1]
         self._consumer.assign(assignment)
+
+    def caught_up(self) -> bool:
+        """Every record written before the read began has been read (a snapshot of a run still going)."""
+        return all(self._next[t] >= end for t, end in self._ends.items())
 
     def poll(self, timeout_s: float) -> Reply | None:
         """The next record of this run after the cursor, or None when none arrived within the timeout.
@@ -331,7 +341,10 @@ class Replay:
         while time.monotonic() < deadline and not self.finished:
             msg = self._consumer.poll(0.1)
             if msg is None or msg.error() is not None:
+                if self.caught_up():
+                    return None
                 continue
+            self._next[str(msg.topic())] = int(msg.offset() or 0) + 1
             try:
                 run_id, reply = to_reply(self._names, msg)
             except PoisonEvent:

@@ -25,6 +25,7 @@ from storage import (
     memory,
     people,
     preferences,
+    responses,
     retention,
     shares,
 )
@@ -48,6 +49,7 @@ STORES = (
     shares,
     memories,
     retention,
+    responses,
 )
 
 

@@ -24,6 +24,7 @@ from storage.memories import Memories
 from storage.memory import Memory
 from storage.people import People
 from storage.preferences import Preferences
+from storage.responses import Responses
 from storage.retention import Retention
 from storage.rows import Change, Message, overlay
 from storage.rows import deletions as deleted
@@ -43,6 +44,7 @@ STORES = (
     Shares,
     Memories,
     Retention,
+    Responses,
 )
 
 

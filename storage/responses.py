@@ -1,0 +1,90 @@
+"""The Responses API's stored responses: what a response was asked (its whole input and settings), whose it is
+and where its records are. Its output is not copied here: the run's records on its reply partition are the
+answer, read back by any replica (api/routes/responses.py). Kept 30 days, as OpenAI keeps a stored response;
+`previous_response_id` chains onto one within that time."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cassandra.cluster import Session
+
+from storage.ids import utc
+from storage.session import Store, create_tables
+
+TTL_S = 30 * 86_400
+SCHEMA = (
+    # messages: the conversation the run was given (ChatMessage JSON); request: the settings a response shows
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.responses (
+         response_id uuid PRIMARY KEY, user_id text, conversation uuid, reply_partition int, model text,
+         messages text, request text, background boolean, created_at timestamp)
+         WITH default_time_to_live = {TTL_S}""",
+)
+
+
+def create_schema(session: Session, keyspace: str) -> None:
+    create_tables(session, keyspace, SCHEMA, ())
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    response_id: uuid.UUID  # the run's id
+    user_id: str
+    conversation: uuid.UUID  # the run's chat key (api/routes/openai.py conversation_key)
+    reply_partition: int
+    model: str
+    messages: list[dict[str, Any]]
+    request: dict[str, Any]
+    background: bool
+    created_at: datetime
+
+
+class Responses(Store):
+    WRITERS = {"responses": "api"}
+
+    def __init__(self, session: Session, keyspace: str, writer: str) -> None:
+        super().__init__(session, keyspace, writer)
+        ks, p = keyspace, self._prepare
+        self._put = p(
+            f"INSERT INTO {ks}.responses (response_id, user_id, conversation, reply_partition, model, "
+            "messages, request, background, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._get = p(f"SELECT * FROM {ks}.responses WHERE response_id = ?")
+        self._delete = p(f"DELETE FROM {ks}.responses WHERE response_id = ?")
+
+    async def put(self, r: StoredResponse) -> None:
+        row = (
+            r.response_id,
+            r.user_id,
+            r.conversation,
+            r.reply_partition,
+            r.model,
+            json.dumps(r.messages),
+            json.dumps(r.request),
+            r.background,
+            r.created_at,
+        )
+        await self._run(self._put, row)
+
+    async def get(self, response_id: uuid.UUID) -> StoredResponse | None:
+        row = (await self._run(self._get, (response_id,))).one()
+        if row is None:
+            return None
+        return StoredResponse(
+            row.response_id,
+            row.user_id,
+            row.conversation,
+            row.reply_partition,
+            row.model,
+            json.loads(row.messages),
+            json.loads(row.request),
+            bool(row.background),
+            utc(row.created_at),
+        )
+
+    async def delete(self, response_id: uuid.UUID) -> None:
+        await self._run(self._delete, (response_id,))
