@@ -43,6 +43,8 @@ def test_the_gpu_engine_starts_as_sglang_behaves():
             continue  # a check, not a run: no tier to order
         assert "--enable-priority-scheduling" in args  # the consumer sends each run's priority
         assert args[args.index("--default-priority-value") + 1] == "0"
+        # tool_choice auto: the engine parses the model's own call syntax into tool_calls (inference/calls.py)
+        assert args[args.index("--tool-call-parser") + 1] == "llama3"
 
 
 def test_each_gpu_pool_serves_its_own_model_from_one_shared_volume_counted_with_its_own_tokenizer():
