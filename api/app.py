@@ -33,6 +33,7 @@ from storage import schema
 from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
+from storage.documents import Documents
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.memories import Memories
@@ -87,6 +88,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         kept = await loop.run_in_executor(None, Memories, session, keyspace, "api")
         retention = await loop.run_in_executor(None, Retention, session, keyspace, "api")
         stored_responses = await loop.run_in_executor(None, Responses, session, keyspace, "api")
+        attached = await loop.run_in_executor(None, Documents, session, keyspace, "api")
         provider = None
         if settings.oidc_issuer:
             provider = Provider(
@@ -116,6 +118,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             MemoryGuard(policies),
             retention,
             stored_responses,
+            attached,
             provider,
         )
         sweeper = asyncio.create_task(sweep_forever(app.state.services))
@@ -147,7 +150,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     openapi.install(app, settings)
     # before parsing, before any credential
     app.add_middleware(
-        BodyLimit, max_bytes=settings.max_body_bytes, idle_s=settings.body_idle_timeout_s
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        idle_s=settings.body_idle_timeout_s,
+        upload_bytes=settings.document_max_mib * 1024 * 1024 + 256 * 1024,  # and the form around it
     )
     app.add_middleware(  # outermost: who the client is comes first
         Forwarded,
@@ -158,6 +164,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         admin,
         chat_runs,
         chats,
+        documents,
         embeddings,
         keys,
         local_accounts,
@@ -180,6 +187,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         chats,
         messages,
         chat_runs,
+        documents,
         openai,
         responses,
         embeddings,

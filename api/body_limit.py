@@ -8,6 +8,7 @@ too (408): a client trickling its body does not hold a request open.
 from __future__ import annotations
 
 import asyncio
+import re
 
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
@@ -33,19 +34,29 @@ class BodyTimedOut(HTTPException):
         super().__init__(408, f"The request body stopped arriving for {idle_s:.0f}s.")
 
 
+# A document uploaded to a chat (api/routes/documents.py) may be larger than any other body.
+UPLOAD = re.compile(r"^/v1/chats/[^/]+/documents/?$")
+
+
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, idle_s: float = 30.0) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, idle_s: float = 30.0, upload_bytes: int = 0
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.idle_s = idle_s
+        self.upload_bytes = upload_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.max_bytes
+        if scope["method"] == "POST" and UPLOAD.match(scope["path"]):
+            limit = max(limit, self.upload_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await self._refuse(scope, receive, send)  # said so up front: not a byte of it is read
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await self._refuse(scope, receive, send, limit)  # said so up front: not a byte is read
             return
         seen, complete = 0, False
 
@@ -61,12 +72,12 @@ class BodyLimit:
                 raise BodyTimedOut(self.idle_s) from None
             seen += len(message.get("body", b""))
             complete = not message.get("more_body", False)
-            if seen > self.max_bytes:
-                raise BodyTooLarge(self.max_bytes)
+            if seen > limit:
+                raise BodyTooLarge(limit)
             return message
 
         await self.app(scope, counted, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = BodyTooLarge(self.max_bytes)
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        error = BodyTooLarge(limit)
         await JSONResponse(body(413, error.detail, error.code), 413)(scope, receive, send)

@@ -13,6 +13,7 @@ from api.errors import ApiError
 from api.settings import ApiSettings
 from runtime.kafka import AsyncProducer
 from storage.conversations import Conversations
+from storage.documents import Documents
 from storage.ids import epoch_ms, parse_id
 from storage.preferences import Preferences
 from storage.rows import Chat, Message
@@ -77,7 +78,9 @@ async def memory_changed(
     producer: AsyncProducer,
     chat_id: uuid.UUID,
     user_id: str,
-    action: Literal["edited", "deleted", "reset", "chat_deleted"],
+    action: Literal[
+        "edited", "deleted", "reset", "chat_deleted", "document_added", "document_deleted"
+    ],
     at_ms: int | None = None,
     **fields: Any,
 ) -> None:
@@ -92,6 +95,7 @@ async def memory_changed(
         "message_id": fields.get("message_id"),
         "role": fields.get("role"),
         "content": fields.get("content"),
+        "document_id": fields.get("document_id"),
         "at": now_ms() if at_ms is None else at_ms,
     }
     await producer.publish(MEMORY_CHANGED, event, key=str(chat_id))
@@ -101,15 +105,17 @@ async def erase_chat(
     conversations: Conversations,
     preferences: Preferences,
     shares: Shares,
+    documents: Documents,
     producer: AsyncProducer,
     chat: Chat,
 ) -> None:
     """The chat with its messages and runs (by its owner, or by the retention sweep). The persistence and memory
-    stages, told first, erase its messages and memory; its settings and shares go; the chat row goes last, so a
-    delete cut short is finished by deleting again."""
+    stages, told first, erase its messages and memory (and what was read of its documents); its settings,
+    shares and documents go; the chat row goes last, so a delete cut short is finished by deleting again."""
     await memory_changed(producer, chat.chat_id, chat.user_id, "chat_deleted")
     await preferences.forget_chat(chat.user_id, chat.chat_id)
     await shares.revoke_chat(chat.user_id, chat.chat_id)
+    await documents.delete_chat(chat.chat_id)
     await conversations.delete_chat(chat)
 
 

@@ -43,6 +43,7 @@ def sse(reply: Reply) -> dict[str, Any]:
                 "estimated_wait_ms": r.get("estimated_wait_ms"),
                 "degraded_from": r.get("degraded_from"),
                 "memories": list(r.get("memories") or []),
+                "sources": [dict(s) for s in r.get("sources") or []],
             },
         )
     elif reply.kind == "started":

@@ -22,6 +22,7 @@ from safety.policy import PolicyView
 from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
+from storage.documents import Documents
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.memories import Memories
@@ -53,9 +54,8 @@ class Services:
     memories: Memories  # what people asked Parley to remember across their chats
     memory_guard: MemoryGuard  # checks a memory before it is kept (api/memories.py)
     retention: Retention  # what the sweep of chats past their age reads (api/retention.py)
-    responses: (
-        Responses  # the Responses API's stored requests (their answers are their runs' records)
-    )
+    responses: Responses  # the Responses API's stored requests (answers: their runs' records)
+    documents: Documents  # files attached to chats (storage/documents.py)
     provider: Provider | None  # the OpenID Connect provider, when one is configured
 
 
@@ -148,6 +148,13 @@ IdempotencyDep = Annotated[IdempotencyKeys, Depends(idempotency)]
 PeopleDep = Annotated[People, Depends(people)]
 PreferencesDep = Annotated[Preferences, Depends(preferences)]
 SharesDep = Annotated[Shares, Depends(shares)]
+
+
+def documents(deps: Deps) -> Documents:
+    return deps.documents
+
+
+DocumentsDep = Annotated[Documents, Depends(documents)]
 MemoriesDep = Annotated[Memories, Depends(memories)]
 MemoryGuardDep = Annotated[MemoryGuard, Depends(memory_guard)]
 ProviderDep = Annotated[Provider | None, Depends(provider)]

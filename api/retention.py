@@ -60,7 +60,12 @@ async def sweep(deps: Services, at: datetime, dry_run: bool = False) -> list[Swe
                 continue  # a stale activity row of a chat used since; or pinned, kept past the person's days
             if not dry_run:
                 await erase_chat(
-                    deps.conversations, deps.preferences, deps.shares, deps.producer, chat
+                    deps.conversations,
+                    deps.preferences,
+                    deps.shares,
+                    deps.documents,
+                    deps.producer,
+                    chat,
                 )
             swept.append(Swept(user_id, chat_id, active))
     if swept and not dry_run:

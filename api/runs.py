@@ -361,6 +361,7 @@ async def answer(
         parent_id=question.parent_id,
         branched=question.branched,
         memories=question.memories,
+        documents=await deps.documents.any_read(chat.chat_id),
     )
     tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it
     try:

@@ -32,6 +32,14 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class SourceOut(BaseModel):
+    n: int = Field(description="its number in the prompt: the answer cites [n]")
+    document_id: str
+    name: str = Field(description="the document's file name")
+    place: str = Field(description="page 3, slide 2, sheet Budget, a heading, or empty")
+    text: str = Field(description="the passage")
+
+
 class MessageOut(BaseModel):
     id: str
     role: str
@@ -53,6 +61,11 @@ class MessageOut(BaseModel):
     memories: list[str] = Field(
         default_factory=list, description="an answer's: the memories it recalled"
     )
+    sources: list[SourceOut] = Field(
+        default_factory=list,
+        description="an answer's: the passages of the chat's documents its context held, numbered as it "
+        "cites them ([n])",
+    )
 
     @classmethod
     def of(
@@ -71,6 +84,7 @@ class MessageOut(BaseModel):
             parent_id=parent_id,
             sibling_ids=sibling_ids or [m.id],
             memories=list(m.memories),
+            sources=[SourceOut(**s) for s in m.sources],
         )
 
 
@@ -349,44 +363,3 @@ class AuditEntry(BaseModel):
 
 class AuditPage(BaseModel):
     data: list[AuditEntry]
-
-
-class PersonOut(BaseModel):
-    user_id: str
-    name: str
-    email: str
-    role: str = Field(
-        description="owner, admin, auditor or member, from their groups at their last sign-in"
-    )
-    tier: str
-    source: str = Field(
-        description="oidc (the identity provider), token (a development token) or local"
-    )
-    disabled: bool
-    created_at: str | None
-    last_seen: str | None
-    runs: int = Field(0, description="their runs to date (0 when usage could not be read)")
-    tokens: int = Field(0, description="prompt and completion tokens to date")
-    cost_usd: float = 0.0
-
-    @classmethod
-    def of(cls, person: Any, usage: dict[str, Any]) -> PersonOut:
-        return cls(
-            user_id=person.user_id,
-            name=person.name,
-            email=person.email,
-            role=person.role,
-            tier=person.tier,
-            source=person.source,
-            disabled=person.disabled,
-            created_at=iso(person.created_at),
-            last_seen=iso(person.last_seen),
-            runs=int(usage.get("runs", 0)),
-            tokens=int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)),
-            cost_usd=float(usage.get("cost_usd", 0.0)),
-        )
-
-
-class PersonList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[PersonOut]

@@ -23,10 +23,12 @@ from conversation.context import Assembled, Limits, TooLong, Turn, assemble_chat
 from conversation.memories import Recalled as RecalledMemories
 from conversation.memories import embedded, recall_memories
 from conversation.settings import ContextSettings
+from conversation.sources import cited_passages
 from runtime.settings import Pool
 from safety.moderator import Moderator
 from safety.policy import PolicyView
 from storage.conversations import Conversations
+from storage.documents import Documents
 from storage.ids import MIN_ID
 from storage.memories import Memories
 from storage.memory import Memory, Recalled, Summary
@@ -259,6 +261,7 @@ async def assemble_chat_run(
     conversations: Conversations,
     memory: Memory,
     memories: Memories,
+    documents: Documents,
     guard: ContextGuard,
     settings: ContextSettings,
 ) -> RunScheduled:
@@ -302,8 +305,11 @@ async def assemble_chat_run(
         earlier, flagged = await guard.turns(earlier, tier)
         withheld += flagged
     query, remembered = await recalling
-    system = remembered.system(instructed_system)
-    withheld += remembered.withheld
+    first_counter = tokens.load(settings.pools[pools_in_order(prompt, settings)[0]].tokenizer)
+    cited = await cited_passages(prompt, documents, guard, query, first_counter, settings)
+    remembered_system = remembered.system(instructed_system)
+    system = cited.system(remembered_system)
+    withheld += remembered.withheld + cited.withheld
     refused: TooLong | None = None
     chosen: tuple[str, Limits, Assembled] | None = None
     args = (system, summary, earlier, older)
@@ -347,8 +353,10 @@ async def assemble_chat_run(
     )
     assembled.record["memory_ids"] = [m.id for m in remembered.used]
     assembled.record["memories"] = [m.content for m in remembered.used]
-    used = counter.count(system) - counter.count(instructed_system) if remembered.used else 0
-    assembled.record["memory_tokens"] = used
+    used = counter.count(remembered_system) - counter.count(instructed_system)
+    assembled.record["memory_tokens"] = used if remembered.used else 0
+    assembled.record["sources"] = cited.used
+    assembled.record["document_tokens"] = counter.count(system) - counter.count(remembered_system)
     PROMPT_TOKENS.labels(name).observe(assembled.record["prompt_tokens"])
     return scheduled(prompt, name, settings, assembled, len(assembled.record["verbatim_ids"]))
 

@@ -32,6 +32,10 @@ class ContextSettings(StackSettings):
     memories_k: int = 3
     memories_tokens: int = 120
     memories_min_similarity: float = 0.3
+    # a chat's documents (docs/decisions/0027-documents-in-a-chat.md): the tokens their passages may take in a
+    # prompt (all of them when they fit, else the nearest), and the nearest read from the vector index
+    documents_tokens: int = 600
+    documents_candidates: int = 12
     memory_pool: str = "small"  # the pool summaries run on
     summarize_after_tokens: int = 768  # unsummarised tokens after the summary that start a new one
     # the newest tokens a summary leaves out (the verbatim window keeps them)

@@ -10,7 +10,7 @@ from inference.engine import Outcome
 from inference.takeover import Prior
 from topics.clock import now_ms
 from topics.events import RunCompleted, RunScheduled, Usage
-from topics.records import recalled_memories
+from topics.records import cited_sources, recalled_memories
 
 
 @dataclass
@@ -62,6 +62,7 @@ def completed(
         "queue_ms": timing.queue_ms,
         "moderation": timing.moderation,
         "memories": recalled_memories(run),
+        "sources": cited_sources(run),
         "completed_at": now_ms(),
     }
 

@@ -78,6 +78,7 @@ def assistant_turn(done: RunCompleted) -> Message:
         done["pool"],
         parent_id=answers(done["prompt"]),
         memories=tuple(done.get("memories") or ()),
+        sources=tuple(dict(s) for s in done.get("sources") or ()),
     )
 
 

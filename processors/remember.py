@@ -27,6 +27,7 @@ from admission.placement import home_partition
 from conversation import tokens
 from conversation.gather import branch_of
 from conversation.summary import SUMMARY_OVERHEAD, fold, summary_request
+from processors.read_documents import on_document
 from processors.settings import ProcessorSettings
 from processors.stage import Handler, Publish, Stage, on
 from runtime.kafka import partition_count
@@ -34,6 +35,7 @@ from runtime.settings import Pool
 from safety.encoder import Encoder
 from storage import schema
 from storage.conversations import ERASE_WAIT_S, Conversations
+from storage.documents import Documents
 from storage.ids import epoch_ms, id_time_us, new_id
 from storage.memory import Memory, Summary
 from storage.rows import Change, Message
@@ -136,6 +138,7 @@ class Deps:
     encoder: Encoder
     settings: ProcessorSettings
     counter: tokens.ChatTokenizer
+    documents: Documents  # what it read of a chat's documents (processors/read_documents.py)
     pending: dict[str, float] = field(
         default_factory=dict
     )  # chat id -> when its summary run was asked for
@@ -312,10 +315,14 @@ async def on_changed(change: MemoryChanged, deps: Deps) -> None:
     chat_id = uuid.UUID(change["chat_id"])
     action = change["action"]
     at_us = change["at"] * 1000  # when the edge stored the change
+    if action in ("document_added", "document_deleted"):
+        await on_document(change, deps.documents, deps.encoder, deps.counter, deps.settings)
+        return
     if action == "chat_deleted":
         # once the edge has deleted the row (it tells first): a write after that forgets itself
         await deps.conversations.deleted(chat_id, ERASE_WAIT_S)
         await deps.memory.reset(chat_id, now_us())
+        await deps.documents.forget_chat(chat_id)
     elif action == "reset":
         await deps.memory.reset(chat_id, at_us)
     elif change["message_id"]:
@@ -353,5 +360,6 @@ def build(stage: Stage, settings: ProcessorSettings) -> None:
         Encoder(),
         settings,
         counter,
+        Documents(session, keyspace, stage.name),
     )
     stage.serve(HANDLERS, deps)

@@ -44,6 +44,7 @@ from safety.guard_model import moderator_for
 from safety.policy import PolicyView
 from storage import schema
 from storage.conversations import Conversations
+from storage.documents import Documents
 from storage.ledger import Decision, Ledger
 from storage.memories import Memories
 from storage.memory import Memory
@@ -65,7 +66,7 @@ from topics.pipeline import (
     TOKEN_DELTA,
     named,
 )
-from topics.records import recalled_memories, token_delta
+from topics.records import cited_sources, recalled_memories, token_delta
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ def queued(run: RunScheduled, wait_s: float) -> TokenDelta:
         estimated_wait_ms=int(wait_s * 1000),
         degraded_from=run.get("degraded_from"),
         memories=recalled_memories(run),
+        sources=cited_sources(run),
     )
 
 
@@ -183,6 +185,7 @@ class Deps:
     context: ContextGuard
     memory: Memory
     memories: Memories  # a person's memories across chats (read only)
+    documents: Documents  # a chat's documents, as the memory stage read them (read only)
 
 
 async def refuse(prompt: PromptAccepted, code: str, message: str, deps: Deps, **extra: Any) -> None:
@@ -242,7 +245,13 @@ async def on_moderated(moderated: PromptModerated, deps: Deps) -> None:
             run = assemble_given(prompt, deps.settings)
         else:
             run = await assemble_chat_run(
-                prompt, deps.conversations, deps.memory, deps.memories, deps.context, deps.settings
+                prompt,
+                deps.conversations,
+                deps.memory,
+                deps.memories,
+                deps.documents,
+                deps.context,
+                deps.settings,
             )
     except TooLong as exc:
         await refuse(prompt, "context_length_exceeded", str(exc), deps)
@@ -338,5 +347,6 @@ def build(stage: Stage, settings: ProcessorSettings) -> None:
         ContextGuard(moderator_for(settings), policies),
         Memory(session, keyspace, name),
         Memories(session, keyspace, name),
+        Documents(session, keyspace, name),
     )
     stage.serve(HANDLERS, deps)

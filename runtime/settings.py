@@ -155,6 +155,12 @@ class StackSettings(BaseSettings):
         SecretStr(""), description="Its password: set it from a secret."
     )
     pools: dict[str, Pool] = Field(default_factory=lambda: dict(DEFAULT_POOLS))
+    # Documents attached to a chat (docs/decisions/0027-documents-in-a-chat.md): the edge refuses a larger
+    # file, the memory stage one with more pages (slides, sheets) and cuts the text into passages this long.
+    document_max_mib: int = 20
+    document_max_pages: int = 300
+    document_passage_chars: int = 800
+    documents_per_chat: int = 20
     default_pool: str = "small"
     # A guard model on an engine (safety/guard_model.py); empty: the embedded encoder's heads judge everything.
     guard_url: str = Field(

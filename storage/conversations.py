@@ -64,8 +64,7 @@ SCHEMA = (
          chat_id timeuuid, message_id timeuuid, content text, changed_at timestamp,
          PRIMARY KEY ((chat_id), message_id))""",
 )
-# Columns added after a table first shipped: (table, column, type), applied when missing. What they hold:
-# storage/rows.py (Chat, Message).
+# Columns added after a table first shipped (table, column, type); what they hold: storage/rows.py.
 COLUMNS_ADDED = (
     ("chats", "last_active_at", "timestamp"),
     ("runs", "finish_reason", "text"),
@@ -75,6 +74,7 @@ COLUMNS_ADDED = (
     ("messages", "feedback", "text"),
     ("messages", "parent_id", "timeuuid"),  # storage/tree.py
     ("messages", "memories", "list<text>"),  # a person's memories an answer's context held
+    ("messages", "sources", "text"),  # JSON: the documents' passages an answer's context held
 )
 
 
@@ -158,7 +158,7 @@ class Conversations(Store):
         )
         self._insert_message = p(
             f"INSERT INTO {ks}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
-            "finish_reason, pool, parent_id, memories) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "finish_reason, pool, parent_id, memories, sources) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self._skeleton = p(
             f"SELECT message_id, parent_id, role FROM {ks}.messages WHERE chat_id = ?"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -45,6 +46,8 @@ class Message:
     memories: tuple[
         str, ...
     ] = ()  # an answer's: the person's memories its context held (storage/memories.py)
+    # an answer's: the passages of the chat's documents its context held (storage/documents.py)
+    sources: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,13 +111,14 @@ def message_row(message: Message) -> tuple[Any, ...]:
         m.pool,
         uuid.UUID(m.parent_id) if m.parent_id else None,
         list(m.memories) or None,
+        json.dumps(list(m.sources)) if m.sources else None,
     )
 
 
 # what message_of reads
 MESSAGE_COLUMNS = (
     "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback, parent_id, "
-    "memories"
+    "memories, sources"
 )
 
 
@@ -131,4 +135,5 @@ def message_of(row: Any) -> Message:
         row.feedback,
         str(row.parent_id) if row.parent_id else None,
         tuple(row.memories or ()),
+        tuple(json.loads(row.sources)) if row.sources else (),
     )

@@ -19,6 +19,7 @@ from storage import (
     api_keys,
     conversations,
     decisions,
+    documents,
     idempotency,
     ledger,
     memories,
@@ -50,6 +51,7 @@ STORES = (
     memories,
     retention,
     responses,
+    documents,
 )
 
 

@@ -30,7 +30,7 @@ from topics.errors import PoisonEvent, RetriableError
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 # Order matters only for named types referenced by others; parse_schema resolves against this store.
-_DEPENDENCIES = ("Usage", "ChatMessage", "PromptAccepted")
+_DEPENDENCIES = ("Usage", "ChatMessage", "Source", "PromptAccepted")
 MAGIC = 0
 HEADER = struct.Struct(">bI")  # magic byte, schema id
 
@@ -59,7 +59,10 @@ def schemas(directory: Path = SCHEMA_DIR) -> dict[str, Schema]:
     raw = _raw(directory)
     named: dict[str, Any] = {}
     parsed: dict[str, Schema] = {}
-    for name in (*_DEPENDENCIES, *(n for n in raw if n not in _DEPENDENCIES)):
+    first = [
+        n for n in _DEPENDENCIES if n in raw
+    ]  # an older set of schemas may lack the newer ones
+    for name in (*first, *(n for n in raw if n not in first)):
         parsed[name] = fastavro.parse_schema(plain(raw[name]), named_schemas=named)
     return parsed
 

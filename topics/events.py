@@ -24,6 +24,16 @@ class ChatMessage(TypedDict):
     tool_call_id: NotRequired[ReadOnly[str | None]]
 
 
+class Source(TypedDict):
+    """A passage of a chat's document that went into the prompt, numbered as the prompt cites it."""
+
+    n: ReadOnly[int]
+    document_id: ReadOnly[str]
+    name: ReadOnly[str]
+    place: ReadOnly[str]
+    text: ReadOnly[str]
+
+
 class SummaryRequest(TypedDict):
     version: ReadOnly[int]
     through: ReadOnly[str]
@@ -73,6 +83,7 @@ class PromptAccepted(TypedDict):
     branched: NotRequired[ReadOnly[bool]]
     instructions: NotRequired[ReadOnly[Sequence[Instruction] | None]]
     memories: NotRequired[ReadOnly[bool]]
+    documents: NotRequired[ReadOnly[bool]]
     generation: NotRequired[ReadOnly[Generation | None]]
     created_at: ReadOnly[int]
 
@@ -129,17 +140,18 @@ class LimitsChanged(TypedDict):
 
 
 class MemoryChanged(TypedDict):
-    """A user edited or deleted a message, reset a chat's context or deleted the chat. The edge has already
-    recorded it beside the stored messages; the memory stage re-embeds, forgets and re-summarises, and
-    persistence erases a deleted chat's messages. Keyed by chat_id."""
+    """A user edited or deleted a message, reset a chat's context, deleted the chat, or attached or removed a
+    document. The edge has already recorded it beside the stored messages; the memory stage re-embeds, forgets
+    and re-summarises, and persistence erases a deleted chat's messages. Keyed by chat_id."""
 
     event_id: ReadOnly[str]
     chat_id: ReadOnly[str]
     user_id: ReadOnly[str]
-    action: ReadOnly[Literal["edited", "deleted", "reset", "chat_deleted"]]
+    action: ReadOnly[Literal["edited", "deleted", "reset", "chat_deleted", "document_added", "document_deleted"]]
     message_id: NotRequired[ReadOnly[str | None]]
     role: NotRequired[ReadOnly[str | None]]
     content: NotRequired[ReadOnly[str | None]]
+    document_id: NotRequired[ReadOnly[str | None]]
     at: ReadOnly[int]
 
 
@@ -217,6 +229,7 @@ class RunCompleted(TypedDict):
     queue_ms: NotRequired[ReadOnly[float]]
     moderation: NotRequired[ReadOnly[str]]
     memories: NotRequired[ReadOnly[Sequence[str]]]
+    sources: NotRequired[ReadOnly[Sequence[Source]]]
     completed_at: ReadOnly[int]
 
 
@@ -264,6 +277,8 @@ class PromptContext(TypedDict):
     memory_ids: NotRequired[ReadOnly[Sequence[str]]]
     memories: NotRequired[ReadOnly[Sequence[str]]]
     memory_tokens: NotRequired[ReadOnly[int]]
+    sources: NotRequired[ReadOnly[Sequence[Source]]]
+    document_tokens: NotRequired[ReadOnly[int]]
 
 
 class RunScheduled(TypedDict):
@@ -326,5 +341,6 @@ class TokenDelta(TypedDict):
     category: NotRequired[ReadOnly[str | None]]
     retract_from: NotRequired[ReadOnly[int | None]]
     memories: NotRequired[ReadOnly[Sequence[str]]]
+    sources: NotRequired[ReadOnly[Sequence[Source]]]
     tool_calls: NotRequired[ReadOnly[str | None]]
     emitted_at: ReadOnly[int]

@@ -79,7 +79,13 @@ def render(directory: Path = SCHEMA_DIR) -> str:
         order.append(name)
 
     raw = {path.stem: json.loads(path.read_text()) for path in sorted(directory.glob("*.avsc"))}
-    for name in ("Usage", "ChatMessage", "PromptAccepted", *sorted(raw)):  # referenced ones first
+    for name in (
+        "Usage",
+        "ChatMessage",
+        "Source",
+        "PromptAccepted",
+        *sorted(raw),
+    ):  # referenced ones first
         record(raw[name])
     body = "\n\n\n".join("\n".join(classes[name]) for name in order)
     return (

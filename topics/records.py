@@ -13,6 +13,7 @@ from topics.events import (
     Instruction,
     PromptAccepted,
     RunScheduled,
+    Source,
     SummaryRequest,
     TokenDelta,
 )
@@ -39,6 +40,7 @@ def prompt_accepted(
     branched: bool = False,
     memories: bool = False,
     generation: Generation | None = None,
+    documents: bool = False,
 ) -> PromptAccepted:
     """A user's message (or a memory stage's summary request) accepted as a new run."""
     return {
@@ -62,8 +64,15 @@ def prompt_accepted(
         "branched": branched,
         "memories": memories,
         "generation": generation,
+        "documents": documents,
         "created_at": now_ms(),
     }
+
+
+def cited_sources(run: RunScheduled) -> list[Source]:
+    """The passages of the chat's documents the run's context holds (shown and stored with its answer)."""
+    context = run.get("context")
+    return list(context.get("sources") or []) if context else []
 
 
 def recalled_memories(run: RunScheduled) -> list[str]:
@@ -93,6 +102,8 @@ def token_delta(run: RunScheduled, seq: int, kind: str, **fields: Any) -> TokenD
         "category": None,
         "retract_from": None,
         "memories": [],
+        "sources": [],
+        "tool_calls": None,
         "emitted_at": now_ms(),
         **fields,
     }

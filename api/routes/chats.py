@@ -16,6 +16,7 @@ from api.auth import CurrentUser
 from api.chat_state import erase_chat, memory_changed, owned_chat
 from api.deps import (
     ConversationsDep,
+    DocumentsDep,
     IdempotencyDep,
     LimitsDep,
     MemoriesDep,
@@ -241,13 +242,14 @@ async def delete_chat(
     conversations: ConversationsDep,
     preferences: PreferencesDep,
     shares: SharesDep,
+    documents: DocumentsDep,
     producer: ProducerDep,
     user: CurrentUser,
     chat_id: str,
 ) -> Response:
     """The chat with its messages and runs; its streams can no longer be resumed (404)."""
     _, chat = await owned_chat(conversations, user, chat_id)
-    await erase_chat(conversations, preferences, shares, producer, chat)
+    await erase_chat(conversations, preferences, shares, documents, producer, chat)
     log.info("chat %s deleted by %s", chat_id, user.user_id)
     return Response(status_code=204)
 

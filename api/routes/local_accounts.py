@@ -25,7 +25,7 @@ from api.audit import TrailDep
 from api.auth import Admin
 from api.deps import Deps
 from api.errors import ApiError
-from api.schemas import PersonOut
+from api.routes.people import PersonOut
 from storage.people import FAILURE_WINDOW_S, Person
 
 log = logging.getLogger(__name__)

@@ -6,19 +6,63 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
+from pydantic import BaseModel, Field
 
 from api.audit import TrailDep
 from api.auth import Admin
 from api.deps import HttpDep, KeysDep, PeopleDep, SettingsDep
 from api.errors import ApiError
 from api.routes.system import metering
-from api.schemas import ApiKeyList, ApiKeyOut, PersonList, PersonOut
+from api.schemas import ApiKeyList, ApiKeyOut, iso
 from storage.people import Person
 
 log = logging.getLogger(__name__)
+
+
+class PersonOut(BaseModel):
+    user_id: str
+    name: str
+    email: str
+    role: str = Field(
+        description="owner, admin, auditor or member, from their groups at their last sign-in"
+    )
+    tier: str
+    source: str = Field(
+        description="oidc (the identity provider), token (a development token) or local"
+    )
+    disabled: bool
+    created_at: str | None
+    last_seen: str | None
+    runs: int = Field(0, description="their runs to date (0 when usage could not be read)")
+    tokens: int = Field(0, description="prompt and completion tokens to date")
+    cost_usd: float = 0.0
+
+    @classmethod
+    def of(cls, person: Any, usage: dict[str, Any]) -> PersonOut:
+        return cls(
+            user_id=person.user_id,
+            name=person.name,
+            email=person.email,
+            role=person.role,
+            tier=person.tier,
+            source=person.source,
+            disabled=person.disabled,
+            created_at=iso(person.created_at),
+            last_seen=iso(person.last_seen),
+            runs=int(usage.get("runs", 0)),
+            tokens=int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)),
+            cost_usd=float(usage.get("cost_usd", 0.0)),
+        )
+
+
+class PersonList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[PersonOut]
+
+
 router = APIRouter(prefix="/v1/admin")
 MAX_LISTED = 500
 

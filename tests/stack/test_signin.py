@@ -223,6 +223,8 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         key = mine.post("/v1/api-keys", json={"name": "kept"}).json()
         share = mine.post(f"/v1/chats/{chat}/share").json()
         memory = mine.post("/v1/me/memories", json={"content": "I keep this."}).json()
+        response = mine.post("/v1/responses", json={"input": "Keep this.", "max_output_tokens": 4}).json()
+        document = mine.post(f"/v1/chats/{chat}/documents", files={"file": ("kept.txt", b"Kept.")}).json()
         spec = mine.get("/openapi.json").json()
     values = {
         "chat_id": chat,
@@ -231,6 +233,8 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         "key_id": key["id"],
         "share_id": share["id"],
         "memory_id": memory["id"],
+        "rid": response["id"],
+        "document_id": document["id"],
         "user_id": owner,
         "tier": "free",
     }
@@ -274,6 +278,8 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         assert mine.get(f"/v1/chats/{chat}/messages").json()["data"] == messages
         assert [s["id"] for s in mine.get("/v1/me/shares").json()["data"]] == [share["id"]]
         assert mine.get("/v1/me/memories").json()["data"] == [memory]
+        assert mine.get(f"/v1/responses/{response['id']}").json()["output"] == response["output"]
+        assert [d["id"] for d in mine.get(f"/v1/chats/{chat}/documents").json()["data"]] == [document["id"]]
         assert mine.get("/v1/me", headers={"Authorization": f"Bearer {key['key']}"}).status_code == 200
 
 

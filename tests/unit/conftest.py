@@ -16,6 +16,7 @@ from topics import codec
 
 from .edge_fakes import (
     FakeChats,
+    FakeDocuments,
     FakeIdempotencyKeys,
     FakeKeys,
     FakeMemories,
@@ -53,6 +54,8 @@ def edge():
     app.dependency_overrides[deps.shares] = lambda: shares
     app.dependency_overrides[deps.memories] = lambda: memories
     app.dependency_overrides[deps.memory_guard] = lambda: guard
+    documents = FakeDocuments()
+    app.dependency_overrides[deps.documents] = lambda: documents
     client = TestClient(app, raise_server_exceptions=False)  # no lifespan: nothing to connect to
 
     def signed(user: str) -> dict[str, str]:
@@ -70,5 +73,6 @@ def edge():
         shares=shares,
         memories=memories,
         memory_guard=guard,
+        documents=documents,
         signed=signed,
     )

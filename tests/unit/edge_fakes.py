@@ -11,6 +11,7 @@ from typing import Any
 
 from api.errors import ApiError
 from storage.api_keys import UNSCOPED, ApiKey, KeyOwner
+from storage.documents import Document, Status, StoredPassage
 from storage.idempotency import Claim
 from storage.ids import new_id
 from storage.memories import PersonMemory
@@ -291,3 +292,68 @@ class FakeShares:
         for share in found:
             await self.revoke(share)
         return len(found)
+
+
+class FakeDocuments:
+    """A chat's documents (storage/documents.py): files, statuses and passages in memory; `nearest` ranks by the
+    dot product of the embeddings."""
+
+    def __init__(self) -> None:
+        self.files: dict[uuid.UUID, tuple[Document, bytes]] = {}
+        self.status: dict[tuple[uuid.UUID, uuid.UUID], Status] = {}
+        self.read_passages: dict[tuple[uuid.UUID, uuid.UUID], list[tuple[StoredPassage, list[float]]]] = {}
+
+    async def put(self, document: Document, data: bytes) -> None:
+        self.files[document.document_id] = (document, data)
+
+    async def listed(self, chat_id: uuid.UUID) -> list[Document]:
+        found = [d for d, _ in self.files.values() if d.chat_id == chat_id]
+        return sorted(found, key=lambda d: d.document_id.time)
+
+    async def get(self, chat_id: uuid.UUID, document_id: uuid.UUID) -> Document | None:
+        found = self.files.get(document_id)
+        return found[0] if found and found[0].chat_id == chat_id else None
+
+    async def data(self, document: Document) -> bytes:
+        return self.files[document.document_id][1]
+
+    async def delete(self, document: Document) -> None:
+        self.files.pop(document.document_id, None)
+
+    async def delete_chat(self, chat_id: uuid.UUID) -> None:
+        for document in await self.listed(chat_id):
+            await self.delete(document)
+
+    async def statuses(self, chat_id: uuid.UUID) -> dict[uuid.UUID, Status]:
+        return {d: s for (c, d), s in self.status.items() if c == chat_id}
+
+    async def any_read(self, chat_id: uuid.UUID) -> bool:
+        return any(s.state == "ready" for s in (await self.statuses(chat_id)).values())
+
+    async def read(self, chat_id, document_id, passages, status) -> None:
+        self.read_passages[(chat_id, document_id)] = [
+            (StoredPassage(document_id, idx, place, content, tokens), embedding)
+            for idx, place, content, tokens, embedding in passages
+        ]
+        self.status[(chat_id, document_id)] = status
+
+    async def passages(self, chat_id: uuid.UUID) -> list[StoredPassage]:
+        return [
+            p
+            for (c, _), found in sorted(self.read_passages.items(), key=lambda i: i[0][1].time)
+            if c == chat_id
+            for p, _ in found
+        ]
+
+    async def nearest(self, chat_id: uuid.UUID, embedding: list[float], k: int) -> list[StoredPassage]:
+        found = [(p, v) for (c, _), ps in self.read_passages.items() if c == chat_id for p, v in ps]
+        found.sort(key=lambda pv: -sum(a * b for a, b in zip(pv[1], embedding, strict=True)))
+        return [p for p, _ in found[:k]]
+
+    async def forget(self, chat_id: uuid.UUID, document_id: uuid.UUID) -> None:
+        self.read_passages.pop((chat_id, document_id), None)
+        self.status.pop((chat_id, document_id), None)
+
+    async def forget_chat(self, chat_id: uuid.UUID) -> None:
+        for key in [k for k in self.status if k[0] == chat_id]:
+            await self.forget(*key)

@@ -10,6 +10,7 @@ from processors.settings import ProcessorSettings
 from storage.ids import new_id
 from storage.memory import Summary
 from storage.rows import Change, Message
+from tests.unit.edge_fakes import FakeDocuments
 from tests.unit.fakes import FakeConversations, FakeEncoder, FakeLog, FakeMemory, at, completed, decoded, prompt, run
 from topics.clock import now_ms
 from topics.pipeline import MEMORY_CHANGED, RUN_SCHEDULED
@@ -19,7 +20,9 @@ SETTINGS = ProcessorSettings(summarize_after_tokens=60, summarize_keep_tokens=20
 
 def memory_stage():
     counter = tokens.load(SETTINGS.pools[SETTINGS.memory_pool].tokenizer)
-    deps = remember.Deps(FakeLog(), FakeConversations(), FakeMemory(), FakeEncoder(), SETTINGS, counter)
+    deps = remember.Deps(
+        FakeLog(), FakeConversations(), FakeMemory(), FakeEncoder(), SETTINGS, counter, FakeDocuments()
+    )
     deps.partitions.append(4)  # the summary pool topic's partitions, as read from the cluster
     return deps
 

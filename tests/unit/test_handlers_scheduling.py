@@ -10,7 +10,7 @@ from admission.limits import DEFAULT_TIERS
 from processors import schedule_run
 from processors.settings import ProcessorSettings
 from storage.withdrawals import WITHDRAWN
-from tests.unit.edge_fakes import FakeMemories
+from tests.unit.edge_fakes import FakeDocuments, FakeMemories
 from tests.unit.fakes import (
     FakeConversations,
     FakeGuard,
@@ -41,6 +41,7 @@ def scheduling(**limits):
         FakeGuard(),
         FakeMemory(),
         FakeMemories(),
+        FakeDocuments(),
     )
 
 

@@ -18,6 +18,7 @@ import pytest
 from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
 from storage.decisions import SafetyDecisions
+from storage.documents import Documents
 from storage.idempotency import IdempotencyKeys
 from storage.ledger import Ledger
 from storage.memories import Memories
@@ -45,6 +46,7 @@ STORES = (
     Memories,
     Retention,
     Responses,
+    Documents,
 )
 
 

@@ -80,6 +80,25 @@ export class Api {
     return response.status === 204 ? null : response.json();
   }
 
+  /** The chat's documents, each with how its reading went. */
+  documents(chatId) {
+    return this.call("GET", `/v1/chats/${chatId}/documents`);
+  }
+
+  /** Attach a file to the chat (a multipart form: the browser sets its boundary). */
+  async attach(chatId, file) {
+    const form = new FormData();
+    form.append("file", file, file.name);
+    const init = { method: "POST", headers: this.headers(), body: form };
+    const response = await this.fetch(`${this.base}/v1/chats/${chatId}/documents`, init);
+    if (!response.ok) throw await errorOf(response);
+    return response.json();
+  }
+
+  detach(chatId, documentId) {
+    return this.call("DELETE", `/v1/chats/${chatId}/documents/${documentId}`);
+  }
+
   /** An open SSE response (status 200), or an ApiError. */
   async stream(method, path, { body, lastEventId, signal } = {}) {
     const headers = this.headers({ Accept: "text/event-stream" });

@@ -103,22 +103,8 @@ function speak(live, run) {
 export async function send(text, { parent = undefined } = {}) {
   if (state.live || !text.trim() || $("#send").disabled) return;
   const input = $("#composer-input");
-  let chatId = state.chatId;
-  if (!chatId) {
-    try {
-      const chat = await guarded(() => state.api.newChat(titleOf(text)));
-      await applyPendingModel(chat.id);
-      state.chats.unshift(chat);
-      chatId = state.chatId = chat.id;
-      history.pushState(null, "", `/c/${chat.id}`);
-      showTitle(chat.title);
-      showChatSettings({ ...chat, model: $("#model-picker").value, instructions: "" });
-      renderChats();
-    } catch (error) {
-      showBanner(`Could not start a chat: ${error.message}`);
-      return;
-    }
-  }
+  const chatId = await ensureChat(titleOf(text));
+  if (!chatId) return;
   input.value = "";
   fitComposer();
   hideBanner();
@@ -138,6 +124,25 @@ export async function send(text, { parent = undefined } = {}) {
     },
   });
   if (parent !== undefined && run?.runId) await readBranch(chatId, run.runId);
+}
+
+/** The open chat's id; a new chat (titled `title`) is made first when none is open. Null when it could not be. */
+export async function ensureChat(title) {
+  if (state.chatId) return state.chatId;
+  try {
+    const chat = await guarded(() => state.api.newChat(title));
+    await applyPendingModel(chat.id);
+    state.chats.unshift(chat);
+    state.chatId = chat.id;
+    history.pushState(null, "", `/c/${chat.id}`);
+    showTitle(chat.title);
+    showChatSettings({ ...chat, model: $("#model-picker").value, instructions: "" });
+    renderChats();
+    return chat.id;
+  } catch (error) {
+    showBanner(`Could not start a chat: ${error.message}`);
+    return null;
+  }
 }
 
 /** An earlier message edited and sent again: the branch up to it stays, the new one grows from there. */

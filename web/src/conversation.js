@@ -25,6 +25,7 @@ export function newChat({ push = true } = {}) {
   if (push) history.pushState(null, "", "/");
   showTitle(null);
   showChatSettings(null);
+  actions.showDocuments(null);
   renderConversation();
   renderChats();
   $("#composer-input").focus();
@@ -60,6 +61,7 @@ export async function openChat(chatId, { push = true, at = null } = {}) {
   state.messages = messages;
   showTitle(chat.title);
   showChatSettings(chat);
+  actions.showDocuments(chatId);
   renderConversation();
   const running = chat.active_run_id;
   if (running && !messages.some((m) => m.id === running)) {
@@ -194,6 +196,30 @@ function memoriesLine(run) {
   );
 }
 
+/** The passages of the chat's documents the answer's context held, each one a disclosure showing its text:
+ * the answer cites them as [n]. */
+function sourcesList(run) {
+  if (!run.sources?.length) return null;
+  const items = run.sources.map((s) =>
+    h(
+      "li",
+      {},
+      h(
+        "details",
+        {},
+        h("summary", {}, `[${s.n}] ${s.name}${s.place ? `, ${s.place}` : ""}`),
+        h("blockquote", { class: "passage" }, s.text),
+      ),
+    ),
+  );
+  return h(
+    "section",
+    { class: "sources", "aria-label": "Sources" },
+    h("p", { class: "sources-title" }, "Sources"),
+    h("ol", {}, ...items),
+  );
+}
+
 /** What ended an answer other than its own end: a refusal, a retraction, an error, a stop, the length limit. */
 export function notice(run) {
   const note = (kind, ...text) => h("p", { class: `notice ${kind}`, role: "note" }, ...text);
@@ -250,7 +276,13 @@ export function drawAnswer(el, run, message = null, last = false) {
     footer.append(h("span", { class: "queued" }, wait));
   }
   if (isFinished(run) && message) footer.append(...answerActions(run, message, last));
-  el.replaceChildren(body, notice(run) || "", memoriesLine(run) || "", footer);
+  el.replaceChildren(
+    body,
+    notice(run) || "",
+    memoriesLine(run) || "",
+    sourcesList(run) || "",
+    footer,
+  );
 }
 
 function answerActions(run, message, last) {

@@ -15,6 +15,7 @@ const PATHS = {
   send: "M12 19V5M6 11l6-6 6 6",
   pin: "M12 16v6M8 3h8l-1 6 3 4H6l3-4z",
   archive: "M3 4h18v4H3zM5 8v12h14V8M10 12h4",
+  attach: "M21 11.5l-8.5 8.5a5 5 0 0 1-7-7L14 4.5a3.5 3.5 0 0 1 5 5L10.5 18a2 2 0 0 1-3-3L15 7.5",
 };
 
 /** An <svg> for one icon, hidden from screen readers (its button carries the label). */

@@ -3,6 +3,7 @@
 import { Api } from "./api.js";
 import { regenerate, resubmit, send, showBranch, stop, stream } from "./composer.js";
 import { newChat, openChat } from "./conversation.js";
+import { showDocuments, wireDocuments } from "./documents.js";
 import { drawIcons } from "./icons.js";
 import {
   applyTheme,
@@ -25,6 +26,7 @@ Object.assign(actions, {
   regenerate,
   resubmit,
   showBranch,
+  showDocuments,
   answered: checkBudget,
 });
 
@@ -82,6 +84,7 @@ function wire() {
   drawIcons();
   wireSettings();
   wireSearch();
+  wireDocuments();
   const stored = localStorage.getItem(THEME_KEY);
   applyTheme(stored || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light"));
   $("#theme").addEventListener("click", toggleTheme);

@@ -15,6 +15,7 @@ export function newRun(runId = null) {
     finishReason: null,
     usage: null,
     memories: [], // the person's memories its context recalled
+    sources: [], // the passages of the chat's documents its context held: {n, name, place, text}
     moderation: null, // {action: "refused" | "retract", category, message}
     error: null, // {code, message}
     cursor: null, // the last applied event's id: a resume's Last-Event-ID
@@ -56,6 +57,7 @@ export function apply(run, { event, id, data }) {
         degradedFrom: data.degraded_from ?? null,
         estimatedWaitMs: data.estimated_wait_ms ?? null,
         memories: data.memories ?? run.memories,
+        sources: data.sources ?? run.sources,
       };
     case "run.started":
       return { ...next, status: "streaming", model: data.model ?? run.model };
@@ -104,6 +106,7 @@ export function fromMessage(message) {
     pool: message.pool,
     finishReason: reason,
     memories: message.memories || [],
+    sources: message.sources || [],
   };
   if (reason === "cancelled") return { ...base, status: "stopped" };
   if (reason === "content_filter" && !message.model) {
@@ -140,5 +143,6 @@ export function toMessage(run) {
     finish_reason: run.finishReason,
     feedback: null,
     memories: run.memories,
+    sources: run.sources,
   };
 }

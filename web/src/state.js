@@ -30,6 +30,7 @@ export const actions = {
   answered: async () => {}, // after an answer ends: the budget notice
   resubmit: async (_message, _text) => {}, // an edited message sent again, as a new branch
   showBranch: async (_messageId) => {}, // another version of a message, and the branch through it
+  showDocuments: async (_chatId) => {}, // the open chat's documents (documents.js); null: none open
 };
 
 export const $ = (selector) => document.querySelector(selector);

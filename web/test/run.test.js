@@ -138,12 +138,24 @@ test("a finished live answer becomes the message it is stored as, and reads back
     finish_reason: "stop",
     feedback: null,
     memories: [],
+    sources: [],
   });
   const [queued, ...rest] = started("r4", 0);
-  const recalled = { ...queued, data: { ...queued.data, memories: ["I prefer metric units."] } };
+  const source = {
+    n: 1,
+    document_id: "d1",
+    name: "guide.pdf",
+    place: "page 1",
+    text: "Built in 1902.",
+  };
+  const recalled = {
+    ...queued,
+    data: { ...queued.data, memories: ["I prefer metric units."], sources: [source] },
+  };
   const remembering = toMessage(play([recalled, ...rest, completed("r4", 3)]));
   assert.deepEqual(remembering.memories, ["I prefer metric units."]);
   assert.deepEqual(fromMessage(remembering).memories, ["I prefer metric units."]);
+  assert.deepEqual(fromMessage(remembering).sources, [source]);
   const refusal = {
     event: "moderation",
     id: "r:2:9",
