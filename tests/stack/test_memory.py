@@ -17,6 +17,7 @@ from replay.client import ChatClient
 from runtime.settings import DEFAULT_POOLS
 from safety.encoder import Encoder
 from storage.conversations import Conversations
+from storage.documents import Documents
 from storage.ids import MIN_ID, epoch_ms, id_time_us, new_id
 from storage.memory import Memory
 from topics import codec
@@ -246,7 +247,8 @@ def test_a_summary_stored_as_the_user_edits_a_message_it_covers_is_taken_back(li
         published.append(record)
 
     # The memory stage's handlers, called directly on the real stores (its Kafka side is left out)
-    deps = remember.Deps(publish, Conversations(session, ks, "memory"), memory, Encoder(), settings, counter)
+    documents = Documents(session, ks, "memory")
+    deps = remember.Deps(publish, Conversations(session, ks, "memory"), memory, Encoder(), settings, counter, documents)
     colour = new_id()
 
     async def race():
