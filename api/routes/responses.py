@@ -193,21 +193,13 @@ async def create(
     fold = Fold(response_id(run_id), settings, id_time_ms(uuid.UUID(run_id)) // 1000)
     abandon = None if body.background else partial(cancel, deps, user, event, "client_disconnected")
     if body.stream:
-        events = stream(deps, run_id, fold, prepend(reply, replies), -1, abandon)
+        events = stream(deps, run_id, fold, runs.prepend(reply, replies), -1, abandon)
         return EventSourceResponse(events, ping=15)
     if body.background:
         deps.replies.close(run_id)  # the run goes on; a poll reads it from the log
         fold.start()
         return JSONResponse(fold.response())
     return await whole(deps, run_id, fold, reply, replies, abandon)
-
-
-async def prepend(first: Reply, rest: AsyncIterator[Reply]) -> AsyncIterator[Reply]:
-    yield first
-    if first.kind in TERMINAL:
-        return
-    async for reply in rest:
-        yield reply
 
 
 async def whole(
