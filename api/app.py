@@ -28,6 +28,7 @@ from conversation import tokens
 from registry import client as registry
 from runtime import tracing
 from runtime.kafka import AsyncProducer
+from runtime.mcp import ToolServersView
 from safety.policy import PolicyView
 from storage import schema
 from storage.api_keys import ApiKeys
@@ -75,6 +76,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         await loop.run_in_executor(None, pools.start)
         policies = PolicyView(settings.kafka_bootstrap, settings.namespace, "api")
         await loop.run_in_executor(None, policies.start)
+        tool_servers = ToolServersView(settings.kafka_bootstrap, settings.namespace, "api")
+        await loop.run_in_executor(None, tool_servers.start)
         for spec in {
             pool.tokenizer for pool in settings.pools.values()
         }:  # the door counts with them (api/runs.py)
@@ -119,6 +122,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             retention,
             stored_responses,
             attached,
+            tool_servers,
             provider,
         )
         sweeper = asyncio.create_task(sweep_forever(app.state.services))
@@ -134,6 +138,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             sweeper.cancel()
             await http.aclose()
             policies.stop()
+            tool_servers.stop()
             pools.stop()
             limits.stop()
             replies.stop()
@@ -180,6 +185,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         shares,
         signin,
         system,
+        tools,
         web,
     )
 
@@ -200,6 +206,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         admin,
         people,
         safety,
+        tools,
         runs,
     ):
         app.include_router(api.router, responses=openapi.ERRORS)

@@ -51,6 +51,12 @@ def sse(reply: Reply) -> dict[str, Any]:
             "run.started",
             {"run_id": r["run_id"], "chat_id": r["chat_id"], "model": r["model"]},
         )
+    elif reply.kind == "delta" and (
+        use := r.get("tool_result")
+    ):  # a registered server's tool answered
+        event, data = "tool.result", {"run_id": r["run_id"], **use}
+    elif reply.kind == "delta" and (calls := r.get("tool_calls")):
+        event, data = "tool.calls", {"run_id": r["run_id"], "tool_calls": json.loads(calls)}
     elif reply.kind == "delta":
         event, data = "token", {"run_id": r["run_id"], "delta": r["text"]}
     elif reply.kind == "completed":

@@ -18,6 +18,7 @@ from api.oidc import Provider
 from api.replies import ReplyHub
 from api.settings import ApiSettings
 from runtime.kafka import AsyncProducer
+from runtime.mcp import ToolServersView
 from safety.policy import PolicyView
 from storage.api_keys import ApiKeys
 from storage.conversations import Conversations
@@ -56,6 +57,7 @@ class Services:
     retention: Retention  # what the sweep of chats past their age reads (api/retention.py)
     responses: Responses  # the Responses API's stored requests (answers: their runs' records)
     documents: Documents  # files attached to chats (storage/documents.py)
+    tool_servers: ToolServersView  # the MCP servers admins registered (runtime/mcp.py)
     provider: Provider | None  # the OpenID Connect provider, when one is configured
 
 

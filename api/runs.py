@@ -38,7 +38,7 @@ from storage.ids import id_time_ms, new_id
 from storage.rows import Chat, ChatBusy
 from storage.withdrawals import TAKEN, WITHDRAW_TIMEOUT_S, WITHDRAWN
 from topics import records
-from topics.events import Instruction, PromptAccepted, RunRejected
+from topics.events import Generation, Instruction, PromptAccepted, RunRejected
 from topics.pipeline import PROMPT_ACCEPTED, RUN_CONTROL
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class Question:
     parent_id: str | None = None  # where it goes on the chat's tree (api/branches.py)
     branched: bool = False  # the chat has more than one branch
     memories: bool = False  # recall the person's memories (api/memories.py)
+    generation: Generation | None = None  # the servers' tools picked for it (api/tools.py)
 
 
 def checked_content(settings: ApiSettings, content: str) -> None:
@@ -361,6 +362,7 @@ async def answer(
         parent_id=question.parent_id,
         branched=question.branched,
         memories=question.memories,
+        generation=question.generation,
         documents=await deps.documents.any_read(chat.chat_id),
     )
     tidy = asyncio.create_task(leave_old_place(deps, chat))  # beside the publish, not before it

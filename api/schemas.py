@@ -40,6 +40,15 @@ class SourceOut(BaseModel):
     text: str = Field(description="the passage")
 
 
+class ToolUseOut(BaseModel):
+    call_id: str
+    name: str = Field(description="the tool, as <server>__<tool>")
+    arguments: str = Field(description="as the model wrote them (JSON)")
+    status: str = Field(description="ok, error, timeout, too_large, unavailable or blocked")
+    content: str = Field(description="the result the model read (or what it was told instead)")
+    duration_ms: float
+
+
 class MessageOut(BaseModel):
     id: str
     role: str
@@ -66,6 +75,10 @@ class MessageOut(BaseModel):
         description="an answer's: the passages of the chat's documents its context held, numbered as it "
         "cites them ([n])",
     )
+    tools: list[ToolUseOut] = Field(
+        default_factory=list,
+        description="an answer's: its calls to registered tools and their results",
+    )
 
     @classmethod
     def of(
@@ -85,6 +98,7 @@ class MessageOut(BaseModel):
             sibling_ids=sibling_ids or [m.id],
             memories=list(m.memories),
             sources=[SourceOut(**s) for s in m.sources],
+            tools=[ToolUseOut(**u) for u in m.tools],
         )
 
 

@@ -34,6 +34,7 @@ from api.replies import (
 from api.settings import ApiSettings
 from runtime.kafka import until_ready
 from storage.ids import id_time_ms
+from topics.events import TokenDelta
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,11 @@ async def held(
         release()
 
 
+def kept(record: TokenDelta) -> bool:
+    """A delta record with something in it: text, or a run's tool calls or a tool's result (not a keepalive)."""
+    return bool(record["text"] or record.get("tool_calls") or record.get("tool_result"))
+
+
 async def sse_stream(
     deps: Services,
     run_id: str,
@@ -200,7 +206,7 @@ async def sse_stream(
         async for reply in replies:
             if reply.kind == "queued" and begun:
                 continue  # the scheduler sends `queued` beside the run itself: rarely, it lands after the start
-            if reply.kind == "delta" and not reply.delta["text"]:
+            if reply.kind == "delta" and not kept(reply.delta):
                 continue  # a keepalive while the prompt is prefilled: it has reset the no-progress timeout
             begun = begun or reply.kind in ("started", "delta")
             if reply.kind == "delta" and first_token:

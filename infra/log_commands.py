@@ -114,6 +114,7 @@ def cmd_reconcile(args: argparse.Namespace) -> None:
 def cmd_runs_show(args: argparse.Namespace) -> None:
     import json
 
+    from infra import run_text
     from runtime.window import Window
     from storage import history
 
@@ -126,7 +127,7 @@ def cmd_runs_show(args: argparse.Namespace) -> None:
         raise SystemExit(f"parley runs show: {exc}") from None
     if not args.no_stored:
         run.stored = history.stored(run, settings, metering)
-    print(json.dumps(run.as_json(), indent=2, default=str) if args.json else history.text(run))
+    print(json.dumps(run.as_json(), indent=2, default=str) if args.json else run_text.text(run))
 
 
 def candidate_of(args: argparse.Namespace) -> Candidate:

@@ -79,6 +79,7 @@ def assistant_turn(done: RunCompleted) -> Message:
         parent_id=answers(done["prompt"]),
         memories=tuple(done.get("memories") or ()),
         sources=tuple(dict(s) for s in done.get("sources") or ()),
+        tools=tuple(dict(u) for u in done.get("tools") or ()),
     )
 
 

@@ -18,6 +18,8 @@ from cassandra.query import PreparedStatement
 from storage.ids import MIN_ID, new_id, now
 from storage.rows import (
     MESSAGE_COLUMNS,
+    MESSAGE_COLUMNS_ADDED,
+    WRITTEN_COLUMNS,
     Change,
     Chat,
     ChatBusy,
@@ -70,11 +72,7 @@ COLUMNS_ADDED = (
     ("runs", "finish_reason", "text"),
     ("chats", "context_from", "timeuuid"),
     ("chats", "memory_changed_at", "timestamp"),
-    ("messages", "pool", "text"),
-    ("messages", "feedback", "text"),
-    ("messages", "parent_id", "timeuuid"),  # storage/tree.py
-    ("messages", "memories", "list<text>"),  # a person's memories an answer's context held
-    ("messages", "sources", "text"),  # JSON: the documents' passages an answer's context held
+    *MESSAGE_COLUMNS_ADDED,
 )
 
 
@@ -156,9 +154,9 @@ class Conversations(Store):
             f"SELECT active_at, chat_id, title, created_at FROM {ks}.chats_by_activity "
             "WHERE user_id = ? AND (active_at, chat_id) < (?, ?) LIMIT ?"
         )
+        marks = ", ".join("?" * (len(WRITTEN_COLUMNS.split(",")) + 1))
         self._insert_message = p(
-            f"INSERT INTO {ks}.messages (chat_id, message_id, role, content, created_at, run_id, model, "
-            "finish_reason, pool, parent_id, memories, sources) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO {ks}.messages (chat_id, {WRITTEN_COLUMNS}) VALUES ({marks})"
         )
         self._skeleton = p(
             f"SELECT message_id, parent_id, role FROM {ks}.messages WHERE chat_id = ?"

@@ -8,6 +8,7 @@ those partitions, from the run's start until it ended. Nothing is read from offs
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -160,8 +161,14 @@ def detail(record: Record) -> dict[str, Any]:
             for category, score in window["scores"].items():
                 peaks[category] = max(peaks.get(category, 0.0), score)
         out |= {"windows": len(e["windows"]), "peak_scores": peaks}
-    elif schema == "TokenDelta":
+    elif (
+        schema == "TokenDelta"
+    ):  # a run's calls to registered tools and their results: inference/tools.py
         out = {k: v for k, v in out.items() if v is not None}
+        if calls := e.get("tool_calls"):
+            out["tool_calls"] = json.loads(calls)
+        if use := e.get("tool_result"):
+            out["tool_result"] = dict(use)
     return out
 
 
@@ -183,7 +190,12 @@ def coalesced(records: list[Record]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     deltas: list[Record] = []
     for record in sorted(records, key=lambda r: (r.timestamp_ms, r.topic.name, r.offset)):
-        if record.topic.schema == "TokenDelta" and record.event["kind"] == "delta":
+        e = record.event
+        if (
+            record.topic.schema == "TokenDelta"
+            and e["kind"] == "delta"
+            and not (e.get("tool_calls") or e.get("tool_result"))
+        ):
             if not deltas:
                 out.append({})  # its place in the order, filled below
             deltas.append(record)
@@ -320,75 +332,3 @@ def stored(history: History, settings: Any, metering_url: str) -> dict[str, Any]
     except httpx.HTTPError as exc:
         out["usage"] = f"metering unreachable: {exc}"
     return out
-
-
-def text(history: History) -> str:
-    """The history as lines a person reads: time from the first event, where it sits, what it says."""
-    data = history.as_json()
-    events = data["events"]
-    if not events:
-        return f"run {history.run_id}: no events"
-    start = datetime.fromisoformat(events[0]["time"].replace("Z", "+00:00"))
-    lines = [f"run {history.run_id}  chat {history.chat_id}  trace {history.trace_id}"]
-    for e in events:
-        offset = (
-            datetime.fromisoformat(e["time"].replace("Z", "+00:00")) - start
-        ).total_seconds() * 1000
-        where = f"{e['topic']}[{e['partition']}]@{e['offset']}"
-        lines.append(f"{offset:+9.0f} ms  {where:42} {e['type']:16} {_summary(e)}")
-    for row in data["stored"].get("messages", []):
-        lines.append(
-            f"  stored {row['role']:9} {row['message_id']}  {(row['content'] or '')[:80]!r}"
-        )
-    usage = data["stored"].get("usage")
-    if isinstance(usage, list):
-        for row in usage:
-            lines.append(
-                f"  metered {row['prompt_tokens']}+{row['completion_tokens']} tokens, {row['finish_reason']}, "
-                f"${row['cost_usd']}"
-            )
-    elif usage:
-        lines.append(f"  metered: {usage}")
-    return "\n".join(lines)
-
-
-def _summary(e: dict[str, Any]) -> str:
-    kind = e["type"]
-    if kind == "PromptAccepted":
-        asked = f" model {e['model']}" if e.get("model") else ""
-        given = "".join(
-            f"; {i['source']} instructions {i['content'][:40]!r}"
-            for i in e.get("instructions") or []
-        )
-        after = f" after {e['parent_id']}" if e.get("parent_id") else ""
-        return f"{e['user_id']} ({e['tier']}){asked}{after}: {e['content'][:60]!r}{given}"
-    if kind == "PromptModerated":
-        scores = ", ".join(f"{k} {v:.2f}" for k, v in sorted((e.get("scores") or {}).items()))
-        return f"{e['decision']} {e['action'] or ''} policy {e['policy_version']} [{scores}]"
-    if kind == "RunScheduled":
-        ctx = e.get("context") or {}
-        return (
-            f"pool {e['pool']} model {e['model']} prompt {ctx.get('prompt_tokens', '?')} tokens "
-            f"(summary {ctx.get('summary_version') or 'none'}, {len(ctx.get('verbatim_ids', []))} verbatim, "
-            f"{len(ctx.get('retrieved_ids', []))} recalled, instructions "
-            f"{'+'.join(ctx.get('instructions') or []) or 'none'} {ctx.get('instruction_tokens', 0)} tokens, "
-            f"memories {'; '.join(repr(m[:40]) for m in ctx.get('memories') or []) or 'none'}"
-            f"{', withheld ' + ' '.join(ctx['withheld_ids']) if ctx.get('withheld_ids') else ''})"
-        )
-    if kind == "TokenDelta":
-        if e.get("kind") == "deltas":
-            return f"{e['count']} deltas until {e['last_time']}: {e['text'][:60]!r}"
-        return str(e.get("kind"))
-    if kind == "RunCompleted":
-        usage = e["usage"]
-        return (
-            f"{e['finish_reason']} {usage['prompt_tokens']}+{usage['completion_tokens']} tokens, "
-            f"TTFT {e['ttft_ms']:.0f} ms, ITL p50 {e['itl_p50_ms']:.0f} ms, by {e['served_by']}"
-        )
-    if kind == "RunRejected":
-        return f"{e['code']}: {e['message']}"
-    if kind == "OutputModerated":
-        return (
-            f"{e['action'] or 'passed'} over {e['windows']} windows, policy {e['policy_version']}"
-        )
-    return ""

@@ -48,6 +48,8 @@ class Message:
     ] = ()  # an answer's: the person's memories its context held (storage/memories.py)
     # an answer's: the passages of the chat's documents its context held (storage/documents.py)
     sources: tuple[dict[str, Any], ...] = ()
+    # an answer's: the calls it made to registered MCP servers' tools, with their results (inference/tools.py)
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,13 +114,28 @@ def message_row(message: Message) -> tuple[Any, ...]:
         uuid.UUID(m.parent_id) if m.parent_id else None,
         list(m.memories) or None,
         json.dumps(list(m.sources)) if m.sources else None,
+        json.dumps(list(m.tools)) if m.tools else None,
     )
 
 
+# the messages table's columns added after it first shipped (storage/conversations.py)
+MESSAGE_COLUMNS_ADDED = (
+    ("messages", "pool", "text"),
+    ("messages", "feedback", "text"),
+    ("messages", "parent_id", "timeuuid"),  # storage/tree.py
+    ("messages", "memories", "list<text>"),  # a person's memories an answer's context held
+    ("messages", "sources", "text"),  # JSON: the documents' passages an answer's context held
+    ("messages", "tools", "text"),  # JSON: an answer's calls to registered tools, and their results
+)
+# what message_row writes, in its order
+WRITTEN_COLUMNS = (
+    "message_id, role, content, created_at, run_id, model, finish_reason, pool, parent_id, memories, sources, "
+    "tools"
+)
 # what message_of reads
 MESSAGE_COLUMNS = (
     "message_id, role, content, created_at, run_id, model, finish_reason, pool, feedback, parent_id, "
-    "memories, sources"
+    "memories, sources, tools"
 )
 
 
@@ -136,4 +153,5 @@ def message_of(row: Any) -> Message:
         str(row.parent_id) if row.parent_id else None,
         tuple(row.memories or ()),
         tuple(json.loads(row.sources)) if row.sources else (),
+        tuple(json.loads(row.tools)) if row.tools else (),
     )

@@ -30,7 +30,7 @@ from topics.errors import PoisonEvent, RetriableError
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 # Order matters only for named types referenced by others; parse_schema resolves against this store.
-_DEPENDENCIES = ("Usage", "ChatMessage", "Source", "PromptAccepted")
+_DEPENDENCIES = ("Usage", "ChatMessage", "Source", "ToolUse", "PromptAccepted")
 MAGIC = 0
 HEADER = struct.Struct(">bI")  # magic byte, schema id
 

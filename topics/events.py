@@ -34,6 +34,18 @@ class Source(TypedDict):
     text: ReadOnly[str]
 
 
+class ToolUse(TypedDict):
+    """One call a run made to a tool of a registered MCP server, and what came back, as the model then read
+    it."""
+
+    call_id: ReadOnly[str]
+    name: ReadOnly[str]
+    arguments: ReadOnly[str]
+    status: ReadOnly[str]
+    content: ReadOnly[str]
+    duration_ms: NotRequired[ReadOnly[float]]
+
+
 class SummaryRequest(TypedDict):
     version: ReadOnly[int]
     through: ReadOnly[str]
@@ -59,6 +71,7 @@ class Generation(TypedDict):
     tools: NotRequired[ReadOnly[str | None]]
     tool_choice: NotRequired[ReadOnly[str | None]]
     parallel_tool_calls: NotRequired[ReadOnly[bool]]
+    server_tools: NotRequired[ReadOnly[bool]]
 
 
 class PromptAccepted(TypedDict):
@@ -230,6 +243,7 @@ class RunCompleted(TypedDict):
     moderation: NotRequired[ReadOnly[str]]
     memories: NotRequired[ReadOnly[Sequence[str]]]
     sources: NotRequired[ReadOnly[Sequence[Source]]]
+    tools: NotRequired[ReadOnly[Sequence[ToolUse]]]
     completed_at: ReadOnly[int]
 
 
@@ -343,4 +357,21 @@ class TokenDelta(TypedDict):
     memories: NotRequired[ReadOnly[Sequence[str]]]
     sources: NotRequired[ReadOnly[Sequence[Source]]]
     tool_calls: NotRequired[ReadOnly[str | None]]
+    tool_result: NotRequired[ReadOnly[ToolUse | None]]
     emitted_at: ReadOnly[int]
+
+
+class ToolServer(TypedDict):
+    """An MCP server an admin registered, with the tools it listed when registered and who may use them. Keyed
+    by the server's name on a compacted topic; a tombstone removes it."""
+
+    event_id: ReadOnly[str]
+    name: ReadOnly[str]
+    url: ReadOnly[str]
+    auth_env: NotRequired[ReadOnly[str | None]]
+    roles: ReadOnly[Sequence[str]]
+    tools: ReadOnly[str]
+    timeout_s: ReadOnly[float]
+    max_result_bytes: ReadOnly[int]
+    changed_by: ReadOnly[str]
+    changed_at: ReadOnly[int]

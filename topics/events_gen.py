@@ -83,6 +83,7 @@ def render(directory: Path = SCHEMA_DIR) -> str:
         "Usage",
         "ChatMessage",
         "Source",
+        "ToolUse",
         "PromptAccepted",
         *sorted(raw),
     ):  # referenced ones first

@@ -211,6 +211,17 @@ SAFETY_POLICIES = Topic(
     "<tier> | *",
     (("cleanup.policy", "compact"),),
 )
+# The MCP servers admins registered, with their tools and who may use them (docs/decisions/0028-mcp-tools.md).
+# The edge writes it and offers the tools; the inference consumers call them.
+TOOL_SERVERS = Topic(
+    "admin.tool-servers.v1",
+    events.ToolServer,
+    ("api",),
+    ("inference", "api"),
+    SINGLE,
+    "<server name>",
+    (("cleanup.policy", "compact"),),
+)
 # Each run's output moderation: every window checked, its scores, and the decision (a retraction or none).
 OUTPUT_MODERATED = Topic(
     "chat.output-moderated.v1",
@@ -259,6 +270,7 @@ TOPICS: tuple[Topic[Any], ...] = (
     OUTPUT_MODERATED,
     LIMITS,
     SAFETY_POLICIES,
+    TOOL_SERVERS,
     POOL_STATUS,
     AUDIT,
 )

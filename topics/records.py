@@ -104,6 +104,7 @@ def token_delta(run: RunScheduled, seq: int, kind: str, **fields: Any) -> TokenD
         "memories": [],
         "sources": [],
         "tool_calls": None,
+        "tool_result": None,
         "emitted_at": now_ms(),
         **fields,
     }

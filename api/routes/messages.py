@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
-from api import idempotency
+from api import idempotency, tools
 from api.auth import CurrentUser
 from api.branches import branches, chosen, listed_branch, parent_for, parent_shown, tree_of
 from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
@@ -59,6 +59,11 @@ class NewMessage(BaseModel):
         None,
         description="the answer it follows (an earlier one: a new branch, as when a question is edited and "
         "sent again); null: a new first message; left out: the end of the current branch",
+    )
+    tools: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="tools of registered MCP servers (GET /v1/tools) the answer uses first, then may use again",
     )
 
 
@@ -138,6 +143,7 @@ async def post_message(
     parsed, chat = await owned_chat(deps.conversations, user, chat_id)
     settings = await deps.preferences.chat(parsed)
     run_with = await for_run(deps, user, settings, body.model)
+    with_tools = tools.generation(deps.tool_servers, user, body.tools)
     given = "parent_id" in body.model_fields_set
     parent, chosen_before = await parent_for(
         deps.conversations, settings.branch, chat, body.parent_id, given
@@ -165,7 +171,14 @@ async def post_message(
             await deps.preferences.mark_branched(parsed)
         recall = run_with.memories or (fact is not None and run_with.memories_on)
         question = Question(
-            str(message_id), body.content, after, run_with.instructions, parent, branched, recall
+            str(message_id),
+            body.content,
+            after,
+            run_with.instructions,
+            parent,
+            branched,
+            recall,
+            with_tools,
         )
         response, _ = await answer(
             deps, user, chat, question, max_tokens, run_with.model, run, holder.made
