@@ -63,6 +63,7 @@ def completed(
         "moderation": timing.moderation,
         "memories": recalled_memories(run),
         "sources": cited_sources(run),
+        "tools": [],
         "completed_at": now_ms(),
     }
 

@@ -56,3 +56,8 @@ TAKEN_OVER = Counter(
     "Runs picked up after another consumer had started them",
     ["pool", "state"],
 )
+TOOL_CALLS = Counter(
+    "parley_inference_tool_calls_total",
+    "Calls runs made to registered MCP servers' tools, by server and how they ended",
+    ["server", "status"],
+)

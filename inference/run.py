@@ -6,7 +6,6 @@ A run another consumer had begun is continued after the text it published (infer
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -15,29 +14,31 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 
 from admission.limits import BACKGROUND_PRIORITY
+from conversation.gather import ContextGuard
 from conversation.tokens import load as load_tokenizer
-from inference import calls
+from inference import calls, tools
 from inference.coalesce import Coalescer
 from inference.completion import Timing, completed, usage_after
 from inference.control import RunControls
-from inference.engine import Engine, EngineDown, Outcome, Request, generate
+from inference.engine import Engine, Outcome, Request
 from inference.metrics import (
     CANCEL_LATENCY,
     HANDED_OFF,
-    INTER_TOKEN,
     RUNS,
     TAKEN_OVER,
     TOKENS,
     TTFT,
 )
 from inference.settings import InferenceSettings
+from inference.step import Steps
 from inference.takeover import Prior, prior_of
 from runtime.kafka import AsyncProducer
+from runtime.mcp import ToolServersView
 from runtime.reply_log import published
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import PolicyView
-from topics.events import RunCompleted, RunScheduled, TokenDelta, Usage
+from topics.events import RunCompleted, RunScheduled, TokenDelta, ToolUse, Usage
 from topics.pipeline import OUTPUT_MODERATED, RUN_COMPLETED, TOKEN_DELTA, named
 from topics.records import token_delta as delta
 
@@ -83,6 +84,7 @@ class RunServer:
         policies: PolicyView,
         moderator: Moderator | None,
         engine_down: Callable[[], None],
+        tool_servers: ToolServersView | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -91,6 +93,8 @@ class RunServer:
         self.policies = policies
         self.moderator = moderator  # None: output moderation is off (docs/decisions/0007-safety.md)
         self.engine_down = engine_down  # the engine failed mid-run: the consumer stops taking work
+        self.tool_servers = tool_servers  # the registered MCP servers a run's tools are called on
+        self.steps = Steps(settings, engine, self._publish_delta, engine_down)
 
     async def _publish_delta(self, run: RunScheduled, record: TokenDelta) -> None:
         await self.producer.publish(TOKEN_DELTA, record, partition=run["prompt"]["reply_partition"])
@@ -172,10 +176,14 @@ class RunServer:
                 ),
                 timing=timing,
             )
-        messages = [calls.engine_message(m) for m in run["messages"]]
+        steps = self._tool_steps(run, prior)
+        messages = [calls.engine_message(m) for m in run["messages"]] + (
+            prior.steps if steps else []
+        )
+        continued = prior.tail if steps else prior.text
         max_tokens = prompt["max_tokens"] - prior.tokens
-        if prior.text and max_tokens > 0:
-            max_tokens = self._clamped(prompt["run_id"], messages, prior.text, max_tokens)
+        if continued and max_tokens > 0:
+            max_tokens = self._clamped(prompt["run_id"], messages, continued, max_tokens)
         if (
             prior.started and max_tokens <= 0
         ):  # it had reached its limit, or its context, when it stopped
@@ -199,7 +207,7 @@ class RunServer:
             messages,
             max_tokens,
             self.settings.temperature if (t := prompt.get("temperature")) is None else t,
-            continuation=prior.text,
+            continuation=continued,
             priority=run["priority"],
             options=options,
             forced_calls=forced,
@@ -215,67 +223,40 @@ class RunServer:
             guard = OutputGuard(self.moderator, policy, flight.stop.set, window, prior.text)
         else:
             timing.moderation = "unscreened"
-        last_emit: float | None = None
-        last_record = time.perf_counter()
-        last_piece: float | None = None
-        outcome: Outcome | None = None
+        uses, waiting = list(prior.uses), tools.pending(prior.steps) if steps else []
+        if steps and prior.steps:  # taken over between steps: the tools as a later step has them
+            request = steps.next_request(request, messages, 0)
+        outcome = step = None
         failure: tuple[str, str] | None = None
-        try:
-            async for piece, progress in generate(
-                self.engine, request, flight.stop, heartbeat_s=self.settings.keepalive_s or None
-            ):
-                outcome = progress
-                arrived = time.perf_counter()
-                if (
-                    piece
-                ):  # between tokens: not the prefill, which the engine may report step by step
-                    if last_piece is not None:
-                        timing.gaps_ms.append((arrived - last_piece) * 1000)
-                    last_piece = arrived
-                if guard is not None:
-                    guard.feed(piece, prior.tokens + progress.pieces)
-                ready = coalescer.add(piece)
-                if (
-                    ready or arrived - last_record >= self.settings.keepalive_s
-                ):  # text, or a keepalive (prefill)
+        while True:
+            if (
+                steps and waiting
+            ):  # the calls the answer asked for, then generation with their results
+                made = await steps.call(waiting)
+                for use in made:
                     seq += 1
-                    tokens = prior.tokens + progress.completion_tokens
+                    spent = prior.tokens + (outcome.completion_tokens if outcome else 0)
                     await self._publish_delta(
-                        run, delta(run, seq, "delta", text=ready or "", tokens=tokens)
+                        run, delta(run, seq, "delta", tool_result=use, tokens=spent)
                     )
-                    last_record = time.perf_counter()
-                    if ready:
-                        if last_emit is not None:
-                            INTER_TOKEN.labels(pool).observe(last_record - last_emit)
-                        last_emit = last_record
-        except EngineDown as exc:
-            log.warning(
-                "run %s: engine failed mid-run (%s); handing the run off", prompt["run_id"], exc
+                uses += made
+                said = "".join(step.text) if step else ""
+                request = steps.next_request(
+                    request,
+                    [*request.messages, *tools.exchange(waiting, said, made)],
+                    step.completion_tokens if step else 0,
+                )
+                if request.max_tokens <= 0:
+                    break
+            base = prior.tokens + (outcome.completion_tokens if outcome else 0)
+            step, failure, seq, handed = await self.steps.generate(
+                flight.run, flight.stop, request, guard, coalescer, seq, base, timing
             )
-            self.engine_down()
-            flight.handing_off = True
-        except (
-            Exception
-        ) as exc:  # the engine refused the request: the run ends with an error, never hangs
-            log.exception("run %s failed in the engine", prompt["run_id"])
-            failure = (
-                "engine_error",
-                f"The model failed while generating this answer ({type(exc).__name__}).",
-            )
-        rest = coalescer.drain()
-        if forced and outcome is not None and not outcome.tool_calls:
-            rest += "".join(
-                outcome.text
-            )  # not whole calls (cut by max_tokens): the text as it came
-        if rest:  # generated text is published even when the run stops here, so a successor continues after it
-            seq += 1
-            tokens = prior.tokens + (outcome.completion_tokens if outcome else 0)
-            await self._publish_delta(run, delta(run, seq, "delta", text=rest, tokens=tokens))
-        if outcome is not None and outcome.tool_calls and not flight.handing_off:
-            seq += 1
-            made = json.dumps(outcome.tool_calls)
-            tokens = prior.tokens + outcome.completion_tokens
-            await self._publish_delta(run, delta(run, seq, "delta", tool_calls=made, tokens=tokens))
+            flight.handing_off = flight.handing_off or handed
+            outcome = tools.merged(outcome, step)
+            waiting = step.tool_calls if step and steps else []
+            if not waiting or failure or flight.handing_off or flight.stop.is_set():
+                break
         if flight.handing_off:
             HANDED_OFF.labels(pool).inc()
             log.info("run %s handed off after %d records", prompt["run_id"], seq + 1)
@@ -307,6 +288,19 @@ class RunServer:
             error=failure,
             guard=guard,
             timing=timing,
+            uses=uses,
+        )
+
+    def _tool_steps(self, run: RunScheduled, prior: Prior) -> tools.ToolSteps | None:
+        """The run's calls to registered tools, when its edge offered it some (None otherwise)."""
+        generation = run["prompt"].get("generation")
+        if self.tool_servers is None or generation is None or not tools.server_tools(generation):
+            return None
+        limit = self.settings.max_tool_calls
+        guard = ContextGuard(self.moderator, self.policies) if self.moderator else None
+        tier, run_id = run["prompt"]["tier"], run["prompt"]["run_id"]
+        return tools.ToolSteps(
+            self.tool_servers, guard, limit, generation, tier, run_id, len(prior.uses)
         )
 
     @staticmethod
@@ -332,6 +326,7 @@ class RunServer:
         error: tuple[str, str] | None,
         guard: OutputGuard | None = None,
         timing: Timing | None = None,
+        uses: list[ToolUse] | None = None,
     ) -> RunCompleted:
         """Publish the terminal delta and RunCompleted (and the run's output moderation)."""
         pool = self.settings.pool
@@ -365,6 +360,7 @@ class RunServer:
         done = completed(
             run, text, finish, usage, ttft_ms, duration_ms, self.settings.worker_id, message, timing
         )
+        done = {**done, "tools": uses or list(prior.uses)}
         await self.producer.publish(RUN_COMPLETED, done, key=run["prompt"]["chat_id"])
         if guard is not None:
             await self.producer.publish(
@@ -396,5 +392,6 @@ class RunServer:
         done = completed(
             run, prior.text, finish, usage, 0.0, 0.0, self.settings.worker_id, message, timing
         )
+        done = {**done, "tools": prior.uses}
         await self.producer.publish(RUN_COMPLETED, done, key=run["prompt"]["chat_id"])
         return done

@@ -63,6 +63,8 @@ class InferenceSettings(StackSettings):
     moderation_workers: int = 1
     # a run still unserved this long after scheduling fails with an error
     run_deadline_s: float = 300.0
+    # a run calling registered MCP servers' tools makes at most this many calls; then it must answer in words
+    max_tool_calls: int = 8
 
     @property
     def slot_context(self) -> int:

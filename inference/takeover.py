@@ -8,9 +8,11 @@ already ended only has its RunCompleted published again (the sinks are idempoten
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from typing import Any
 
-from topics.events import TokenDelta
+from topics.events import TokenDelta, ToolUse
 
 
 @dataclass
@@ -21,6 +23,11 @@ class Prior:
     seq: int = -1  # the last record's seq; -1 when nothing was published
     tokens: int = 0  # completion tokens behind `text`
     terminal: TokenDelta | None = None  # the completed/error record, when the run had ended
+    # a run calling registered tools (inference/tools.py): each step's calls and results as prompt messages,
+    # the results, and the text since the last of them (what generation continues)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    uses: list[ToolUse] = field(default_factory=list)
+    tail: str = ""
 
     @property
     def started(self) -> bool:
@@ -38,6 +45,16 @@ def prior_of(records: list[TokenDelta]) -> Prior:
         prior.seq = record["seq"]
         if record["kind"] == "delta":
             prior.text += record["text"]
+            prior.tail += record["text"]
+        if record["kind"] == "delta" and (calls := record.get("tool_calls")):
+            said = {"role": "assistant", "content": prior.tail, "tool_calls": json.loads(calls)}
+            prior.steps.append(said)
+            prior.tail = ""
+        if record["kind"] == "delta" and (use := record.get("tool_result")):
+            prior.steps.append(
+                {"role": "tool", "tool_call_id": use["call_id"], "content": use["content"]}
+            )
+            prior.uses.append(use)
         if (tokens := record.get("tokens")) is not None:
             prior.tokens = tokens
         if record["kind"] in ("completed", "error") and prior.terminal is None:

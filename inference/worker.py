@@ -49,6 +49,7 @@ from inference.run import Flight, RunServer
 from inference.settings import InferenceSettings
 from runtime import failures, tracing
 from runtime.kafka import AsyncProducer, dead_letter
+from runtime.mcp import ToolServersView
 from runtime.outage import Outage
 from safety.guard_model import moderator_for
 from safety.policy import PolicyView
@@ -86,6 +87,9 @@ class Worker:
         )
         self.limits = LimitsView(settings.kafka_bootstrap, settings.namespace, "inference")
         self.policies = PolicyView(settings.kafka_bootstrap, settings.namespace, "inference")
+        self.tool_servers = ToolServersView(
+            settings.kafka_bootstrap, settings.namespace, "inference"
+        )
         # Output moderation runs beside generation, in this process (docs/decisions/0007-safety.md).
         moderator = (
             moderator_for(settings, workers=settings.moderation_workers)
@@ -93,7 +97,14 @@ class Worker:
             else None
         )
         self.runs = RunServer(
-            settings, engine, self.producer, self.controls, self.policies, moderator, self._down
+            settings,
+            engine,
+            self.producer,
+            self.controls,
+            self.policies,
+            moderator,
+            self._down,
+            self.tool_servers,
         )
         self.dispatch = Dispatch(
             settings, lambda tier: tier_cap(settings.slots, self.limits.tier(tier).slot_share)
@@ -204,6 +215,7 @@ class Worker:
         HEALTHY.labels(pool).set(1)
         await loop.run_in_executor(None, self.limits.start)
         await loop.run_in_executor(None, self.policies.start)
+        await loop.run_in_executor(None, self.tool_servers.start)
         background = [
             asyncio.create_task(self._watch_health()),
             asyncio.create_task(self._publish_status()),
@@ -271,6 +283,7 @@ class Worker:
                 task.cancel()
             self.limits.stop()
             self.policies.stop()
+            self.tool_servers.stop()
             await self.producer.close()
             self.controls.stop()
             await member.close()
