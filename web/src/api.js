@@ -191,8 +191,9 @@ export class Api {
     return this.call("POST", `/v1/chats/${chatId}/messages/${messageId}/feedback`, { rating });
   }
   /** A new message (parent: the answer it follows, null for a new first message; left out: the branch's end). */
-  send(chatId, content, signal, parent = undefined) {
+  send(chatId, content, signal, parent = undefined, tools = []) {
     const body = parent === undefined ? { content } : { content, parent_id: parent };
+    if (tools.length) body.tools = tools;
     return this.stream("POST", `/v1/chats/${chatId}/messages`, { body, signal });
   }
   share(chatId) {

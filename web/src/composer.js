@@ -24,6 +24,7 @@ import {
 import { newRun, toMessage } from "./run.js";
 import { applyPendingModel, showChatSettings } from "./settings.js";
 import { bumpChat, renderChats } from "./sidebar.js";
+import { chosen } from "./tools.js";
 import { $, actions, showTitle, state } from "./state.js";
 
 /**
@@ -114,15 +115,19 @@ export async function send(text, { parent = undefined } = {}) {
   $("#messages").querySelector(".empty")?.remove();
   $("#messages").append(mine);
   state.messages.push(local);
-  const run = await stream(chatId, (signal) => state.api.send(chatId, text, signal, parent), {
-    onRefused: (error) => {
-      mine.remove(); // nothing was answered: the text goes back to the box, to send again
-      state.messages = state.messages.filter((m) => m !== local);
-      if (!input.value) input.value = text;
-      fitComposer();
-      refusedBanner(error);
+  const run = await stream(
+    chatId,
+    (signal) => state.api.send(chatId, text, signal, parent, [...chosen]),
+    {
+      onRefused: (error) => {
+        mine.remove(); // nothing was answered: the text goes back to the box, to send again
+        state.messages = state.messages.filter((m) => m !== local);
+        if (!input.value) input.value = text;
+        fitComposer();
+        refusedBanner(error);
+      },
     },
-  });
+  );
   if (parent !== undefined && run?.runId) await readBranch(chatId, run.runId);
 }
 

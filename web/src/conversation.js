@@ -3,6 +3,7 @@ import DOMPurify from "dompurify";
 import { icon } from "./icons.js";
 import { toHtml } from "./markdown.js";
 import { announce, guarded, scrollToEnd, showBanner, stopLive } from "./page.js";
+import { sourcesList, toolsList } from "./provenance.js";
 import { fromMessage, isFinished } from "./run.js";
 import { showChatSettings } from "./settings.js";
 import { renderChats } from "./sidebar.js";
@@ -196,30 +197,6 @@ function memoriesLine(run) {
   );
 }
 
-/** The passages of the chat's documents the answer's context held, each one a disclosure showing its text:
- * the answer cites them as [n]. */
-function sourcesList(run) {
-  if (!run.sources?.length) return null;
-  const items = run.sources.map((s) =>
-    h(
-      "li",
-      {},
-      h(
-        "details",
-        {},
-        h("summary", {}, `[${s.n}] ${s.name}${s.place ? `, ${s.place}` : ""}`),
-        h("blockquote", { class: "passage" }, s.text),
-      ),
-    ),
-  );
-  return h(
-    "section",
-    { class: "sources", "aria-label": "Sources" },
-    h("p", { class: "sources-title" }, "Sources"),
-    h("ol", {}, ...items),
-  );
-}
-
 /** What ended an answer other than its own end: a refusal, a retraction, an error, a stop, the length limit. */
 export function notice(run) {
   const note = (kind, ...text) => h("p", { class: `notice ${kind}`, role: "note" }, ...text);
@@ -280,6 +257,7 @@ export function drawAnswer(el, run, message = null, last = false) {
     body,
     notice(run) || "",
     memoriesLine(run) || "",
+    toolsList(run) || "",
     sourcesList(run) || "",
     footer,
   );

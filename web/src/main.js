@@ -16,6 +16,7 @@ import {
 } from "./page.js";
 import { openSearch, wireSearch } from "./search.js";
 import { checkBudget, loadModels, wireSettings } from "./settings.js";
+import { loadTools, wireTools } from "./tools.js";
 import { loadChats, wireArchive } from "./sidebar.js";
 import { $, actions, chatOfPath, state, THEME_KEY } from "./state.js";
 
@@ -52,7 +53,7 @@ async function signIn(message = "") {
   $("#app").hidden = false;
   $("#who").textContent = `${state.me.name || state.me.user_id} · ${state.me.tier}`;
   $("#admin-link").hidden = state.me.role === "member";
-  await Promise.all([loadChats(), loadModels()]);
+  await Promise.all([loadChats(), loadModels(), loadTools()]);
   showPath({ push: false });
   checkBudget();
 }
@@ -85,6 +86,7 @@ function wire() {
   wireSettings();
   wireSearch();
   wireDocuments();
+  wireTools();
   const stored = localStorage.getItem(THEME_KEY);
   applyTheme(stored || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light"));
   $("#theme").addEventListener("click", toggleTheme);

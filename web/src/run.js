@@ -16,6 +16,7 @@ export function newRun(runId = null) {
     usage: null,
     memories: [], // the person's memories its context recalled
     sources: [], // the passages of the chat's documents its context held: {n, name, place, text}
+    tools: [], // its calls to registered tools: {call_id, name, arguments, status, content}; status running until answered
     moderation: null, // {action: "refused" | "retract", category, message}
     error: null, // {code, message}
     cursor: null, // the last applied event's id: a resume's Last-Event-ID
@@ -61,6 +62,24 @@ export function apply(run, { event, id, data }) {
       };
     case "run.started":
       return { ...next, status: "streaming", model: data.model ?? run.model };
+    case "tool.calls": {
+      const calls = data.tool_calls.map((c) => ({
+        call_id: c.id,
+        name: c.function.name,
+        arguments: c.function.arguments,
+        status: "running",
+        content: "",
+      }));
+      return { ...next, status: "streaming", tools: [...run.tools, ...calls] };
+    }
+    case "tool.result": {
+      const { run_id: _, ...use } = data;
+      const known = run.tools.some((t) => t.call_id === use.call_id);
+      const tools = known
+        ? run.tools.map((t) => (t.call_id === use.call_id ? use : t))
+        : [...run.tools, use];
+      return { ...next, tools };
+    }
     case "token":
       return { ...next, status: "streaming", text: run.text + data.delta };
     case "moderation":
@@ -107,6 +126,7 @@ export function fromMessage(message) {
     finishReason: reason,
     memories: message.memories || [],
     sources: message.sources || [],
+    tools: message.tools || [],
   };
   if (reason === "cancelled") return { ...base, status: "stopped" };
   if (reason === "content_filter" && !message.model) {
@@ -120,7 +140,8 @@ export function fromMessage(message) {
   if (reason === "content_filter") {
     return { ...base, status: "done", moderation: { action: "retract", message: null } };
   }
-  if (!reason || reason === "stop" || reason === "length") return { ...base, status: "done" };
+  if (!reason || ["stop", "length", "tool_calls"].includes(reason))
+    return { ...base, status: "done" };
   // A run the pipeline refused or that failed (over budget, over capacity, expired): the stored text says why.
   return { ...base, text: "", status: "error", error: { code: reason, message: message.content } };
 }
@@ -144,5 +165,6 @@ export function toMessage(run) {
     feedback: null,
     memories: run.memories,
     sources: run.sources,
+    tools: run.tools,
   };
 }

@@ -139,6 +139,7 @@ test("a finished live answer becomes the message it is stored as, and reads back
     feedback: null,
     memories: [],
     sources: [],
+    tools: [],
   });
   const [queued, ...rest] = started("r4", 0);
   const source = {
@@ -177,4 +178,44 @@ test("a finished live answer becomes the message it is stored as, and reads back
     ]),
   );
   assert.equal(failed.content, "No progress.");
+});
+
+test("a call to a registered tool shows running, then its result, and is stored with the answer", () => {
+  const call = {
+    id: "c1",
+    type: "function",
+    function: { name: "calc__add", arguments: '{"a":2}' },
+  };
+  const calls = { event: "tool.calls", id: "t:0:3", data: { run_id: "r5", tool_calls: [call] } };
+  const result = {
+    event: "tool.result",
+    id: "t:0:4",
+    data: {
+      run_id: "r5",
+      call_id: "c1",
+      name: "calc__add",
+      arguments: '{"a":2}',
+      status: "ok",
+      content: "5",
+      duration_ms: 12,
+    },
+  };
+  const running = play([...started("r5", 0), calls]);
+  assert.deepEqual(
+    running.tools.map((t) => t.status),
+    ["running"],
+  );
+  const done = play([
+    ...started("r5", 0),
+    calls,
+    result,
+    token("r5", 5, "It is 5."),
+    completed("r5", 6),
+  ]);
+  assert.deepEqual(
+    done.tools.map((t) => [t.name, t.status, t.content]),
+    [["calc__add", "ok", "5"]],
+  );
+  assert.equal(done.text, "It is 5.");
+  assert.deepEqual(fromMessage(toMessage(done)).tools, done.tools);
 });
