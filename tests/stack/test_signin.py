@@ -204,6 +204,7 @@ BODIES = {
     "LimitsPatch": {"max_concurrent": 1},
     "PolicyBody": {"version": "walked", "rules": []},
     "MemoryIn": {"content": "I walked here."},
+    "ToolServerIn": {"url": "http://127.0.0.1:9/mcp"},
 }
 
 
@@ -235,6 +236,7 @@ def test_every_route_answers_another_member_and_an_auditor_404_or_403_where_the_
         "memory_id": memory["id"],
         "rid": response["id"],
         "document_id": document["id"],
+        "name": "walked",  # a tool server's
         "user_id": owner,
         "tier": "free",
     }
