@@ -106,6 +106,7 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/search.py
 	$(PY) bench/openai_api.py
 	$(PY) bench/documents.py
+	$(PY) bench/mcp_tools.py
 
 lock: $(STAMP)       ## re-resolve the lock files from pyproject.toml (after changing a dependency)
 	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links --allow-unsafe --generate-hashes -o requirements.lock pyproject.toml

@@ -48,6 +48,12 @@ def lookup(code: Annotated[str, Field(pattern="[A-Z]+")]) -> str:
 
 
 @server.tool()
+def echo(size: int) -> str:
+    """A text of the size asked for (the benchmark's large result)."""
+    return "x" * max(0, min(size, 1 << 20))
+
+
+@server.tool()
 def fail() -> str:
     """A tool that always fails."""
     raise ValueError("broken on purpose")
