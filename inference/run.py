@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Message
 
@@ -232,7 +232,10 @@ class RunServer:
             if (
                 steps and waiting
             ):  # the calls the answer asked for, then generation with their results
-                made = await steps.call(waiting)
+                made = await steps.call(waiting, flight.stop)
+                if made is None:  # cancelled (or handed off) while its tools ran
+                    outcome = replace(outcome or Outcome(), finish_reason="cancelled")
+                    break
                 for use in made:
                     seq += 1
                     spent = prior.tokens + (outcome.completion_tokens if outcome else 0)

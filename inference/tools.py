@@ -55,9 +55,19 @@ class ToolSteps:
         self.tier, self.run_id = tier, run_id
         self.made = made  # calls made so far (a run taken over counts its predecessor's)
 
-    async def call(self, calls: list[dict[str, Any]]) -> list[ToolUse]:
-        """Make the calls (side by side), each answered within its server's limits; never raises."""
-        return list(await asyncio.gather(*(self._one(c) for c in calls)))
+    async def call(self, calls: list[dict[str, Any]], stop: asyncio.Event) -> list[ToolUse] | None:
+        """Make the calls (side by side), each answered within its server's limits; None when the run is
+        stopped (cancelled, handed off) first: a call in flight is abandoned, not waited for."""
+        work: asyncio.Future[list[ToolUse]] = asyncio.ensure_future(
+            asyncio.gather(*(self._one(c) for c in calls))
+        )
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([work, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not work.done():
+            work.cancel()
+            return None
+        return list(work.result())
 
     async def _one(self, made: dict[str, Any]) -> ToolUse:
         name, arguments = made["function"]["name"], made["function"]["arguments"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -100,3 +101,31 @@ def test_after_its_calls_a_run_may_call_again_until_its_limit_then_must_answer_i
     assert "response_format" not in second.options and second.messages == [{"role": "tool"}]
     steps.made = 2
     assert steps.next_request(second, [], 5).options["tool_choice"] == "none"
+
+
+class Servers:
+    def __init__(self, row: dict) -> None:
+        self.row = row
+
+    def server(self, name: str) -> dict | None:
+        return self.row if name == self.row["name"] else None
+
+
+def test_a_run_stopped_while_its_tool_runs_abandons_the_call_and_unoffered_tools_are_never_called(endpoint):
+    hang = {"type": "function", "function": {"name": "calc__hang", "parameters": {"type": "object"}}}
+    generation = {"tools": json.dumps([hang]), "tool_choice": "required", "server_tools": True}
+    steps = ToolSteps(Servers(row(endpoint, timeout_s=30)), None, 8, generation, "pro", "r1")  # type: ignore[arg-type]
+
+    async def stopped_after(seconds: float, calls: list[dict]):
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(seconds, stop.set)
+        started = time.perf_counter()
+        made = await steps.call(calls, stop)
+        return made, time.perf_counter() - started
+
+    call = {"id": "c1", "type": "function", "function": {"name": "calc__hang", "arguments": "{}"}}
+    made, took = asyncio.run(stopped_after(0.3, [call]))
+    assert made is None and took < 2  # not the 30 s the call may take
+    other = {**call, "function": {"name": "calc__add", "arguments": '{"a": 1, "b": 2}'}}  # not offered to the run
+    made, _ = asyncio.run(stopped_after(30, [other]))
+    assert [(u["status"], u["name"]) for u in made] == [("unavailable", "calc__add")]
