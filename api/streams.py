@@ -199,16 +199,17 @@ async def sse_stream(
     that event, finds the run over)."""
     accepted = time.perf_counter()
     first_token = live
-    # the run's engine has started it: a `queued` record after that is news of nothing
-    begun = False
+    # The scheduler sends `queued` beside the run itself: rarely it lands after the run's start, and is shown
+    # then (it names the pool and any degradation); a second one (read again after a resume) is not.
+    told_queued = False
     STREAMS.inc()
     try:
         async for reply in replies:
-            if reply.kind == "queued" and begun:
-                continue  # the scheduler sends `queued` beside the run itself: rarely, it lands after the start
+            if reply.kind == "queued" and told_queued:
+                continue
+            told_queued = told_queued or reply.kind == "queued"
             if reply.kind == "delta" and not kept(reply.delta):
                 continue  # a keepalive while the prompt is prefilled: it has reset the no-progress timeout
-            begun = begun or reply.kind in ("started", "delta")
             if reply.kind == "delta" and first_token:
                 EDGE_TTFT.observe(time.perf_counter() - accepted)
                 first_token = False

@@ -296,7 +296,7 @@ async def on_moderated(moderated: PromptModerated, deps: Deps) -> None:
     )
     if tell:
         # Both at once: one wait for the broker's acks instead of two in a row. `queued` is sent first and
-        # nearly always lands first; one that lands after the run's first record is not shown (api/answers.py).
+        # nearly always lands first; one that lands after the run's first record is still shown (api/streams.py).
         told = deps.publish(
             TOKEN_DELTA, queued(run, placement.wait_s), partition=prompt["reply_partition"]
         )

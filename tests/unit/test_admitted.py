@@ -60,9 +60,10 @@ def test_a_refusal_after_the_stream_started_ends_it_as_an_error_with_its_retry_a
     assert "retry_after_s" not in json.loads(final["data"])  # retrying cannot help: no time is given
 
 
-async def test_a_queued_record_that_lands_after_the_run_started_is_not_shown():
-    """The scheduler sends `queued` beside the run itself (processors/schedule_run.py): one that lands after the
-    engine's first record says nothing new and is dropped; one before the start, after a slow decision, is shown."""
+async def test_a_queued_record_is_shown_once_even_when_it_lands_after_the_run_started():
+    """The scheduler sends `queued` beside the run itself (processors/schedule_run.py): one before the start is
+    shown, a second one is dropped; a lone one that lands after the engine's first record is still shown, since
+    it names the pool the run was degraded to (CI at 882a68c lost one that way)."""
     from api.streams import sse_stream
 
     run = {"run_id": "r1", "chat_id": "c1", "model": "m"}
@@ -79,6 +80,16 @@ async def test_a_queued_record_that_lands_after_the_run_started_is_not_shown():
 
     events = [e["event"] async for e in sse_stream(deps(5.0), "r1", replies(), live=False)]
     assert events == ["run.accepted", "run.queued", "run.started", "token", "run.completed"]
+
+    async def late():
+        yield Reply("t:0:1", "started", run)
+        yield Reply("t:0:2", "delta", {**run, "text": "Hi"})
+        yield Reply("t:0:3", "queued", {**queued, "pool": "small", "degraded_from": "large"})
+        yield Reply("t:0:4", "completed", {**run, "usage": usage, "finish_reason": "stop"})
+
+    shown = [e async for e in sse_stream(deps(5.0), "r1", late(), live=False)]
+    assert [e["event"] for e in shown] == ["run.started", "token", "run.queued", "run.completed"]
+    assert json.loads(shown[2]["data"])["degraded_from"] == "large"
 
 
 async def test_a_keepalive_while_the_prompt_is_prefilled_is_not_shown():
