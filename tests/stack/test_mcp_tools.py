@@ -121,13 +121,16 @@ def test_the_app_picks_a_tool_and_shows_its_call_and_result(live, registered, ch
     assert_clean(page, "the tools picker open")
     page.click("#tools-button")
     send(page, "What is the weather in Paris?")
-    assert answer_when(page, finished)["status"] == "done"
+    answered = answer_when(page, finished)
+    assert answered["status"] == "done"
     page.wait_for_selector(".msg.assistant .tools summary", timeout=10_000)
     summary = page.text_content(".msg.assistant .tools li:first-child summary")
     assert summary.startswith("kit__weather(") and summary.endswith(": ok"), summary
     page.click(".msg.assistant .tools li:first-child summary")
     assert "light rain" in page.text_content(".msg.assistant .tools details[open] .tool-result")
     assert_clean(page, "an answer with its tool call open")
+    shown = parley(live, "runs", "show", answered["run"], "--no-stored").stdout  # the app's call, on the log
+    assert "tool calls kit__weather(" in shown and "tool kit__weather ok" in shown, shown
     page.reload()  # stored with the answer
     page.wait_for_selector(".msg.assistant .tools summary:has-text('kit__weather')", timeout=20_000)
     shot(page, "tools")
