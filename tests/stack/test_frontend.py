@@ -170,7 +170,8 @@ def user(live):
 def test_a_message_streams_into_a_new_chat_as_it_is_written(live, chromium, user):
     name, token, client = user
     page = open_app(chromium, live, token)
-    assert page.is_visible(".empty") and page.inner_text("#who").startswith(name)
+    page.wait_for_selector(".empty", timeout=10_000)  # drawn once the chat list and models are read
+    assert page.inner_text("#who").startswith(name)
     send(page, LONG)
     lengths, mid_shot = [], False
     while not finished(a := answer(page) or {"status": "", "text": ""}):

@@ -53,7 +53,8 @@ async function signIn(message = "") {
   $("#app").hidden = false;
   $("#who").textContent = `${state.me.name || state.me.user_id} · ${state.me.tier}`;
   $("#admin-link").hidden = state.me.role === "member";
-  await Promise.all([loadChats(), loadModels(), loadTools()]);
+  loadTools(); // the picker's options: nothing else waits for them
+  await Promise.all([loadChats(), loadModels()]);
   showPath({ push: false });
   checkBudget();
 }
