@@ -73,7 +73,7 @@ class ToolSteps:
         name, arguments = made["function"]["name"], made["function"]["arguments"]
         self.made += 1
         where = mcp.split(name)
-        server = self.servers.server(where[0]) if where else None
+        server = self.servers.get(where[0]) if where else None
         if name not in self.offered or where is None:
             result = mcp.Result("unavailable", f"There is no tool {name} for this conversation.")
         elif server is None:
@@ -139,11 +139,9 @@ def merged(before: Outcome | None, step: Outcome | None) -> Outcome | None:
 
 def pending(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The calls of the last step a predecessor published whose results it did not (it died between)."""
-    if not steps or steps[-1]["role"] != "assistant":
-        answered: set[str] = set()
-        for message in reversed(steps):
-            if message["role"] == "assistant":
-                return [c for c in message["tool_calls"] if c["id"] not in answered]
-            answered.add(message["tool_call_id"])
-        return []
-    return list(steps[-1]["tool_calls"])
+    answered: set[str] = set()
+    for message in reversed(steps):
+        if message["role"] == "assistant":
+            return [c for c in message["tool_calls"] if c["id"] not in answered]
+        answered.add(message["tool_call_id"])
+    return []

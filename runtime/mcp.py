@@ -26,7 +26,6 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from runtime.tables import TopicTable
-from topics.codec import Event
 from topics.pipeline import TOOL_SERVERS
 
 log = logging.getLogger(__name__)
@@ -170,9 +169,6 @@ class ToolServersView(TopicTable):
             if role in row["roles"]
             for tool in qualify(name, row)
         ]
-
-    def server(self, name: str) -> Event | None:
-        return self.get(name)
 
 
 def qualify(server: str, row: Mapping[str, Any]) -> list[dict[str, Any]]:

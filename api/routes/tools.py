@@ -83,16 +83,20 @@ class ToolList(BaseModel):
     data: list[ToolOut]
 
 
+def tool_out(tool: Mapping[str, Any]) -> ToolOut:
+    """A tool as offered (qualified, runtime/mcp.py), with the server it is called on."""
+    function = tool["function"]
+    where = mcp.split(function["name"])
+    return ToolOut(
+        name=function["name"],
+        server=where[0] if where else "",
+        description=function.get("description", ""),
+        parameters=function.get("parameters") or {},
+    )
+
+
 def tools_of(name: str, row: Mapping[str, Any]) -> list[ToolOut]:
-    return [
-        ToolOut(
-            name=t["function"]["name"],
-            server=name,
-            description=t["function"].get("description", ""),
-            parameters=t["function"].get("parameters") or {},
-        )
-        for t in mcp.qualify(name, row)
-    ]
+    return [tool_out(t) for t in mcp.qualify(name, row)]
 
 
 def server_out(row: Mapping[str, Any]) -> ToolServerOut:
@@ -112,14 +116,7 @@ def server_out(row: Mapping[str, Any]) -> ToolServerOut:
 @router.get("/tools")
 async def my_tools(view: ToolServersDep, user: CurrentUser) -> ToolList:
     """The tools offered to you: pick some for a message (`tools` on POST .../messages)."""
-    return ToolList(
-        data=[
-            t
-            for name, row in sorted(view.rows().items())
-            if user.role in row["roles"]
-            for t in tools_of(name, row)
-        ]  # fmt: skip
-    )
+    return ToolList(data=[tool_out(t) for t in view.offered(user.role)])
 
 
 @router.get("/admin/tool-servers")

@@ -107,7 +107,7 @@ class Servers:
     def __init__(self, row: dict) -> None:
         self.row = row
 
-    def server(self, name: str) -> dict | None:
+    def get(self, name: str) -> dict | None:
         return self.row if name == self.row["name"] else None
 
 
