@@ -10,7 +10,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+)
 
 from runtime import tracing
 from topics import codec
@@ -92,16 +99,20 @@ def ensure_topics(
     bootstrap: str, namespace: str, layout: Layout, topics: tuple[Topic[Any], ...] = TOPICS
 ) -> list[str]:
     """Create every pipeline topic and its dead-letter topic if missing, with the layout's partitions and
-    replication; returns the names created."""
+    replication, and give the existing ones the layout's retention (a period changed in the settings applies to
+    the records already in the log); returns the names created."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=10).topics)
     wanted: list[NewTopic] = []
+    periods: dict[str, str] = {}
     for topic in topics:
         for name, parts, config in (
             (named(topic, namespace), layout.partitions(topic), layout.config(topic)),
             (dead_letter_name(topic, namespace), 1, layout.config()),
         ):
-            if name not in existing:
+            if name in existing and "retention.ms" in config:
+                periods[name] = config["retention.ms"]
+            elif name not in existing:
                 wanted.append(
                     NewTopic(
                         name,
@@ -119,7 +130,39 @@ def ensure_topics(
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
     led(admin, [t.topic for t in wanted])
+    align_retention(admin, periods)
     return created
+
+
+def align_retention(admin: AdminClient, periods: dict[str, str]) -> list[str]:
+    """Set retention.ms on each named topic whose own differs; returns the names changed. The broker then
+    deletes a closed segment once its newest record is older than the period (docs/privacy.md)."""
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in periods]
+    if not resources:
+        return []
+    changed = []
+    for resource, future in admin.describe_configs(resources).items():
+        entry = future.result(timeout=30).get("retention.ms")
+        if entry is None or entry.value != periods[resource.name]:
+            changed.append(resource.name)
+    alter = [
+        ConfigResource(
+            ConfigResource.Type.TOPIC,
+            name,
+            incremental_configs=[
+                ConfigEntry(
+                    "retention.ms",
+                    periods[name],
+                    incremental_operation=AlterConfigOpType.SET,
+                )
+            ],
+        )
+        for name in changed
+    ]
+    for resource, future in admin.incremental_alter_configs(alter).items() if alter else ():
+        future.result(timeout=30)
+        log.info("%s: retention.ms %s", resource.name, periods[resource.name])
+    return changed
 
 
 def delete_topics(bootstrap: str, namespace: str) -> list[str]:

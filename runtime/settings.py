@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from topics.pipeline import Layout
+from topics.pipeline import KEPT, Layout
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +86,37 @@ DEFAULT_POOLS = {
 }
 
 
+DAY_S = 86_400
+
+
+@dataclass(frozen=True)
+class Periods:
+    """How long each kind of data is kept, in days (0: until it is deleted): the one set of periods the log, the
+    Cassandra tables and the ClickHouse tables apply (docs/privacy.md). Chats have their own setting and sweep
+    (`PARLEY_MAX_CHAT_AGE_DAYS`, api/retention.py): their age counts from their last use, not their writing."""
+
+    events: float = (
+        30  # a run's events in the log: prompts, moderation, answers, commands, dead letters
+    )
+    stream: float = (
+        7  # the reply stream's token deltas in the log (the whole answer is in the events)
+    )
+    usage: float = 400  # usage rows and their rollups
+    safety: float = 90  # safety decisions
+    audit: float = 400  # the audit record, in the log and its table
+    evals: float = 180  # eval results
+    responses: float = 30  # stored Responses API responses
+
+    def seconds(self, kind: str) -> int:
+        """The period in whole seconds (0: kept until deleted)."""
+        days: float = getattr(self, kind)
+        return max(1, round(days * DAY_S)) if days else 0
+
+    def kafka_ms(self, kind: str) -> int:
+        """The period as a topic's retention.ms (-1: kept until deleted)."""
+        return self.seconds(kind) * 1000 or -1
+
+
 @dataclass(frozen=True)
 class CassandraSettings:
     """Where Cassandra is and how many copies of a row must answer: what storage/ connects with."""
@@ -99,6 +130,7 @@ class CassandraSettings:
     serial_consistency: str  # lightweight transactions (IF ...)
     username: str = ""  # password authentication, when the cluster requires it
     password: str = field(default="", repr=False)
+    periods: Periods = Periods()  # the TTLs of its tables that expire by age (storage/schema.py)
 
 
 class StackSettings(BaseSettings):
@@ -155,6 +187,15 @@ class StackSettings(BaseSettings):
         SecretStr(""), description="Its password: set it from a secret."
     )
     pools: dict[str, Pool] = Field(default_factory=lambda: dict(DEFAULT_POOLS))
+    # How long each kind of data is kept, in days; 0: until deleted (Periods, docs/privacy.md). At most 20 years:
+    # Cassandra's longest TTL.
+    retain_events_days: float = Field(30, ge=0, le=7300, description="A run's events in the log.")
+    retain_stream_days: float = Field(7, ge=0, le=7300, description="Token deltas.")
+    retain_usage_days: float = Field(400, ge=0, le=7300, description="Usage rows, rollups.")
+    retain_safety_days: float = Field(90, ge=0, le=7300, description="Safety decisions.")
+    retain_audit_days: float = Field(400, ge=0, le=7300, description="The audit record.")
+    retain_evals_days: float = Field(180, ge=0, le=7300, description="Eval results.")
+    retain_responses_days: float = Field(30, ge=0, le=7300, description="Stored responses.")
     # Documents attached to a chat (docs/decisions/0027-documents-in-a-chat.md): the edge refuses a larger
     # file, the memory stage one with more pages (slides, sheets) and cuts the text into passages this long.
     document_max_mib: int = 20
@@ -190,12 +231,20 @@ class StackSettings(BaseSettings):
         )
 
     @property
+    def periods(self) -> Periods:
+        return Periods(
+            **{kind: getattr(self, f"retain_{kind}_days") for kind in Periods.__dataclass_fields__}
+        )
+
+    @property
     def layout(self) -> Layout:
+        periods = self.periods
         return Layout(
             self.chat_partitions,
             self.reply_partitions,
             self.kafka_replication_factor,
             self.kafka_min_insync_replicas,
+            retention_ms=tuple((k, periods.kafka_ms(k)) for k in KEPT),
         )
 
     @property
@@ -210,6 +259,7 @@ class StackSettings(BaseSettings):
             serial_consistency=self.cassandra_serial_consistency,
             username=self.cassandra_username,
             password=self.cassandra_password.get_secret_value(),
+            periods=self.periods,
         )
 
     @property

@@ -1,6 +1,7 @@
 """The audit log in ClickHouse: one row per audit event (api/audit.py), written by the metering stage.
 
-Rows are never expired by the table (no TTL: the audit record outlives every conversation) and a redelivered
+Rows expire after the audit period (PARLEY_RETAIN_AUDIT_DAYS, 400 by default: the audit record outlives every
+conversation; storage/usage.py EXPIRING) and a redelivered
 event replaces its own row (ReplacingMergeTree on the event's id), so a batch written twice after a crash is
 still one row per event. Only the owner and auditors read it, through the edge (GET /v1/admin/audit).
 """

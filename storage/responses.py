@@ -16,13 +16,11 @@ from cassandra.cluster import Session
 from storage.ids import utc
 from storage.session import Store, create_tables
 
-TTL_S = 30 * 86_400
 SCHEMA = (
     # messages: the conversation the run was given (ChatMessage JSON); request: the settings a response shows
-    f"""CREATE TABLE IF NOT EXISTS {{ks}}.responses (
+    """CREATE TABLE IF NOT EXISTS {ks}.responses (
          response_id uuid PRIMARY KEY, user_id text, conversation uuid, reply_partition int, model text,
-         messages text, request text, background boolean, created_at timestamp)
-         WITH default_time_to_live = {TTL_S}""",
+         messages text, request text, background boolean, created_at timestamp)""",
 )
 
 

@@ -55,6 +55,33 @@ STORES = (
 )
 
 
+# The tables whose rows expire a period after they are written (runtime/settings.py Periods): the migration
+# gives each the period as its default_time_to_live. A changed period applies to rows written after the change;
+# a row keeps the TTL it was written with (docs/privacy.md).
+EXPIRING = {"safety_decisions": "safety", "responses": "responses"}
+
+
+def expire_by_period(session: Session, settings: CassandraSettings) -> dict[str, int]:
+    """Give each expiring table its period where its TTL differs; returns {table: seconds} of those changed."""
+    changed = {}
+    for table, kind in EXPIRING.items():
+        wanted = settings.periods.seconds(kind)
+        row = session.execute(
+            "SELECT default_time_to_live FROM system_schema.tables "
+            "WHERE keyspace_name = %s AND table_name = %s",
+            (settings.keyspace, table),
+            timeout=60,
+        ).one()
+        if row.default_time_to_live != wanted:
+            session.execute(
+                f"ALTER TABLE {settings.keyspace}.{table} WITH default_time_to_live = {wanted}",
+                timeout=60,
+            )
+            changed[table] = wanted
+            log.info("cassandra: %s rows now expire %d s after they are written", table, wanted)
+    return changed
+
+
 def migrate(settings: CassandraSettings) -> None:
     session = connect_session(settings)
     try:
@@ -64,6 +91,7 @@ def migrate(settings: CassandraSettings) -> None:
         agree(session)
         for store in STORES:
             store.create_schema(session, settings.keyspace)
+        expire_by_period(session, settings)
         agree(session)
     finally:
         session.cluster.shutdown()

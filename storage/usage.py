@@ -9,11 +9,12 @@ Design: docs/decisions/0009-usage-metering.md.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from runtime.settings import StackSettings
+from runtime.settings import Periods, StackSettings
 from storage import audit, search
 from storage.clickhouse import Backend, ChdbBackend, ServerBackend, in_buckets, iso, moment, quote
 from storage.usage_report import LATENCIES, QUANTILES, Report
@@ -160,24 +161,73 @@ def ddl(db: str) -> list[str]:
     return statements
 
 
+# The tables whose rows expire a period after their time (runtime/settings.py Periods): (table, its time as a
+# DateTime, the period). A rollup's time is its bucket's end, when its newest run may have been. ClickHouse drops
+# an expired row when it merges the row's part, so a row can still be read for a while after its period
+# (docs/privacy.md).
+EXPIRING = (
+    ("usage", "toDateTime(created_at)", "usage"),
+    ("usage_hourly", "hour + INTERVAL 1 HOUR", "usage"),
+    ("usage_daily_user", "toDateTime(day) + INTERVAL 1 DAY", "usage"),
+    ("eval_results", "toDateTime(at)", "evals"),
+    ("audit_log", "toDateTime(at)", "audit"),
+)
+
+
+def ttl_seconds(engine_full: str) -> int:
+    """A table's TTL period as this module writes it, from system.tables' engine_full (0: none) (pure)."""
+    found = re.search(r"\bTTL\b.*toIntervalSecond\((\d+)\)", engine_full)
+    return int(found.group(1)) if found else 0
+
+
+def expire_by_period(backend: Backend, db: str, periods: Periods) -> dict[str, int]:
+    """Give each expiring table its period where its TTL differs (ClickHouse then rewrites the table's parts
+    to apply it to the rows already there); returns {table: seconds} of those changed."""
+    tables = backend.query(
+        f"SELECT name, engine_full FROM system.tables WHERE database = {quote(db)}"
+    )
+    current = {t["name"]: ttl_seconds(t["engine_full"]) for t in tables}
+    changed = {}
+    for table, at, kind in EXPIRING:
+        wanted = periods.seconds(kind)
+        if current.get(table, 0) == wanted:
+            continue
+        backend.command(
+            f"ALTER TABLE {db}.{table} "
+            + (f"MODIFY TTL {at} + INTERVAL {wanted} SECOND" if wanted else "REMOVE TTL")
+        )
+        changed[table] = wanted
+    return changed
+
+
 class UsageStore:
-    def __init__(self, backend: Backend, database: str, create: bool = False) -> None:
+    def __init__(
+        self, backend: Backend, database: str, create: bool = False, periods: Periods | None = None
+    ) -> None:
         self.backend = backend
         self.db = database
         if create:
             for statement in ddl(database):
                 backend.command(statement)
+            expire_by_period(backend, database, periods or Periods())
 
     @classmethod
     def open(
-        cls, url: str, database: str, user: str = "", password: str = "", create: bool = False
+        cls,
+        url: str,
+        database: str,
+        user: str = "",
+        password: str = "",
+        create: bool = False,
+        periods: Periods | None = None,
     ) -> UsageStore:
         """`chdb:///path/to/dir` for the embedded engine, `http://host:8123` for a server. A server's tables are
         made by the migration (`create`, storage/schema.py), never by a stage at start-up; the embedded engine is
         opened by one process only, so that process makes its own."""
         if url.startswith("chdb://"):
-            return cls(ChdbBackend(Path(url.removeprefix("chdb://"))), database, create=True)
-        return cls(ServerBackend(url, user, password), database, create=create)
+            backend: Backend = ChdbBackend(Path(url.removeprefix("chdb://")))
+            return cls(backend, database, create=True, periods=periods)
+        return cls(ServerBackend(url, user, password), database, create, periods)
 
     def write(self, rows: Iterable[dict[str, Any]]) -> int:
         """Insert the rows of runs not stored yet (the last of a run's rows in the batch wins); returns how many.
@@ -309,5 +359,10 @@ def open_usage(settings: StackSettings, create: bool = False) -> UsageStore:
     """The usage store the settings name (PARLEY_USAGE_TARGET: chdb:///dir or a server's URL)."""
     password = settings.usage_password.get_secret_value()
     return UsageStore.open(
-        settings.usage_target, settings.usage_db, settings.usage_user, password, create=create
+        settings.usage_target,
+        settings.usage_db,
+        settings.usage_user,
+        password,
+        create,
+        settings.periods,
     )

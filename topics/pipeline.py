@@ -19,12 +19,16 @@ CHAT = "chat"
 REPLY = "reply"
 SINGLE = "single"
 
-# How long the log keeps each kind of topic (docs/decisions/0014-topic-replay-and-evals.md): the event history
-# is what `parley runs show`, `parley replay` and `parley export` read, so a conversation's events are kept 30
-# days; the reply stream's deltas (bulky, and the answer is whole in RunCompleted) and run commands 7 days;
-# tables are compacted (the latest record per key, forever); pool status an hour.
-EVENTS = (("retention.ms", str(30 * 86_400_000)),)
-STREAM = (("retention.ms", str(7 * 86_400_000)),)
+# How long the log keeps each kind of topic: a period of the settings (runtime/settings.py Periods, the same
+# periods the tables apply; docs/privacy.md). A conversation's events (what `parley runs show`, `parley replay`
+# and `parley export` read, docs/decisions/0014-topic-replay-and-evals.md) 30 days by default; the reply
+# stream's deltas (bulky, and the answer is whole in RunCompleted) 7; the audit record 400.
+# Tables are compacted (the latest record per key, until its key is deleted); pool status an hour.
+EVENTS = "events"
+STREAM = "stream"
+AUDIT_KEPT = "audit"
+KEPT = (EVENTS, STREAM, AUDIT_KEPT)
+DAY_MS = 86_400_000
 
 
 E = TypeVar("E")  # a topic's event type (topics/events.py)
@@ -43,6 +47,9 @@ class Topic(Generic[E]):
     scale: str  # CHAT | REPLY | SINGLE
     key: str  # "chat_id", "reply_partition", or the row key of a table topic
     config: tuple[tuple[str, str], ...] = ()  # broker topic settings (a table topic is compacted)
+    kept: str = (
+        ""  # the period its records are kept (KEPT; Layout.retention_ms); "": its config says
+    )
     # Stages that tail a stream topic's newest records outside any consumer group (no offsets, no lag to scale
     # on): the placement view reads the scheduled runs every scheduler replica places.
     readers: tuple[str, ...] = ()
@@ -68,17 +75,26 @@ class Layout:
     reply_partitions: int = 32
     replication_factor: int = 3
     min_insync_replicas: int = 2
+    # retention.ms of each period (KEPT); the settings' periods (runtime/settings.py), these their defaults
+    retention_ms: tuple[tuple[str, int], ...] = (
+        (EVENTS, 30 * DAY_MS),
+        (STREAM, 7 * DAY_MS),
+        (AUDIT_KEPT, 400 * DAY_MS),
+    )
 
     def partitions(self, topic: Topic[Any]) -> int:
         return {CHAT: self.chat_partitions, REPLY: self.reply_partitions}.get(topic.scale, 1)
 
     def config(self, topic: Topic[Any] | None = None) -> dict[str, str]:
-        """Broker settings of a topic (None: a dead-letter topic): durability first, then the topic's own."""
+        """Broker settings of a topic (None: a dead-letter topic, whose poison records are a run's events):
+        durability first, then its period, then the topic's own."""
         durable = {
             "min.insync.replicas": str(self.min_insync_replicas),
             "unclean.leader.election.enable": "false",
         }
-        return {**durable, **dict(topic.config if topic else ())}
+        kept = topic.kept if topic else EVENTS
+        period = {"retention.ms": str(dict(self.retention_ms)[kept])} if kept else {}
+        return {**durable, **period, **dict(topic.config if topic else ())}
 
 
 PROMPT_ACCEPTED = Topic(
@@ -88,7 +104,7 @@ PROMPT_ACCEPTED = Topic(
     ("moderation", "persistence"),
     CHAT,
     "chat_id",
-    EVENTS,
+    kept=EVENTS,
 )
 PROMPT_MODERATED = Topic(
     "chat.prompt-moderated.v1",
@@ -97,7 +113,7 @@ PROMPT_MODERATED = Topic(
     ("scheduling", "persistence"),
     CHAT,
     "chat_id",
-    EVENTS,
+    kept=EVENTS,
 )
 # Model pools: each has its own scheduled-runs topic, read by that pool's inference consumers as one group.
 # Keyed by chat_id, so every turn of a chat lands on the partition (and so the consumer and engine) that
@@ -114,7 +130,7 @@ def _scheduled(pool: str) -> Topic[events.RunScheduled]:
         ("inference",),
         CHAT,
         "chat_id",
-        EVENTS,
+        kept=EVENTS,
         readers=(
             "scheduling",
             "api",
@@ -130,7 +146,7 @@ RUN_REJECTED = Topic(
     ("api", "persistence", "metering"),
     REPLY,
     "reply_partition",
-    EVENTS,  # how a run ended: history, not stream
+    kept=EVENTS,  # how a run ended: history, not stream
 )
 # A run's reply stream: written by the inference consumer serving it, and opened by the scheduler's `queued`
 # record (the admission the edge waits for before it starts the SSE stream).
@@ -141,7 +157,7 @@ TOKEN_DELTA = Topic(
     ("api",),
     REPLY,
     "reply_partition",
-    STREAM,
+    kept=STREAM,
 )
 RUN_COMPLETED = Topic(
     "chat.run-completed.v1",
@@ -150,7 +166,7 @@ RUN_COMPLETED = Topic(
     ("persistence", "metering", "scheduling", "memory"),
     CHAT,
     "chat_id",
-    EVENTS,
+    kept=EVENTS,
 )
 # Edits, deletes and context resets of a chat's messages, and deleted chats: for the memory stage (which
 # re-embeds, forgets and summarises again), for persistence (which erases a deleted chat's messages) and for
@@ -164,7 +180,7 @@ MEMORY_CHANGED = Topic(
     ("memory", "persistence", "metering"),
     CHAT,
     "chat_id",
-    EVENTS,
+    kept=EVENTS,
 )
 # Thumbs up/down on answers, from the chat frontend: kept in the log for evals, shown on the stored answer.
 FEEDBACK = Topic(
@@ -174,7 +190,7 @@ FEEDBACK = Topic(
     ("persistence",),
     CHAT,
     "chat_id",
-    EVENTS,
+    kept=EVENTS,
 )
 # Commands to a running run (cancel). Every inference consumer reads all of it (no group): control events
 # are rare, and only the consumer holding the run acts (docs/decisions/0004-cancel-and-openai-route.md).
@@ -185,7 +201,7 @@ RUN_CONTROL = Topic(
     ("inference",),
     CHAT,
     "chat_id",
-    EVENTS,
+    kept=EVENTS,
 )
 
 # Tables: small keyed topics every replica reads whole and keeps in memory (latest record per key).
@@ -230,7 +246,7 @@ OUTPUT_MODERATED = Topic(
     ("persistence",),
     CHAT,
     "chat_id",
-    EVENTS,
+    kept=EVENTS,
 )
 # Each inference consumer's load, every quarter second: what the scheduler's bounded queues and the edge's
 # shedding at the door are measured by.
@@ -245,8 +261,8 @@ POOL_STATUS = Topic(
 )
 
 # The audit record: every admin action and every read of another person's data, written by the edge before it
-# answers (api/audit.py) and kept by the metering stage in ClickHouse. The log keeps it 400 days, longer than any
-# conversation's events.
+# answers (api/audit.py) and kept by the metering stage in ClickHouse, both for the audit period (by default 400
+# days, longer than any conversation's events).
 AUDIT = Topic(
     "admin.audit.v1",
     events.AuditEvent,
@@ -254,7 +270,7 @@ AUDIT = Topic(
     ("metering",),
     CHAT,
     "actor",
-    (("retention.ms", str(400 * 86_400_000)),),
+    kept=AUDIT_KEPT,
 )
 
 TOPICS: tuple[Topic[Any], ...] = (

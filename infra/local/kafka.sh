@@ -79,6 +79,9 @@ controlled.shutdown.enable=true
 
 # test/dev friendliness
 group.initial.rebalance.delay.ms=0
+# How often the broker deletes the segments past their topic's retention (default 5 minutes): locally every 10 s,
+# so a test sees a period end (tests/stack/test_periods.py).
+log.retention.check.interval.ms=10000
 auto.create.topics.enable=true
 delete.topic.enable=true
 num.network.threads=2

@@ -212,6 +212,10 @@ def test_the_migration_runs_before_the_processes_and_secrets_are_referenced_not_
                 for key in ("PARLEY_JWT_SECRET", "PARLEY_USAGE_PASSWORD", "PARLEY_INTERNAL_TOKEN"):
                     assert env[key]["valueFrom"]["secretKeyRef"]["name"] in secrets, (values, key)
                     assert "value" not in env[key]
+        # the periods the migration applies to topics and tables, and every process reads (docs/privacy.md)
+        env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert (env["PARLEY_RETAIN_EVENTS_DAYS"], env["PARLEY_RETAIN_SAFETY_DAYS"]) == ("30", "90"), values
+        assert "PARLEY_MAX_CHAT_AGE_DAYS" not in env  # chats kept until deleted unless the values say
     assert len(of_kind("cpu-demo", "NetworkPolicy")) >= 3
 
 

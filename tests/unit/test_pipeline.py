@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from runtime.settings import Periods, StackSettings
 from topics import codec, pipeline
 from topics.pipeline import (
+    AUDIT,
     CHAT,
     LIMITS,
+    POOL_STATUS,
     PROMPT_ACCEPTED,
     REPLY,
     RUN_COMPLETED,
     RUN_SCHEDULED,
     SINGLE,
     STAGES,
+    TOKEN_DELTA,
     TOPICS,
     Layout,
     UndeclaredConsume,
@@ -204,3 +208,22 @@ def test_keyspace_replication_is_one_count_per_datacenter_from_settings():
     }
     two_dcs = StackSettings(cassandra_replication={"eu": 3, "us": 2}, cassandra_hosts="a, b").cassandra
     assert replication(two_dcs)["eu"] == "3" and replication(two_dcs)["us"] == "2" and two_dcs.hosts == ("a", "b")
+
+
+def test_every_topic_but_tables_and_pool_status_is_kept_for_a_period_of_the_settings():
+    """The log's retention comes from the settings' periods (docs/privacy.md): a conversation's topics and their
+    dead letters the events period, the deltas and commands the stream period, the audit record its own; 0
+    days is Kafka's -1 (kept until deleted). The layout's own defaults are the settings' defaults."""
+    assert StackSettings().layout == Layout(replication_factor=3, min_insync_replicas=2)
+    days = {"events": 2.5, "stream": 0.5, "audit": 0.0}
+    layout = StackSettings(**{f"retain_{k}_days": v for k, v in days.items()}).layout
+    kept = {t.name: layout.config(t).get("retention.ms") for t in TOPICS}
+    assert kept[PROMPT_ACCEPTED.name] == kept[RUN_COMPLETED.name] == str(int(2.5 * 86_400_000))
+    assert kept[TOKEN_DELTA.name] == str(43_200_000) and kept[AUDIT.name] == "-1"
+    assert layout.config()["retention.ms"] == kept[PROMPT_ACCEPTED.name]  # a dead-letter topic
+    assert kept[POOL_STATUS.name] == "3600000" and kept[LIMITS.name] is None
+    assert layout.config(LIMITS)["cleanup.policy"] == "compact"
+    assert {t.kept for t in TOPICS if t.key == "chat_id"} == {"events"}
+    with pytest.raises(ValueError):
+        StackSettings(retain_usage_days=-1)
+    assert Periods(safety=1 / 86_400).seconds("safety") == 1 and Periods(usage=0).seconds("usage") == 0

@@ -105,6 +105,26 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: PARLEY_GUARD_API_KEY  # when the Secret has one
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: guard-api-key, optional: true}}
 {{- end }}
+{{- with .Values.retention }}
+- name: PARLEY_RETAIN_EVENTS_DAYS
+  value: {{ .eventsDays | quote }}
+- name: PARLEY_RETAIN_STREAM_DAYS
+  value: {{ .streamDays | quote }}
+- name: PARLEY_RETAIN_USAGE_DAYS
+  value: {{ .usageDays | quote }}
+- name: PARLEY_RETAIN_SAFETY_DAYS
+  value: {{ .safetyDays | quote }}
+- name: PARLEY_RETAIN_AUDIT_DAYS
+  value: {{ .auditDays | quote }}
+- name: PARLEY_RETAIN_EVALS_DAYS
+  value: {{ .evalsDays | quote }}
+- name: PARLEY_RETAIN_RESPONSES_DAYS
+  value: {{ .responsesDays | quote }}
+{{- if .chatsDays }}
+- name: PARLEY_MAX_CHAT_AGE_DAYS
+  value: {{ .chatsDays | quote }}
+{{- end }}
+{{- end }}
 - name: PARLEY_METERING_URL
   value: {{ printf "http://%s-metering:%v" (include "parley.fullname" .) .Values.stageDefaults.webPort | quote }}
 - name: PARLEY_LOG_FORMAT
