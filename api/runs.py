@@ -323,12 +323,13 @@ async def answer(
     model: str | None,
     run: tuple[str, int] | None = None,
     published: Callable[[], Awaitable[None]] | None = None,
+    opening: dict[str, Any] | None = None,
 ) -> tuple[EventSourceResponse, str]:
     """Publish the question as a new run of the chat and stream its answer: (the SSE response, the run id).
     Raises the run's 429/400 before any byte of the stream when it is shed or refused.
 
     run: its id and reply partition, when chosen before (an idempotency key's claim names them); published:
-    called once the prompt is in the log."""
+    called once the prompt is in the log; opening: the stream's first event (api/redaction.py notice)."""
     message = [{"role": "user", "content": question.content}]
     run_id, partition = run or (str(new_id()), reply_partition(deps))
     may_grow = question.prev_run_id is not None
@@ -383,7 +384,7 @@ async def answer(
     first, replies = await admitted(deps, event, replies, stream_refusals=True)
     log.info("run %s of chat %s (user %s): %s", run_id, chat.chat_id, user.user_id, first.kind)
     ended = partial(mark_ended, deps, chat.chat_id, uuid.UUID(run_id))
-    stream = streams.sse_stream(deps, run_id, prepend(first, replies), live=True, ended=ended)
+    stream = streams.sse_stream(deps, run_id, prepend(first, replies), True, ended, opening)
     return EventSourceResponse(stream, ping=15, headers={"X-Run-Id": run_id}), run_id
 
 

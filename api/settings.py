@@ -33,6 +33,11 @@ class ApiSettings(StackSettings):
     jwt_issuer: str = "parley-local"
     jwt_audience: str = "parley"
     max_content_chars: int = 32_000
+    redact_phone_region: str = Field(
+        "US",
+        description="The country a phone number written without its +code is read in, when a safety policy "
+        "redacts phone numbers (ISO 3166 code).",
+    )
     public_shares: bool = Field(
         False,
         description="Allow a shared chat to be readable without signing in (its owner chooses, per share); off: "

@@ -192,11 +192,12 @@ async def sse_stream(
     replies: AsyncIterator[Reply],
     live: bool,
     ended: Callable[[str], Awaitable[None]] | None = None,
+    opening: dict[str, Any] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """The chat route's SSE events for a run's replies (live from the hub, or read back from the log).
 
     ended: told how the run ended before its last event is sent (so a client's next request, made when it sees
-    that event, finds the run over)."""
+    that event, finds the run over); opening: the edge's own first event (api/redaction.py notice)."""
     accepted = time.perf_counter()
     first_token = live
     # The scheduler sends `queued` beside the run itself: rarely it lands after the run's start, and is shown
@@ -204,6 +205,8 @@ async def sse_stream(
     told_queued = False
     STREAMS.inc()
     try:
+        if opening is not None:
+            yield opening
         async for reply in replies:
             if reply.kind == "queued" and told_queued:
                 continue

@@ -20,6 +20,7 @@ from topics.events import SafetyPolicy, SafetyRule
 from topics.pipeline import SAFETY_POLICIES
 
 Stage = Literal["input", "output", "context"]
+Redactable = Literal["card", "secret", "email", "phone"]  # safety/redact.py KINDS
 Action = Literal["block", "warn", "log"]
 STRICTNESS = {"log": 0, "warn": 1, "block": 2}
 ANY_TIER = "*"
@@ -40,6 +41,8 @@ class Policy(BaseModel):
     version: str
     rules: tuple[Rule, ...]
     on_error: Literal["open", "closed"] = "open"
+    # taken out of a person's messages at the edge, before the model and the log (safety/redact.py)
+    redact: tuple[Redactable, ...] = ()
 
     def categories(self, stage: Stage) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.category for r in self.rules if r.stage == stage))
@@ -103,7 +106,10 @@ def from_record(record: SafetyPolicy) -> Policy:
         Rule(**{k: r[k] for k in ("stage", "category", "threshold", "action")})
         for r in record["rules"]
     )
-    return Policy(version=record["version"], rules=rules, on_error=record["on_error"])
+    redact = cast(tuple[Redactable, ...], tuple(record.get("redact") or ()))
+    return Policy(
+        version=record["version"], rules=rules, on_error=record["on_error"], redact=redact
+    )
 
 
 def to_record(tier: str, policy: Policy, changed_by: str) -> SafetyPolicy:
@@ -113,6 +119,7 @@ def to_record(tier: str, policy: Policy, changed_by: str) -> SafetyPolicy:
         "version": policy.version,
         "rules": [cast(SafetyRule, r.model_dump()) for r in policy.rules],
         "on_error": policy.on_error,
+        "redact": list(policy.redact),
         "changed_by": changed_by,
         "changed_at": now_ms(),
     }

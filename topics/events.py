@@ -329,6 +329,7 @@ class SafetyPolicy(TypedDict):
     version: ReadOnly[str]
     rules: ReadOnly[Sequence[SafetyRule]]
     on_error: NotRequired[ReadOnly[str]]
+    redact: NotRequired[ReadOnly[Sequence[str]]]
     changed_by: ReadOnly[str]
     changed_at: ReadOnly[int]
 

@@ -17,12 +17,21 @@ from api import idempotency, tools
 from api.auth import CurrentUser
 from api.branches import branches, chosen, listed_branch, parent_for, parent_shown, tree_of
 from api.chat_state import forget_message, memory_changed, owned_chat, owned_message
-from api.deps import ConversationsDep, Deps, PreferencesDep, ProducerDep, Services, SettingsDep
+from api.deps import (
+    ConversationsDep,
+    Deps,
+    PoliciesDep,
+    PreferencesDep,
+    ProducerDep,
+    Services,
+    SettingsDep,
+)
 from api.errors import ApiError
 from api.idempotency import IdempotencyKey
 from api.memories import command, remember
 from api.openapi import NEW_RUN
 from api.preferences import for_run
+from api.redaction import notice, redacted
 from api.routes.chats import Limit
 from api.runs import (
     Question,
@@ -135,10 +144,11 @@ async def post_message(
 ) -> EventSourceResponse:
     """Ask; the answer streams. With an Idempotency-Key, a retry gets the first request's run, streamed from
     its start."""
-    content = body.content.strip()
-    if not content:
+    if not body.content.strip():
         raise ApiError(400, "content must not be empty.", "empty_content", "content")
     checked_content(deps.settings, body.content)
+    sent = redacted(deps.policies, deps.settings, user, body.content)  # kept, remembered, published
+    content = sent.text.strip()
     max_tokens = checked_max_tokens(deps.settings, body.max_tokens)
     parsed, chat = await owned_chat(deps.conversations, user, chat_id)
     settings = await deps.preferences.chat(parsed)
@@ -172,7 +182,7 @@ async def post_message(
         recall = run_with.memories or (fact is not None and run_with.memories_on)
         question = Question(
             str(message_id),
-            body.content,
+            sent.text,
             after,
             run_with.instructions,
             parent,
@@ -180,8 +190,9 @@ async def post_message(
             recall,
             with_tools,
         )
+        first = notice(run[0], str(message_id), sent) if sent.changed else None
         response, _ = await answer(
-            deps, user, chat, question, max_tokens, run_with.model, run, holder.made
+            deps, user, chat, question, max_tokens, run_with.model, run, holder.made, first
         )
         if chosen_before:  # the new message's branch is the current one now
             await deps.preferences.set_branch(parsed, None)
@@ -206,6 +217,7 @@ async def edit_message(
     conversations: ConversationsDep,
     producer: ProducerDep,
     settings: SettingsDep,
+    policies: PoliciesDep,
     user: CurrentUser,
     chat_id: str,
     message_id: str,
@@ -216,13 +228,14 @@ async def edit_message(
     if not body.content.strip():
         raise ApiError(400, "content must not be empty.", "empty_content", "content")
     checked_content(settings, body.content)
+    content = redacted(policies, settings, user, body.content, "edit").text
     parsed, _ = await owned_chat(conversations, user, chat_id)
     message = await owned_message(conversations, settings, parsed, message_id)
-    at = epoch_ms(await conversations.edit_message(parsed, uuid.UUID(message.id), body.content))
-    fields = {"message_id": message.id, "role": message.role, "content": body.content}
+    at = epoch_ms(await conversations.edit_message(parsed, uuid.UUID(message.id), content))
+    fields = {"message_id": message.id, "role": message.role, "content": content}
     await memory_changed(producer, parsed, user.user_id, "edited", at, **fields)
     log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)
-    return MessageOut.of(replace(message, content=body.content))
+    return MessageOut.of(replace(message, content=content))
 
 
 @router.delete("/{chat_id}/messages/{message_id}", status_code=204)

@@ -38,6 +38,7 @@ from api.openai_schemas import (
 )
 from api.openapi import CHUNKS, ENGINE_ERRORS
 from api.preferences import allowed_model
+from api.redaction import HEADER, redacted_messages
 from api.replies import ACCEPTED, REJECTED, TERMINAL, Reply
 from api.runs import checked_max_tokens
 from storage.idempotency import Claim
@@ -75,7 +76,7 @@ async def chat_completions(
 ) -> JSONResponse | EventSourceResponse:
     """With an Idempotency-Key, a retry gets the first request's run (whole, read from the log), and a client
     that goes away does not cancel the run: its retry reads it."""
-    messages = conversation(deps.settings, body)
+    messages, taken = redacted_messages(deps, user, conversation(deps.settings, body))
     decoding = generation(body)
     max_tokens = checked_max_tokens(deps.settings, body.max_completion_tokens or body.max_tokens)
     model = allowed_model(deps.settings, deps.limits, user, body.model)
@@ -122,7 +123,10 @@ async def chat_completions(
     except BaseException as exc:
         await holder.failed(exc)
         raise
-    return await respond(deps, body, run_id, model, reply, replies, abandon)
+    response = await respond(deps, body, run_id, model, reply, replies, abandon)
+    if taken:
+        response.headers[HEADER] = ",".join(taken)
+    return response
 
 
 async def respond(

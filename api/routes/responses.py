@@ -31,6 +31,7 @@ from api.errors import ApiError
 from api.openai_request import conversation, generation
 from api.openapi import ENGINE_ERRORS, RESPONSE_EVENTS
 from api.preferences import allowed_model
+from api.redaction import HEADER, redacted_messages
 from api.replies import TERMINAL, Replay, Reply
 from api.responses import (
     Fold,
@@ -145,7 +146,9 @@ async def create(
     with status queued (`background`: poll it, stream it with GET, cancel it)."""
     before = await earlier(deps, user.user_id, body.previous_response_id)
     request, completion = completion_of(body, before)
-    messages = conversation(deps.settings, completion)
+    messages, taken = redacted_messages(deps, user, conversation(deps.settings, completion))
+    if taken:  # the stored request too: a later response continues from it
+        request["messages"] = redacted_messages(deps, user, request["messages"], count=False)[0]
     decoding = generation(completion)
     max_tokens = runs.checked_max_tokens(deps.settings, body.max_output_tokens)
     model = allowed_model(deps.settings, deps.limits, user, body.model)
@@ -192,14 +195,19 @@ async def create(
     reply, replies = await runs.admitted(deps, event, replies, stream_refusals=False)
     fold = Fold(response_id(run_id), settings, id_time_ms(uuid.UUID(run_id)) // 1000)
     abandon = None if body.background else partial(cancel, deps, user, event, "client_disconnected")
+    response: JSONResponse | EventSourceResponse
     if body.stream:
         events = stream(deps, run_id, fold, runs.prepend(reply, replies), -1, abandon)
-        return EventSourceResponse(events, ping=15)
-    if body.background:
+        response = EventSourceResponse(events, ping=15)
+    elif body.background:
         deps.replies.close(run_id)  # the run goes on; a poll reads it from the log
         fold.start()
-        return JSONResponse(fold.response())
-    return await whole(deps, run_id, fold, reply, replies, abandon)
+        response = JSONResponse(fold.response())
+    else:
+        response = await whole(deps, run_id, fold, reply, replies, abandon)
+    if taken:
+        response.headers[HEADER] = ",".join(taken)
+    return response
 
 
 async def whole(

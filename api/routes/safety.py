@@ -12,7 +12,7 @@ from api.deps import DecisionsDep, PoliciesDep, ProducerDep
 from api.errors import ApiError
 from api.routes.admin import publish
 from api.schemas import Decision, DecisionPage, PolicyList, TierPolicy
-from safety.policy import ANY_TIER, Policy, Rule, to_record
+from safety.policy import ANY_TIER, Policy, Redactable, Rule, to_record
 from topics.pipeline import SAFETY_POLICIES
 
 router = APIRouter(prefix="/v1/admin/safety")
@@ -23,6 +23,7 @@ class PolicyBody(BaseModel):
     version: str = Field(min_length=1, max_length=64)
     rules: list[Rule] = Field(max_length=64)
     on_error: str = Field("open", pattern="^(open|closed)$")
+    redact: list[Redactable] = Field([], max_length=4)
 
 
 def checked_tier(tier: str) -> str:
@@ -50,7 +51,12 @@ async def set_policy(
     body: PolicyBody,
 ) -> TierPolicy:
     """Replace a tier's policy ('*': every tier without its own); the next message is moderated under it."""
-    policy = Policy(version=body.version, rules=tuple(body.rules), on_error=body.on_error)
+    policy = Policy(
+        version=body.version,
+        rules=tuple(body.rules),
+        on_error=body.on_error,
+        redact=tuple(dict.fromkeys(body.redact)),
+    )
     record = to_record(checked_tier(tier), policy, admin.user_id)
     await trail("safety.set_policy", tier, detail=body.model_dump())
     await publish(producer, policies, SAFETY_POLICIES, tier, record)

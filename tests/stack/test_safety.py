@@ -4,6 +4,7 @@ enterprise tier and put it back afterwards; no other stack test uses that tier."
 
 import base64
 import contextlib
+import uuid
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ from replay.client import ChatClient
 from safety.moderator import Moderator
 from safety.policy import BUILTIN
 from topics import codec
-from topics.pipeline import OUTPUT_MODERATED, PROMPT_MODERATED, RUN_SCHEDULED
+from topics.pipeline import OUTPUT_MODERATED, PROMPT_ACCEPTED, PROMPT_MODERATED, RUN_SCHEDULED
 
 from .conftest import chat_turn, for_run, read_topic, wait_for
 
@@ -20,9 +21,10 @@ TIER = "enterprise"
 
 
 @contextlib.contextmanager
-def policy(live, rules, version):
+def policy(live, rules, version, redact=()):
     with live.client(live.token("root", "pro", admin=True)) as admin:
-        response = admin.put(f"/v1/admin/safety/policies/{TIER}", json={"version": version, "rules": rules})
+        body = {"version": version, "rules": rules, "redact": list(redact)}
+        response = admin.put(f"/v1/admin/safety/policies/{TIER}", json=body)
         assert response.status_code == 200, response.text
         try:
             yield admin
@@ -169,3 +171,44 @@ def test_moderation_metrics_count_interventions(live):
     metrics = httpx.get(f"{live.stage_url('moderation')}/metrics").text
     assert "parley_safety_interventions_total" in metrics
     assert "parley_safety_check_seconds" in metrics
+
+
+def test_a_policy_that_redacts_keeps_secrets_and_personal_data_from_the_model_the_log_and_the_store(live):
+    """Planted values for every kind: the person sees the message as kept, the prompt in the log and the stored
+    message carry placeholders only, an OpenAI-style request is redacted and says so; without the policy, not."""
+    mark = uuid.uuid4().hex[:12]
+    planted = {
+        "card": "4111 1111 1111 1111",
+        "secret": f"sk-proj-{mark}{mark}abcdefgh",
+        "email": f"ada.{mark}@example.com",
+        "phone": "+44 20 7946 0958",
+    }
+    sent = "Card {card}, key {secret}, mail {email}, phone {phone}. Reply with OK.".format(**planted)
+    client = live.client(live.token(tier=TIER))
+    chat = client.post("/v1/chats").json()
+    rules = [r.model_dump() for r in BUILTIN.rules]
+    with policy(live, rules, "test-redact-1", redact=list(planted)):
+        events = chat_turn(client, chat["id"], sent, max_tokens=4)
+        opening, run_id = events[0], events[-1]["data"]["run_id"]
+        assert opening["event"] == "message.redacted" and opening["data"]["run_id"] == run_id
+        assert opening["data"]["kinds"] == ["card", "secret", "email", "phone"]
+        kept = opening["data"]["content"]
+        assert kept == (
+            "Card [redacted card number], key [redacted secret], mail [redacted email], "
+            "phone [redacted phone number]. Reply with OK."
+        )
+        assert events[-1]["event"] == "run.completed"
+        [record] = read_topic(live.topic(PROMPT_ACCEPTED), for_run("PromptAccepted", run_id))
+        assert codec.decode("PromptAccepted", record.value())["content"] == kept
+        assert all(value.encode() not in record.value() for value in planted.values())
+        stored = client.get(f"/v1/chats/{chat['id']}/messages").json()["data"]
+        assert [m["content"] for m in stored if m["role"] == "user"] == [kept]
+
+        request = {"messages": [{"role": "user", "content": sent}], "max_tokens": 4}
+        completion = client.post("/v1/chat/completions", json=request)
+        assert completion.status_code == 200, completion.text
+        assert completion.headers["X-Parley-Redacted"] == "card,secret,email,phone"
+    unredacted = chat_turn(client, chat["id"], f"Mail {planted['email']} please.", max_tokens=4)
+    assert unredacted[0]["event"] != "message.redacted"
+    [record] = read_topic(live.topic(PROMPT_ACCEPTED), for_run("PromptAccepted", unredacted[-1]["data"]["run_id"]))
+    assert planted["email"] in codec.decode("PromptAccepted", record.value())["content"]

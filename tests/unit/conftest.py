@@ -22,6 +22,7 @@ from .edge_fakes import (
     FakeMemories,
     FakeMemoryGuard,
     FakePeople,
+    FakePolicies,
     FakePreferences,
     FakeProducer,
     FakeShares,
@@ -54,8 +55,9 @@ def edge():
     app.dependency_overrides[deps.shares] = lambda: shares
     app.dependency_overrides[deps.memories] = lambda: memories
     app.dependency_overrides[deps.memory_guard] = lambda: guard
-    documents = FakeDocuments()
+    documents, policies = FakeDocuments(), FakePolicies()
     app.dependency_overrides[deps.documents] = lambda: documents
+    app.dependency_overrides[deps.policies] = lambda: policies
     client = TestClient(app, raise_server_exceptions=False)  # no lifespan: nothing to connect to
 
     def signed(user: str) -> dict[str, str]:
@@ -74,5 +76,6 @@ def edge():
         memories=memories,
         memory_guard=guard,
         documents=documents,
+        policies=policies,
         signed=signed,
     )

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from api.errors import ApiError
+from safety.policy import BUILTIN, Policy
 from storage.api_keys import UNSCOPED, ApiKey, KeyOwner
 from storage.documents import Document, Status, StoredPassage
 from storage.idempotency import Claim
@@ -252,6 +253,16 @@ class FakeMemories:
     async def recall(self, user_id: str, embedding: list[float], k: int) -> list[PersonMemory]:
         score = lambda m: sum(a * b for a, b in zip(m.embedding, embedding, strict=True))  # noqa: E731
         return sorted(await self.kept(user_id), key=score, reverse=True)[:k]
+
+
+class FakePolicies:
+    """The safety policies as the edge reads them: the built-in one, or the one a test sets for every tier."""
+
+    def __init__(self) -> None:
+        self.policy = BUILTIN
+
+    def for_tier(self, tier: str) -> Policy:
+        return self.policy
 
 
 class FakeMemoryGuard:

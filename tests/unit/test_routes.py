@@ -13,6 +13,7 @@ from urllib.parse import unquote
 from admission.limits import DEFAULT_TIERS
 from api.auth import credential
 from api.settings import ApiSettings
+from safety.policy import Policy
 from storage.ids import new_id
 from storage.rows import Message
 from topics.pipeline import AUDIT, FEEDBACK, MEMORY_CHANGED
@@ -90,6 +91,21 @@ def test_another_persons_chat_is_not_found_and_nothing_is_told(edge):
         }
     assert edge.http.get("/v1/chats", headers=bob).json()["data"] == []
     assert edge.producer.log.sent == [] and uuid.UUID(chat_id) in edge.chats.chats
+
+
+def test_an_edit_is_kept_and_told_as_the_tiers_policy_redacts_it(edge):
+    """What a policy redacts never reaches the store or the log, an edit included (sending: the stack test)."""
+    ada = edge.signed("ada")
+    chat_id = edge.http.post("/v1/chats", json={}, headers=ada).json()["id"]
+    question = str(new_id())
+    edge.chats.messages.setdefault(uuid.UUID(chat_id), {})[question] = Message(question, "user", "Hi", now())
+    edge.policies.policy = Policy(version="r1", rules=(), redact=("email", "secret"))
+    sent = "Mail ada@example.org the token=abcdef123456 and 4111 1111 1111 1111"
+    edited = edge.http.patch(f"/v1/chats/{chat_id}/messages/{question}", json={"content": sent}, headers=ada).json()
+    kept = "Mail [redacted email] the token=[redacted secret] and 4111 1111 1111 1111"  # cards: not in this policy
+    assert edited["content"] == kept
+    assert edge.producer.log.on(MEMORY_CHANGED)[-1].record["content"] == kept
+    assert edge.chats.edits[uuid.UUID(chat_id)][question].content == kept
 
 
 def test_an_edit_and_a_delete_reach_memory_and_only_an_answer_is_rated(edge):

@@ -13,6 +13,7 @@ from safety.encoder import Encoder, graph_files
 from safety.moderator import Moderator
 from safety.output import OutputGuard
 from safety.policy import BUILTIN, Policy, Rule, decide
+from safety.redact import KINDS, Redacted, redact
 
 REFERENCE = Path(__file__).parent / "data" / "minilm_reference.json"
 
@@ -245,3 +246,24 @@ def test_replay_applies_a_new_policy_to_recorded_scores():
     lenient = Policy(version="v3", rules=(rule,))
     run_id, then, now = replayed(lenient, "OutputModerated", output_event)
     assert (run_id, then, now.action) == ("r2", "block", None)
+
+
+def test_redaction_takes_out_each_kind_the_policy_names_and_only_those():
+    """safety/redact.py: cards that pass the Luhn check, keys in their issuers' formats and values assigned to a
+    credential's name, addresses, phone numbers a numbering plan knows; ordinary numbers stay. False hits on
+    ordinary text: bench/redaction.py."""
+    sent = (
+        "Card 4111 1111 1111 1111, key sk-proj-abcdefghijklmnopqrstuvwxyz0123, password=hunter22, "
+        "mail jane.doe@example.com, call +44 20 7946 0958 or (415) 867-5309; db postgres://app:s3cret99@db/x"
+    )
+    every = redact(sent, KINDS)
+    assert every.kinds == KINDS
+    for gone in ("4111", "sk-proj", "hunter22", "jane.doe", "7946", "867-5309", "s3cret99"):
+        assert gone not in every.text, gone
+    assert every.text.count("[redacted phone number]") == 2 and "postgres://app:[redacted secret]@db/x" in every.text
+    only = redact(sent, ["email"])
+    assert only.kinds == ("email",) and "4111 1111" in only.text and "[redacted email]" in only.text
+    ordinary = "In 1969 Apollo 11 flew 384,400 km; v1.2.3, on 2024-05-06 at 10:30, card 4111-1111-1111-1112."
+    assert redact(ordinary, KINDS) == Redacted(ordinary, ())
+    assert redact("call 020 7946 0958", ["phone"], region="GB").kinds == ("phone",)
+    assert redact("call 020 7946 0958", ["phone"], region="US").kinds == ()  # not a US number

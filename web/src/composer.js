@@ -25,14 +25,18 @@ import { newRun, toMessage } from "./run.js";
 import { applyPendingModel, showChatSettings } from "./settings.js";
 import { bumpChat, renderChats } from "./sidebar.js";
 import { chosen } from "./tools.js";
-import { $, actions, showTitle, state } from "./state.js";
+import { $, actions, h, showTitle, state } from "./state.js";
 
 /**
  * Stream an answer into the open chat: open(signal) gives the SSE response of a new message or a regenerate;
  * without it (open = null), the run `runId` is read from its start. Resolves once the answer ended, the user
  * switched chats, or the request was refused (then onRefused(error) says why, before any answer was drawn).
  */
-export async function stream(chatId, open, { runId = null, onRefused = null } = {}) {
+export async function stream(
+  chatId,
+  open,
+  { runId = null, onRefused = null, onRedacted = null } = {},
+) {
   const controller = new AbortController();
   const start = newRun(runId);
   const live = {
@@ -69,6 +73,7 @@ export async function stream(chatId, open, { runId = null, onRefused = null } = 
     first: response,
     signal: controller.signal,
     onUpdate: (next) => {
+      if (next.redacted && !live.run.redacted) onRedacted?.(next.redacted);
       live.run = next;
       if (state.live !== live) return;
       const nearEnd = isNearEnd();
@@ -119,6 +124,7 @@ export async function send(text, { parent = undefined } = {}) {
     chatId,
     (signal) => state.api.send(chatId, text, signal, parent, [...chosen]),
     {
+      onRedacted: (kept) => redacted(mine, local, kept),
       onRefused: (error) => {
         mine.remove(); // nothing was answered: the text goes back to the box, to send again
         state.messages = state.messages.filter((m) => m !== local);
@@ -129,6 +135,23 @@ export async function send(text, { parent = undefined } = {}) {
     },
   );
   if (parent !== undefined && run?.runId) await readBranch(chatId, run.runId);
+}
+
+const TAKEN_OUT = {
+  card: "card number",
+  secret: "key or password",
+  email: "email address",
+  phone: "phone number",
+};
+
+/** The person's message as it was kept, with what was taken out before it reached the model. */
+function redacted(el, message, { content, kinds }) {
+  message.content = content;
+  el.querySelector(".body").textContent = content;
+  const what = kinds.map((k) => TAKEN_OUT[k] || k).join(", ");
+  el.append(
+    h("p", { class: "redacted-note", role: "status" }, `Taken out before sending: ${what}.`),
+  );
 }
 
 /** The open chat's id; a new chat (titled `title`) is made first when none is open. Null when it could not be. */

@@ -19,6 +19,7 @@ export function newRun(runId = null) {
     tools: [], // its calls to registered tools: {call_id, name, arguments, status, content}; status running until answered
     moderation: null, // {action: "refused" | "retract", category, message}
     error: null, // {code, message}
+    redacted: null, // {content, kinds}: the question as kept, when the policy took something out of it
     cursor: null, // the last applied event's id: a resume's Last-Event-ID
   };
 }
@@ -62,6 +63,8 @@ export function apply(run, { event, id, data }) {
       };
     case "run.started":
       return { ...next, status: "streaming", model: data.model ?? run.model };
+    case "message.redacted": // the question as kept: the tier's policy took secrets or personal data out
+      return { ...next, redacted: { content: data.content, kinds: data.kinds } };
     case "tool.calls": {
       const calls = data.tool_calls.map((c) => ({
         call_id: c.id,

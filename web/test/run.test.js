@@ -219,3 +219,17 @@ test("a call to a registered tool shows running, then its result, and is stored 
   assert.equal(done.text, "It is 5.");
   assert.deepEqual(fromMessage(toMessage(done)).tools, done.tools);
 });
+
+test("a question the policy redacted: the stream opens with it as kept, and the answer follows as usual", () => {
+  const kept = { content: "Mail [redacted email]", kinds: ["email"] };
+  const run = play([
+    { event: "message.redacted", id: "", data: { message_id: "q1", ...kept } },
+    ...started("r1", 10),
+    token("r1", 12, "Done."),
+    completed("r1", 13),
+  ]);
+  assert.deepEqual(run.redacted, kept);
+  assert.equal(run.text, "Done.");
+  assert.equal(run.status, "done");
+  assert.equal(newRun().redacted, null);
+});
