@@ -11,6 +11,7 @@ in the log. A deleted chat gets no new rows from runs that were still in flight 
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -154,6 +155,13 @@ log = logging.getLogger(__name__)
 class Deps:
     conversations: Conversations
     decisions: SafetyDecisions
+    decisions_days: int = (
+        90  # how far back an erased person's decisions are looked for: their period
+    )
+
+
+# A period of 0 (kept until deleted) looks back this many days for an erased person's decisions.
+MAX_DECISION_DAYS = 3 * 366
 
 
 async def stored_chat(prompt: PromptAccepted, deps: Deps) -> uuid.UUID | None:
@@ -231,8 +239,12 @@ async def on_feedback(feedback: Feedback, deps: Deps) -> None:
 
 
 async def on_changed(change: MemoryChanged, deps: Deps) -> None:
-    """A deleted chat's messages go (the edge has deleted the chat, its runs and its changes)."""
-    if change["action"] == "chat_deleted":
+    """A deleted chat's messages go (the edge has deleted the chat, its runs and its changes); an erased person's
+    safety decisions go (their chats were deleted, each by its own event, before)."""
+    if change["action"] == "person_erased":
+        gone = await deps.decisions.forget_person(change["user_id"], deps.decisions_days)
+        log.info("person %s erased: %d safety decisions deleted", change["user_id"], gone)
+    elif change["action"] == "chat_deleted":
         chat_id = uuid.UUID(change["chat_id"])
         # once the edge has deleted the row (it tells first): a turn written after that erases itself
         gone = await deps.conversations.deleted(chat_id, ERASE_WAIT_S)
@@ -259,6 +271,8 @@ def build(stage: Stage, settings: ProcessorSettings) -> None:
     session = schema.connect(settings.cassandra)
     keyspace = settings.keyspace_name
     deps = Deps(
-        Conversations(session, keyspace, stage.name), SafetyDecisions(session, keyspace, stage.name)
+        Conversations(session, keyspace, stage.name),
+        SafetyDecisions(session, keyspace, stage.name),
+        math.ceil(settings.retain_safety_days) or MAX_DECISION_DAYS,
     )
     stage.serve(HANDLERS, deps)

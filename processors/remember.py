@@ -312,6 +312,8 @@ async def on_completed(done: RunCompleted, deps: Deps) -> None:
 
 
 async def on_changed(change: MemoryChanged, deps: Deps) -> None:
+    if change["action"] == "person_erased":
+        return  # their chats' memory went with each chat's own chat_deleted
     chat_id = uuid.UUID(change["chat_id"])
     action = change["action"]
     at_us = change["at"] * 1000  # when the edge stored the change

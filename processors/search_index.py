@@ -124,7 +124,10 @@ async def on_rejected(batch: list[RunRejected], index: Index) -> None:
 def change(index: Index, event: MemoryChanged) -> None:
     user, chat, message = event["user_id"], event["chat_id"], event.get("message_id") or ""
     action = event["action"]
-    if action == "chat_deleted":
+    if action == "person_erased":
+        search.remove_person(index.backend, index.db, user)
+        log.info("search: every entry of %s removed", user)
+    elif action == "chat_deleted":
         search.remove(index.backend, index.db, user, chat, "", event["at"])
         log.info("search: chat %s removed", chat)
     elif action == "deleted" and message:

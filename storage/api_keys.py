@@ -80,6 +80,8 @@ class ApiKeys(Store):
         self._get_key = p(
             f"SELECT user_id, tier, revoked, key_id, scopes, expires_at FROM {ks}.api_keys WHERE key_hash = ?"
         )
+        self._forget_key = p(f"DELETE FROM {ks}.api_keys WHERE key_hash = ?")
+        self._forget_user = p(f"DELETE FROM {ks}.api_keys_by_user WHERE user_id = ?")
         self._user_keys = p(
             f"SELECT key_id, key_hash, name, prefix, tier, created_at, revoked_at, scopes, expires_at, "
             f"last_used_at FROM {ks}.api_keys_by_user WHERE user_id = ?"
@@ -130,6 +132,13 @@ class ApiKeys(Store):
         for row in rows:
             await self._revoke(user_id, row)
         return len(rows)
+
+    async def forget_all(self, user_id: str) -> int:
+        """Delete every key of the user, live or revoked, with its name; how many there were."""
+        rows = await self._run(self._user_keys, (user_id,))
+        keys = [(self._forget_key, (r.key_hash,)) for r in rows]
+        await self._all(*keys, (self._forget_user, (user_id,)))
+        return len(keys)
 
     async def revoke_key(self, user_id: str, key_id: uuid.UUID) -> bool:
         rows = [r for r in await self._run(self._user_keys, (user_id,)) if r.key_id == key_id]

@@ -51,6 +51,10 @@ class SafetyDecisions(Store):
             f"INSERT INTO {ks}.safety_decisions (day, decision_id, at, stage, action, category, score, "
             "policy_version, run_id, chat_id, user_id, tier, excerpt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
+        self._whose = p(f"SELECT at, decision_id, user_id FROM {ks}.safety_decisions WHERE day = ?")
+        self._forget = p(
+            f"DELETE FROM {ks}.safety_decisions WHERE day = ? AND at = ? AND decision_id = ?"
+        )
         self._list = p(
             f"SELECT decision_id, at, stage, action, category, score, policy_version, run_id, chat_id, user_id, "
             f"tier, excerpt FROM {ks}.safety_decisions WHERE day = ? LIMIT ?"
@@ -58,6 +62,21 @@ class SafetyDecisions(Store):
 
     async def put(self, d: SafetyDecision) -> None:
         await self._run(self._insert, (_day(d.at), *astuple(d)))  # columns in the dataclass's order
+
+    async def forget_person(self, user_id: str, days: int) -> int:
+        """Delete the person's decisions of the last `days` UTC days (older ones have expired); how many."""
+        found = 0
+        today = datetime.now(UTC)
+        for back in range(days + 1):
+            day = _day(today - timedelta(days=back))
+            rows = await self._run(self._whose, (day,))
+            mine = [
+                (self._forget, (day, r.at, r.decision_id)) for r in rows if r.user_id == user_id
+            ]
+            if mine:
+                await self._all(*mine)
+            found += len(mine)
+        return found
 
     async def recent(self, limit: int, days: int = 7) -> list[SafetyDecision]:
         """The newest decisions, today first, looking back at most `days` UTC days."""

@@ -119,6 +119,8 @@ class People(Store):
         )
         self._end = p(f"DELETE FROM {ks}.web_sessions WHERE user_id = ? AND session_hash = ?")
         self._end_all = p(f"DELETE FROM {ks}.web_sessions WHERE user_id = ?")
+        self._forget = p(f"DELETE FROM {ks}.people WHERE user_id = ?")
+        self._forget_account = p(f"DELETE FROM {ks}.local_accounts WHERE username = ?")
         self._count = p(f"SELECT count(*) FROM {ks}.web_sessions WHERE user_id = ?")
         self._pend = p(
             f"INSERT INTO {ks}.signins_pending (state, verifier, nonce, return_to) VALUES (?, ?, ?, ?)"
@@ -206,6 +208,13 @@ class People(Store):
         count = (await self._run(self._count, (user_id,))).one()[0]
         await self._run(self._end_all, (user_id,))
         return int(count)
+
+    async def forget(self, person: Person) -> None:
+        """The person's row and, for a local account, its password: the person is gone from the directory
+        (their sessions are ended first, end_all)."""
+        if person.source == "local":
+            await self._run(self._forget_account, (person.user_id,))
+        await self._run(self._forget, (person.user_id,))
 
     # -- sign-ins under way ---------------------------------------------------------------------------------
 

@@ -84,6 +84,8 @@ class Preferences(Store):
         self._set_branch = p(f"UPDATE {ks}.chat_settings SET branch = ? WHERE chat_id = ?")
         self._branched = p(f"UPDATE {ks}.chat_settings SET branched = true WHERE chat_id = ?")
         self._forget_chat = p(f"DELETE FROM {ks}.chat_settings WHERE chat_id = ?")
+        self._forget_person = p(f"DELETE FROM {ks}.person_settings WHERE user_id = ?")
+        self._unmark_all = p(f"DELETE FROM {ks}.chat_marks WHERE user_id = ?")
         self._marks = p(f"SELECT chat_id, pinned, archived FROM {ks}.chat_marks WHERE user_id = ?")
         self._mark = p(
             f"INSERT INTO {ks}.chat_marks (user_id, chat_id, pinned, archived) VALUES (?, ?, ?, ?)"
@@ -137,6 +139,10 @@ class Preferences(Store):
 
     async def forget_chat(self, user_id: str, chat_id: uuid.UUID) -> None:
         await self._all((self._forget_chat, (chat_id,)), (self._unmark, (user_id, chat_id)))
+
+    async def forget_person(self, user_id: str) -> None:
+        """The person's instructions, settings and chat marks (each chat's own go with the chat)."""
+        await self._all((self._forget_person, (user_id,)), (self._unmark_all, (user_id,)))
 
     async def marks(self, user_id: str) -> dict[uuid.UUID, Marks]:
         """The person's pinned and archived chats."""

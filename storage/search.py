@@ -129,6 +129,12 @@ def remove(
     )
 
 
+def remove_person(backend: Backend, db: str, user_id: str) -> None:
+    """An erased person: every entry of theirs gone (each chat's removal mark stays, so an answer that lands
+    late is not indexed)."""
+    backend.command(f"DELETE FROM {db}.chat_search WHERE user_id = {quote(user_id)}")
+
+
 def replace(backend: Backend, db: str, row: dict[str, Any]) -> None:
     """An edited message: its row now holds the new text (unless the message was removed)."""
     drop(backend, db, row["user_id"], row["message_id"])

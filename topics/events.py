@@ -154,13 +154,14 @@ class LimitsChanged(TypedDict):
 
 class MemoryChanged(TypedDict):
     """A user edited or deleted a message, reset a chat's context, deleted the chat, or attached or removed a
-    document. The edge has already recorded it beside the stored messages; the memory stage re-embeds, forgets
-    and re-summarises, and persistence erases a deleted chat's messages. Keyed by chat_id."""
+    document; or a person was erased (person_erased: chat_id empty, keyed by user_id; each of their chats was
+    deleted before it). The edge has already recorded it beside the stored messages; the memory stage re-embeds,
+    forgets and re-summarises, and persistence erases a deleted chat's messages. Keyed by chat_id."""
 
     event_id: ReadOnly[str]
     chat_id: ReadOnly[str]
     user_id: ReadOnly[str]
-    action: ReadOnly[Literal["edited", "deleted", "reset", "chat_deleted", "document_added", "document_deleted"]]
+    action: ReadOnly[Literal["edited", "deleted", "reset", "chat_deleted", "document_added", "document_deleted", "person_erased"]]
     message_id: NotRequired[ReadOnly[str | None]]
     role: NotRequired[ReadOnly[str | None]]
     content: NotRequired[ReadOnly[str | None]]

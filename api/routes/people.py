@@ -13,7 +13,8 @@ from pydantic import BaseModel, Field
 
 from api.audit import TrailDep
 from api.auth import Admin
-from api.deps import HttpDep, KeysDep, PeopleDep, SettingsDep
+from api.deps import Deps, HttpDep, KeysDep, PeopleDep, SettingsDep
+from api.erasure import Erased, erase_person
 from api.errors import ApiError
 from api.routes.system import metering
 from api.schemas import ApiKeyList, ApiKeyOut, iso
@@ -124,3 +125,12 @@ async def disable(
 async def enable(people: PeopleDep, admin: Admin, trail: TrailDep, user_id: str) -> PersonOut:
     await trail("people.enable", user_id, user_id)
     return PersonOut.of(await _set_disabled(people, user_id, False), {})
+
+
+@router.delete("/people/{user_id}")
+async def erase(deps: Deps, admin: Admin, trail: TrailDep, user_id: str) -> Erased:
+    """Erase a person (someone who asked their organisation, or left): everything `DELETE /v1/me` erases."""
+    await trail("person.erase", user_id, user_id)
+    erased = await erase_person(deps, user_id)
+    log.info("admin %s erased %s", admin.user_id, user_id)
+    return erased

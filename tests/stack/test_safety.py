@@ -212,3 +212,31 @@ def test_a_policy_that_redacts_keeps_secrets_and_personal_data_from_the_model_th
     assert unredacted[0]["event"] != "message.redacted"
     [record] = read_topic(live.topic(PROMPT_ACCEPTED), for_run("PromptAccepted", unredacted[-1]["data"]["run_id"]))
     assert planted["email"] in codec.decode("PromptAccepted", record.value())["content"]
+
+
+def test_the_app_shows_a_redacted_message_as_kept_and_deletes_the_account_on_request(live, chromium):
+    """In Chromium: a message the tier's policy redacts shows as kept with what was taken out; Account, Delete my
+    account, confirmed, signs the person out and their chats are gone (api/erasure.py)."""
+    person = f"app-erase-{uuid.uuid4().hex[:8]}"
+    token = live.token(person, tier=TIER)
+    context = chromium.new_context()
+    page = context.new_page()
+    page.goto(f"{live.url}/#token={token}")
+    page.wait_for_selector("#app:not([hidden])", timeout=20_000)
+    rules = [r.model_dump() for r in BUILTIN.rules]
+    with policy(live, rules, "test-redact-app", redact=["email"]):
+        page.fill("#composer-input", f"Write to {person}@example.com and say OK.")
+        page.press("#composer-input", "Enter")
+        note = page.wait_for_selector(".msg.user .redacted-note", timeout=60_000)
+        assert note.inner_text() == "Taken out before sending: email address."
+        assert page.inner_text(".msg.user .body") == "Write to [redacted email] and say OK."
+        page.wait_for_selector(".msg.assistant[data-status='done']", timeout=90_000)
+    with live.client(token) as client:
+        assert len(client.get("/v1/chats").json()["data"]) == 1
+        page.click("#account")
+        page.click("#erase-me")
+        page.click("#confirm-erase button[value='erase']")
+        page.wait_for_selector("#signin:not([hidden])", timeout=20_000)
+        assert "deleted" in page.inner_text("#signin")
+        assert client.get("/v1/chats").json()["data"] == []
+    context.close()

@@ -118,6 +118,9 @@ export class Api {
   me() {
     return this.call("GET", "/v1/me");
   }
+  eraseMe() {
+    return this.call("DELETE", "/v1/me");
+  }
   models() {
     return this.call("GET", "/v1/models");
   }

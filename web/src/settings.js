@@ -2,7 +2,7 @@
 // the account dialog (tier, budget, this month's tokens, their instructions for every chat), and a notice
 // before the budget runs out.
 import { listMemories, wireMemories } from "./memories.js";
-import { guarded, showBanner } from "./page.js";
+import { guarded, showBanner, showSignIn } from "./page.js";
 import { $, h, state } from "./state.js";
 
 export const LOW_BUDGET = 0.1; // the share of the budget left under which the app says so
@@ -90,6 +90,24 @@ async function openAccount() {
   else $("#account-status").textContent = `Usage is unavailable: ${usage.reason.message}`;
   $("#memory-status").textContent = "";
   await Promise.all([listShares(), listMemories()]);
+}
+
+/** Delete the person's account, once they confirm: everything of theirs goes and they are signed out. */
+function confirmErase() {
+  const dialog = $("#confirm-erase");
+  dialog.returnValue = "";
+  dialog.onclose = async () => {
+    if (dialog.returnValue !== "erase") return;
+    try {
+      await guarded(() => state.api.eraseMe());
+    } catch (error) {
+      $("#account-status").textContent = `Your account was not deleted: ${error.message}`;
+      return;
+    }
+    $("#account-dialog").close();
+    showSignIn("Your account and everything in it were deleted.");
+  };
+  dialog.showModal();
 }
 
 /** The person's shared links, newest first, each with Revoke. */
@@ -223,6 +241,7 @@ export async function checkBudget() {
 export function wireSettings() {
   $("#model-picker").addEventListener("change", pickModel);
   $("#account").addEventListener("click", openAccount);
+  $("#erase-me").addEventListener("click", confirmErase);
   $("#account-form").addEventListener("submit", saveInstructions);
   $("#chat-settings").addEventListener("click", () => {
     $("#chat-instructions").value = state.chatSettings.instructions;
