@@ -17,6 +17,12 @@ MAX_DAYS = 36_500  # a hundred years: the longest a chat's age may be set to (th
 
 class ApiSettings(StackSettings):
     port: int = 8000
+    tls_cert_file: str = Field(
+        "",
+        description="The edge serves HTTPS with this certificate chain (PEM; a mounted Kubernetes Secret's "
+        "tls.crt) and tls_key_file. Empty: plain HTTP, for a cluster whose ingress terminates TLS.",
+    )
+    tls_key_file: str = Field("", description="The certificate's private key (PEM; tls.key).")
     edge_session_timeout_s: float = Field(
         30.0,
         description="A replica silent this long loses its reply partitions to the others. Long on purpose: "

@@ -300,6 +300,23 @@ def test_the_operator_options_reach_every_pod_and_route_streams_unbuffered():
     assert notes["nginx.ingress.kubernetes.io/proxy-read-timeout"] == "3600"
     [path] = ingress["spec"]["rules"][0]["http"]["paths"]
     assert path["backend"]["service"] == {"name": "rel-parley-api", "port": {"name": "http"}}
+    # the edge serves HTTPS from its TLS Secret: mounted, named to the edge, probed and proxied over HTTPS
+    assert notes["nginx.ingress.kubernetes.io/backend-protocol"] == "HTTPS"
+    [api] = [d for d in of_kind("external-stores", "Deployment") if d["metadata"]["name"] == "rel-parley-api"]
+    [edge] = api["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in edge["env"]}
+    assert (env["PARLEY_TLS_CERT_FILE"], env["PARLEY_TLS_KEY_FILE"]) == (
+        "/etc/parley/tls/tls.crt",
+        "/etc/parley/tls/tls.key",
+    )
+    assert {"name": "tls", "mountPath": "/etc/parley/tls", "readOnly": True} in edge["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "parley-edge-tls", "defaultMode": 0o440}} in api["spec"][
+        "template"
+    ]["spec"]["volumes"]
+    assert edge["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    for pod in pods("cpu-demo"):  # plain HTTP behind an ingress that terminates TLS, by default
+        for container in pod["containers"]:
+            assert "PARLEY_TLS_CERT_FILE" not in {e["name"] for e in container.get("env", [])}
 
     optional = ("Ingress", "HTTPRoute", "PodMonitor", "PrometheusRule", "ConfigMap")
     assert not [d for d in rendered("cpu-demo") if d["kind"] in optional]

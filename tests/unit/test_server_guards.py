@@ -113,3 +113,28 @@ def test_a_trusted_proxy_holds_more_connections_than_one_client_may(server):
     finally:
         for conn in held:
             conn.close()
+
+
+def test_tls_loads_a_certificate_and_key_or_refuses_to_start_saying_which_file_and_never_the_key(tmp_path):
+    """api/__main__.py tls: no files, plain HTTP; both, HTTPS; one alone, a key of another certificate, or a
+    missing file, the edge refuses to start with a message naming the file and not its contents. Serving
+    HTTPS itself: tests/stack/test_tls.py."""
+    from api.__main__ import tls
+    from api.settings import ApiSettings
+    from tests.tools.certs import issue
+
+    good, other = issue(tmp_path / "a"), issue(tmp_path / "b")
+    assert tls(ApiSettings()) == {}
+    assert tls(ApiSettings(tls_cert_file=str(good.cert), tls_key_file=str(good.key))) == {
+        "ssl_certfile": str(good.cert),
+        "ssl_keyfile": str(good.key),
+    }
+    secret = other.key.read_text().splitlines()[1]
+    for cert, key, said in (
+        (good.cert, "", "needs both"),
+        (good.cert, other.key, "do not load"),
+        (tmp_path / "missing.crt", good.key, "No such file"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            tls(ApiSettings(tls_cert_file=str(cert), tls_key_file=str(key)))
+        assert said in str(refused.value) and secret not in str(refused.value)

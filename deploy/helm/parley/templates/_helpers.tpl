@@ -299,20 +299,22 @@ prometheus.io/path: /metrics
 {{- end }}
 {{- end -}}
 
-{{/* liveness and readiness on a port: include "parley.probes" 8000 */}}
+{{/* liveness and readiness on a port: include "parley.probes" 8000, or over TLS: (list 8000 "HTTPS") */}}
 {{- define "parley.probes" -}}
+{{- $port := . }}{{ $scheme := "HTTP" }}
+{{- if kindIs "slice" . }}{{ $port = index . 0 }}{{ $scheme = index . 1 }}{{ end -}}
 livenessProbe:
-  httpGet: {path: /livez, port: {{ . }}}
+  httpGet: {path: /livez, port: {{ $port }}, scheme: {{ $scheme }}}
   periodSeconds: 10
   timeoutSeconds: 3
   failureThreshold: 6
 readinessProbe:
-  httpGet: {path: /readyz, port: {{ . }}}
+  httpGet: {path: /readyz, port: {{ $port }}, scheme: {{ $scheme }}}
   periodSeconds: 5
   timeoutSeconds: 3
   failureThreshold: 2
 startupProbe:
-  httpGet: {path: /livez, port: {{ . }}}
+  httpGet: {path: /livez, port: {{ $port }}, scheme: {{ $scheme }}}
   periodSeconds: 5
   failureThreshold: 60
 {{- end -}}
