@@ -5,8 +5,8 @@ the rest goes. Then each chat is deleted as its owner would delete it (api/chat_
 messages, memory, documents and search entries by the stages, its settings and shares here), then their
 memories, instructions and settings, and their row in the directory (with a local account's password). A
 `person_erased` event tells the persistence stage to delete their safety decisions and the metering stage their
-search entries. What stays: their events in the log until the events period ends, their usage rows (billing
-records, by their id) until the usage period ends, and the audit record (docs/privacy.md)."""
+search entries, and to move their usage rows under a pseudonym (storage/usage_erasure.py). What stays: their
+events in the log until the events period ends, and the audit record (docs/privacy.md)."""
 
 from __future__ import annotations
 

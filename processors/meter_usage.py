@@ -27,7 +27,7 @@ from processors.settings import ProcessorSettings
 from processors.stage import Handler, Stage, on_batches
 from processors.usage_pages import in_thread
 from safety.encoder import Encoder
-from storage import audit
+from storage import audit, usage_erasure
 from storage.clickhouse import iso
 from storage.usage import UsageStore, open_usage
 from topics.events import AuditEvent, MemoryChanged, PromptAccepted, RunCompleted, RunRejected
@@ -210,6 +210,17 @@ async def on_audit(batch: list[AuditEvent], deps: Deps) -> None:
 
 async def on_changed(batch: list[MemoryChanged], deps: Deps) -> None:
     await search_index.on_changed(batch, deps.index)
+    for event in batch:
+        if (
+            event["action"] == "person_erased"
+        ):  # usage rows kept under a pseudonym, as billing records
+            store = deps.store
+            pseudonym, moved = await in_thread(
+                usage_erasure.pseudonymise, store.backend, store.db, event["user_id"]
+            )
+            log.info(
+                "person %s erased: %d usage rows now under %s", event["user_id"], moved, pseudonym
+            )
 
 
 HANDLERS: list[Handler[Deps]] = [

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.settings import Periods, StackSettings
-from storage import audit, search
+from storage import audit, search, usage_erasure
 from storage.clickhouse import Backend, ChdbBackend, ServerBackend, in_buckets, iso, moment, quote
 from storage.usage_report import LATENCIES, QUANTILES, Report
 
@@ -78,6 +78,7 @@ ADDED = (
     "queue_ms Float64",
     "moderation LowCardinality(String) DEFAULT 'passed'",
     "cost_usd Decimal(18, 9)",
+    "copied UInt8 DEFAULT 0",  # 1: a row moved under an erased person's pseudonym (storage/usage_erasure.py)
 )
 
 # Rollups, filled by materialized views on every insert into `usage` (each run arrives there once):
@@ -148,17 +149,24 @@ def ddl(db: str) -> list[str]:
              error String, at DateTime64(3, 'UTC')
            ) ENGINE = MergeTree ORDER BY (label, suite, case, at)"""
     )
-    statements += audit.ddl(db) + search.ddl(db)
+    statements += audit.ddl(db) + search.ddl(db) + usage_erasure.ddl(db)
     for name, (columns, _, order, _, _) in ROLLUPS.items():
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {db}.{name} ({columns}, {_SUMS}, {_LATENCY_STATES}) "
             f"ENGINE = AggregatingMergeTree ORDER BY ({order})"
         )
-        statements.append(
-            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{name}_mv TO {db}.{name} AS "
-            + rollup_select(name, f"{db}.usage")
-        )
+        statements.append(view(db, name))
     return statements
+
+
+def view(db: str, name: str) -> str:
+    """A rollup's materialized view. The hourly one skips rows moved under an erased person's pseudonym: their
+    runs are counted there already (storage/usage_erasure.py)."""
+    where = " WHERE copied = 0" if name == "usage_hourly" else ""
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{name}_mv TO {db}.{name} AS "
+        + rollup_select(name, f"{db}.usage", where)
+    )
 
 
 # The tables whose rows expire a period after their time (runtime/settings.py Periods): (table, its time as a
@@ -209,6 +217,11 @@ class UsageStore:
         if create:
             for statement in ddl(database):
                 backend.command(statement)
+            if not usage_erasure.hourly_view_current(
+                backend, database
+            ):  # made before erasure existed
+                backend.command(f"DROP VIEW IF EXISTS {database}.usage_hourly_mv")
+                backend.command(view(database, "usage_hourly"))
             expire_by_period(backend, database, periods or Periods())
 
     @classmethod
@@ -240,6 +253,14 @@ class UsageStore:
             batch[(r["user_id"], r["run_id"])] = {k: r[k] for k in USAGE_COLUMNS}
         if not batch:
             return 0
+        erased = usage_erasure.pseudonyms(self.backend, self.db, {u for u, _ in batch})
+        if (
+            erased
+        ):  # a run of someone erased since: under their pseudonym (storage/usage_erasure.py)
+            moved = [
+                {**r, "user_id": erased.get(r["user_id"], r["user_id"])} for r in batch.values()
+            ]
+            batch = {(r["user_id"], r["run_id"]): r for r in moved}
         keys = ", ".join(f"({quote(u)}, {quote(r)})" for u, r in batch)
         stored = self.backend.query(
             f"SELECT user_id, run_id FROM {self.db}.usage WHERE (user_id, run_id) IN ({keys})"

@@ -16,14 +16,20 @@ def test_erasing_a_person_deletes_their_chats_memories_settings_keys_and_decisio
     ada, bo = f"erased-{mark}", f"kept-{mark}"
     with live.client(live.token(ada)) as a, live.client(live.token(bo)) as b:
         chat = a.post("/v1/chats", json={"title": f"about {mark}"}).json()["id"]
-        assert chat_turn(a, chat, f"My codename is {mark}zebra. Say OK.", max_tokens=4)[-1]["event"] == "run.completed"
+        # ordinary words: a random mark in a prompt can read as an injection to the classifier
+        answered = chat_turn(a, chat, "My favourite colour is green. Say OK.", max_tokens=4)[-1]
+        assert answered["event"] == "run.completed"
+        run_id = answered["data"]["run_id"]
         refused = chat_turn(a, chat, HARMFUL)
         assert refused[0]["event"] == "moderation"  # a safety decision of ada's, with her words in its excerpt
         assert a.post("/v1/me/memories", json={"content": f"My codename is {mark}."}).status_code == 201
         assert a.put("/v1/me/instructions", json={"content": f"Call me {mark}."}).status_code == 200
         key = a.post("/v1/api-keys", json={"name": f"laptop {mark}"}).json()
         kept_chat = b.post("/v1/chats", json={"title": f"bo {mark}"}).json()["id"]
-        assert chat_turn(b, kept_chat, f"I am {mark}bo. Say OK.", max_tokens=4)[-1]["event"] == "run.completed"
+        assert (
+            chat_turn(b, kept_chat, "My favourite fruit is a pear. Say OK.", max_tokens=4)[-1]["event"]
+            == "run.completed"
+        )
         for client, chat_id, n in ((a, chat, 4), (b, kept_chat, 2)):
             assert wait_for(lambda c=client, i=chat_id, k=n: len(c.get(f"/v1/chats/{i}/messages").json()["data"]) == k)
 
@@ -66,21 +72,20 @@ def test_erasing_a_person_deletes_their_chats_memories_settings_keys_and_decisio
             ):
                 value = chat_uuid if column == "chat_id" else ada
                 assert not list(session.execute(f"SELECT * FROM {ks}.{table} WHERE {column} = %s", (value,))), table
+            # the usage rows stay as billing records, under a pseudonym (storage/usage_erasure.py)
+            moved = wait_for(lambda: [r for r in live.usage_rows(run_id) if r["user_id"] != ada], 30)
+            assert moved and moved[0]["user_id"].startswith("erased-"), live.usage_rows(run_id)
             # everyone else's is as it was
-            assert [m["content"] for m in b.get(f"/v1/chats/{kept_chat}/messages").json()["data"]][0].startswith(
-                f"I am {mark}bo"
-            )
+            kept = [m["content"] for m in b.get(f"/v1/chats/{kept_chat}/messages").json()["data"]]
+            assert kept[0] == "My favourite fruit is a pear. Say OK."
         finally:
             session.cluster.shutdown()
     with live.client(live.token("root", "pro", admin=True)) as admin:
         assert admin.delete(f"/v1/admin/people/{bo}").json()["chats"] == 1  # an admin erases someone else
     with live.client(credential(f"auditor-{mark}", "pro", 600, role="auditor")) as auditor:
-        audit = wait_for(
-            lambda: [
-                r
-                for r in auditor.get("/v1/admin/audit", params={"action": "person.erase"}).json()["data"]
-                if r["target_user"] in (ada, bo)
-            ],
-            30,
-        )
-        assert {(r["actor"], r["target_user"]) for r in audit} == {(ada, ada), ("root", bo)}
+
+        def erasures() -> set:
+            rows = auditor.get("/v1/admin/audit", params={"action": "person.erase"}).json()["data"]
+            return {(r["actor"], r["target_user"]) for r in rows if r["target_user"] in (ada, bo)}
+
+        assert wait_for(lambda: erasures() == {(ada, ada), ("root", bo)}, 30), erasures()

@@ -13,6 +13,7 @@ from processors.reconcile import compare
 from runtime.settings import Periods
 from storage import audit
 from storage.usage import UsageStore, expire_by_period, ttl_seconds
+from storage.usage_erasure import pseudonymise
 
 PRICES = Prices({"m-small": {"prompt": 0.05, "cached": 0.025, "completion": 0.2}})
 
@@ -124,6 +125,8 @@ def test_compare_finds_missing_extra_and_mismatched_runs():
     assert drift.mismatched == [{"run_id": b["run_id"], "log_vs_stored": {"completion_tokens": (20, 21)}}]
     assert not drift.zero
     assert compare(log, [a, b], 0, 1).zero
+    moved = {**a, "user_id": "erased-0123456789abcdef"}  # an erased person's row: the log still has their id
+    assert compare({a["run_id"]: a}, [moved], 0, 1).zero
 
 
 def test_the_grafana_dashboard_sql_runs_on_the_same_tables(store):
@@ -222,3 +225,30 @@ def test_rows_expire_by_the_settings_periods_and_a_shorter_period_reaches_rows_a
         "usage_daily_user": 0,
     }
     store.close()
+
+
+def test_an_erased_persons_rows_move_under_a_pseudonym_and_every_total_and_rollup_stays_right(store):
+    """storage/usage_erasure.py: the person's rows and daily rollup rows are under a pseudonym, nothing under
+    their id; hourly totals count each run once; a late row of theirs lands under the same pseudonym; the
+    rollups agree with the rows (reconciliation finds nothing)."""
+    now = int(time.time() * 1000)
+    rows = [completed_row(completed(user=u, at=now - 1000 * i), PRICES) for i, u in enumerate(["ann"] * 3 + ["bo"])]
+    assert store.write(rows) == 4
+    before = store.report(now - 3_600_000, now + 60_000)["totals"]
+
+    pseudonym, moved = pseudonymise(store.backend, store.db, "ann")
+    assert moved == 3 and pseudonym.startswith("erased-")
+    assert store.backend.query("SELECT count() AS n FROM parley_test.usage WHERE user_id = 'ann'")[0]["n"] == 0
+    daily = {r["user_id"] for r in store.backend.query("SELECT user_id FROM parley_test.usage_daily_user")}
+    assert daily == {pseudonym, "bo"}
+    assert store.report(now - 3_600_000, now + 60_000)["totals"] == before  # hourly: each run counted once
+    assert store.rollup_drift(now - 3_600_000, now + 60_000) == []
+    assert store.write([rows[0]]) == 0  # delivered again after a crash: already there, under the pseudonym
+    late = completed_row(completed(user="ann"), PRICES)
+    assert store.write([late]) == 1
+    assert store.backend.query(f"SELECT user_id FROM parley_test.usage WHERE run_id = '{late['run_id']}'") == [
+        {"user_id": pseudonym}
+    ]
+    assert pseudonymise(store.backend, store.db, "ann") == (pseudonym, 0)  # erased again: the same pseudonym
+    assert store.rollup_drift(now - 3_600_000, now + 60_000) == []
+    assert "ann" not in str(store.backend.query("SELECT * FROM parley_test.erased_people"))
