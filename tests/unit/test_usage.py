@@ -172,59 +172,66 @@ def test_rows_expire_by_the_settings_periods_and_a_shorter_period_reaches_rows_a
     ends; a changed period is applied to the rows already there, and an unchanged one rewrites nothing."""
     minute, hour = 60 / 86_400, 3600 / 86_400
     store = UsageStore.open(f"chdb://{tmp_path}", "t", periods=Periods(usage=hour, evals=minute, audit=0))
-    now = int(time.time() * 1000)
-    fresh, day_old = completed(at=now - 30_000), completed(user="bo", at=now - 86_400_000)
-    assert store.write([completed_row(e, PRICES) for e in (fresh, day_old)]) == 2
-    evals = [
-        {
-            "label": "a",
-            "suite": "s",
-            "case": c,
-            "pass": 1,
-            "refused": 0,
-            "checks": "",
-            "scores": "",
-            "prompt_tokens": 1,
-            "completion_tokens": 1,
-            "ttft_ms": 1.0,
-            "model": "m",
-            "policy_version": "p",
-            "run_id": "r",
-            "answer": "",
-            "error": "",
-            "at": at,
-        }
-        for c, at in (("new", now), ("old", now - 120_000))
-    ]
-    store.write_evals(evals)
-    audit.write(store.backend, "t", [{"event_id": "e1", "at": now - 10 * 86_400_000, "actor": "root"}])
+    try:  # closed even on a failure: one process holds one chdb folder at a time
+        now = int(time.time() * 1000)
+        # two days old: its daily bucket ended over a day ago whatever the hour (a rollup expires by its bucket's end)
+        fresh, day_old = completed(at=now - 30_000), completed(user="bo", at=now - 2 * 86_400_000)
+        assert store.write([completed_row(e, PRICES) for e in (fresh, day_old)]) == 2
+        evals = [
+            {
+                "label": "a",
+                "suite": "s",
+                "case": c,
+                "pass": 1,
+                "refused": 0,
+                "checks": "",
+                "scores": "",
+                "prompt_tokens": 1,
+                "completion_tokens": 1,
+                "ttft_ms": 1.0,
+                "model": "m",
+                "policy_version": "p",
+                "run_id": "r",
+                "answer": "",
+                "error": "",
+                "at": at,
+            }
+            for c, at in (("new", now), ("old", now - 120_000))
+        ]
+        store.write_evals(evals)
+        audit.write(store.backend, "t", [{"event_id": "e1", "at": now - 10 * 86_400_000, "actor": "root"}])
 
-    def kept(table: str, column: str) -> set:
-        store.backend.command(f"OPTIMIZE TABLE t.{table} FINAL")
-        return {r[column] for r in store.backend.query(f"SELECT {column} FROM t.{table}")}
+        def kept(table: str, column: str) -> set:
+            store.backend.command(f"OPTIMIZE TABLE t.{table} FINAL")
+            return {r[column] for r in store.backend.query(f"SELECT {column} FROM t.{table}")}
 
-    assert kept("usage", "user_id") == {"ann"} and kept("usage_daily_user", "user_id") == {"ann"}
-    assert kept("eval_results", "case") == {"new"}
-    assert kept("audit_log", "event_id") == {"e1"}  # 0 days: kept until deleted
-    store.close()
+        assert kept("usage", "user_id") == {"ann"} and kept("usage_daily_user", "user_id") == {"ann"}
+        assert kept("eval_results", "case") == {"new"}
+        assert kept("audit_log", "event_id") == {"e1"}  # 0 days: kept until deleted
+    finally:
+        store.close()
 
     shorter = Periods(usage=10 / 86_400, evals=minute, audit=5)
     store = UsageStore.open(f"chdb://{tmp_path}", "t", periods=shorter)
-    assert kept("usage", "user_id") == set()  # 30 s old: past the new period, gone from the rows already there
-    assert kept("audit_log", "event_id") == set()
-    assert expire_by_period(store.backend, "t", shorter) == {}  # the same periods: no table rewritten
-    assert (
-        ttl_seconds(
-            store.backend.query("SELECT engine_full FROM system.tables WHERE name = 'usage_hourly'")[0]["engine_full"]
+    try:
+        assert kept("usage", "user_id") == set()  # 30 s old: past the new period, gone from the rows already there
+        assert kept("audit_log", "event_id") == set()
+        assert expire_by_period(store.backend, "t", shorter) == {}  # the same periods: no table rewritten
+        assert (
+            ttl_seconds(
+                store.backend.query("SELECT engine_full FROM system.tables WHERE name = 'usage_hourly'")[0][
+                    "engine_full"
+                ]
+            )
+            == 10
         )
-        == 10
-    )
-    assert expire_by_period(store.backend, "t", Periods(usage=0, evals=minute, audit=5)) == {
-        "usage": 0,
-        "usage_hourly": 0,
-        "usage_daily_user": 0,
-    }
-    store.close()
+        assert expire_by_period(store.backend, "t", Periods(usage=0, evals=minute, audit=5)) == {
+            "usage": 0,
+            "usage_hourly": 0,
+            "usage_daily_user": 0,
+        }
+    finally:
+        store.close()
 
 
 def test_an_erased_persons_rows_move_under_a_pseudonym_and_every_total_and_rollup_stays_right(store):
