@@ -11,7 +11,7 @@ from api.app import create_app
 from api.forwarded import Networks
 from api.server import guarded
 from api.settings import ApiSettings
-from runtime import logs
+from runtime import keys, logs
 
 log = logging.getLogger("parley.api")
 
@@ -40,6 +40,7 @@ def tls(settings: ApiSettings) -> dict[str, str]:
 def main() -> None:
     settings = ApiSettings()
     logs.configure(settings.log_level, settings.log_format)
+    keys.check(settings)
     secure = tls(settings)
     trusted = Networks(settings.trusted_proxies)
     protocol = guarded(settings.header_timeout_s, settings.max_connections_per_client, trusted)

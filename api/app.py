@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import httpx
@@ -26,6 +27,7 @@ from api.retention import sweep_forever
 from api.settings import ApiSettings
 from conversation import tokens
 from registry import client as registry
+from runtime import keys as person_keys
 from runtime import tracing
 from runtime.kafka import AsyncProducer
 from runtime.mcp import ToolServersView
@@ -59,6 +61,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         tracing.setup("parley-api")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, registry.connect, settings.schema_registry_url)
+        sealing = await loop.run_in_executor(
+            None, partial(person_keys.start, settings, "api", creates=True)
+        )
         session = await loop.run_in_executor(None, schema.connect, settings.cassandra)
         keyspace = settings.keyspace_name
         conversations = await loop.run_in_executor(None, Conversations, session, keyspace, "api")
@@ -124,6 +129,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             attached,
             tool_servers,
             provider,
+            sealing,
         )
         sweeper = asyncio.create_task(sweep_forever(app.state.services))
         log.info(
@@ -142,6 +148,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             pools.stop()
             limits.stop()
             replies.stop()
+            if sealing is not None:
+                sealing.stop()
             await producer.close()
             session.cluster.shutdown()
 

@@ -18,6 +18,7 @@ from api.oidc import Provider
 from api.replies import ReplyHub
 from api.settings import ApiSettings
 from runtime.kafka import AsyncProducer
+from runtime.keys import Keyring
 from runtime.mcp import ToolServersView
 from safety.policy import PolicyView
 from storage.api_keys import ApiKeys
@@ -59,6 +60,7 @@ class Services:
     documents: Documents  # files attached to chats (storage/documents.py)
     tool_servers: ToolServersView  # the MCP servers admins registered (runtime/mcp.py)
     provider: Provider | None  # the OpenID Connect provider, when one is configured
+    sealing: Keyring | None  # people's data keys (runtime/keys.py); None: sealing is off
 
 
 def services(request: Request) -> Services:

@@ -5,11 +5,14 @@ the rest goes. Then each chat is deleted as its owner would delete it (api/chat_
 messages, memory, documents and search entries by the stages, its settings and shares here), then their
 memories, instructions and settings, and their row in the directory (with a local account's password). A
 `person_erased` event tells the persistence stage to delete their safety decisions and the metering stage their
-search entries, and to move their usage rows under a pseudonym (storage/usage_erasure.py). What stays: their
-events in the log until the events period ends, and the audit record (docs/privacy.md)."""
+search entries, and to move their usage rows under a pseudonym (storage/usage_erasure.py). Last, their data
+keys are deleted (runtime/keys.py): their text in every record left in the log, in replays, exports and
+backups was sealed with those keys and now reads as erased. What stays: those records' envelopes (ids, times,
+counts) until the events period ends, and the audit record (docs/privacy.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -34,6 +37,7 @@ class Erased(BaseModel):
     memories: int
     api_keys: int
     sessions: int
+    data_keys: int  # deleted: their text in the log, replays, exports and backups no longer opens
 
 
 async def erase_person(deps: Services, user_id: str) -> Erased:
@@ -73,8 +77,20 @@ async def erase_person(deps: Services, user_id: str) -> Erased:
     await deps.producer.publish(MEMORY_CHANGED, event, key=user_id)
     if person is not None:
         await deps.people.forget(person)
+    data_keys = 0
+    if (
+        deps.sealing is not None
+    ):  # last: every copy of their text left anywhere reads as erased from now on
+        data_keys = await asyncio.get_running_loop().run_in_executor(
+            None, deps.sealing.erase, user_id
+        )
     erased = Erased(
-        user_id=user_id, chats=chats, memories=memories, api_keys=keys, sessions=sessions
+        user_id=user_id,
+        chats=chats,
+        memories=memories,
+        api_keys=keys,
+        sessions=sessions,
+        data_keys=data_keys,
     )
     log.info("person %s erased: %s", user_id, erased)
     return erased

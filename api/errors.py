@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runtime.keys import KeysUnavailable
 from runtime.outage import Outage
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,16 @@ def install(app: FastAPI) -> None:
         message = "The event log is unavailable right now; retry shortly."
         return JSONResponse(
             body(503, message, "log_unavailable"), 503, headers={"Retry-After": "5"}
+        )
+
+    @app.exception_handler(KeysUnavailable)
+    async def keys_unavailable(request: Request, exc: KeysUnavailable) -> JSONResponse:
+        """A person's data key could not be made or read (the keys topic out of reach): nothing of theirs was
+        written, sealed or not."""
+        LOG_OUTAGE.failed(f"{request.method} {request.url.path}: {exc}")
+        message = "The data keys are unavailable right now, so nothing was written; retry shortly."
+        return JSONResponse(
+            body(503, message, "keys_unavailable"), 503, headers={"Retry-After": "5"}
         )
 
     async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:

@@ -11,7 +11,7 @@ from inference.engine import Engine, OpenAIStreamEngine
 from inference.settings import InferenceSettings
 from inference.worker import Worker
 from registry import client as registry
-from runtime import logs
+from runtime import keys, logs
 from runtime.settings import state_dir
 
 log = logging.getLogger("inference")
@@ -45,6 +45,8 @@ def main() -> None:
     settings = InferenceSettings()
     logs.configure(settings.log_level, settings.log_format)
     registry.connect(settings.schema_registry_url)
+    keys.check(settings)
+    keys.start(settings, "inference")
     if settings.engine != "llamacpp":  # sglang (GPU) or any OpenAI-style server someone else runs
         key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
         asyncio.run(amain(settings, settings.engine_url, key, None))

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from infra.stack import Stack
 from replay import OUTCOMES
-from runtime.settings import StackSettings
+from runtime import keys
+from runtime.settings import StackSettings, local_kek
 from topics.clock import now_ms
 
 FINDING = 3  # the exit status of a command that ran and found something wrong (infra/cli.py)
@@ -83,7 +84,12 @@ def connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
     update: dict[str, object] = {**local, "namespace": args.namespace, "schema_registry_url": url}
     if getattr(args, "bootstrap", ""):
         update["kafka_bootstrap"] = args.bootstrap
-    return StackSettings().model_copy(update=update), metering
+    if not (os.environ.get("PARLEY_KEK") or os.environ.get("PARLEY_KEK_FILE")):
+        update["kek_file"] = str(local_kek(stack.state))  # the local stack's
+    settings = StackSettings().model_copy(update=update)
+    keys.check(settings)
+    keys.start(settings, "api")  # people's text read through their keys, as the edge reads it
+    return settings, metering
 
 
 def cmd_reconcile(args: argparse.Namespace) -> None:

@@ -22,7 +22,7 @@ import httpx
 
 from infra.processes import LOCAL, alive, child_of, each, held, sh, terminate
 from infra.topology import SINGLE_NODE, Topology
-from runtime.settings import REPO_ROOT, StackSettings, state_dir
+from runtime.settings import REPO_ROOT, StackSettings, local_kek, state_dir
 from topics.pipeline import FAUST_STAGES, process
 
 # Sequences each pool's engine keeps in flight: many short ones, or few long ones (the same KV memory).
@@ -114,6 +114,7 @@ class Stack:
             "LOCAL_INFRA_STATE": str(self.state),
             # the local stack accepts `parley token`'s development tokens (scripts, tests, the sign-in link)
             "PARLEY_DEV_TOKENS": "true",
+            "PARLEY_KEK_FILE": self.kek_file,
             "PARLEY_METERING_URL": f"http://127.0.0.1:{self.port_base + 13}",
             "PARLEY_USAGE_URL": f"chdb://{self.state / 'clickhouse' / self.tag}",
             "PARLEY_SCHEMA_REGISTRY_URL": self.registry or self.registry_url,
@@ -231,10 +232,20 @@ class Stack:
         self._step("tokenizers", self._tokenizers)
 
     @property
+    def kek_file(self) -> str:
+        """The deployment's key-encryption key file where one is given (PARLEY_KEK, if set, wins over any
+        file); else the local stack's, made once in its state folder."""
+        return os.environ.get("PARLEY_KEK_FILE") or str(local_kek(self.state))
+
+    @property
     def settings(self) -> StackSettings:
         """The shared settings every process of this stack runs with."""
         return StackSettings().model_copy(
-            update={"namespace": self.namespace, **self.topology.settings()}
+            update={
+                "namespace": self.namespace,
+                "kek_file": self.kek_file,
+                **self.topology.settings(),
+            }
         )
 
     def _tokenizers(self) -> None:

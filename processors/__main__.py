@@ -12,7 +12,7 @@ import sys
 from processors.settings import ProcessorSettings
 from processors.stage import Stage
 from registry import client as registry
-from runtime import logs
+from runtime import keys, logs
 from topics.pipeline import FAUST_STAGES, process
 
 
@@ -31,6 +31,8 @@ def main() -> None:
     logs.configure(settings.log_level, settings.log_format)
     name = sys.argv[1]
     registry.connect(settings.schema_registry_url)
+    keys.check(settings)
+    keys.start(settings, name)
     stage = build(name, settings)
     sys.argv = [sys.argv[0], "worker"]  # faust's Worker reads argv
     stage.run()

@@ -15,16 +15,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from admission.limits import DEFAULT_TIERS, Limits, change, row_key
 from runtime.kafka import Publisher, delete_topics, ensure_topics
+from runtime.keys import Keyring
 from runtime.settings import StackSettings
 from runtime.window import Read, Window
 from safety.policy import ANY_TIER, Policy, to_record
 from storage.ids import id_time_ms
-from topics.events import PromptAccepted
-from topics.pipeline import LIMITS, POOLS, SAFETY_POLICIES
+from topics.events import PersonKey, PromptAccepted
+from topics.pipeline import LIMITS, PERSON_KEYS, POOLS, SAFETY_POLICIES
 
 THROUGH = ("moderation", "pipeline")
 SEEDED = (
@@ -145,7 +146,8 @@ def setting(text: str) -> tuple[str, str]:
 
 
 def publish_tables(settings: StackSettings, namespace: str, candidate: Candidate) -> None:
-    """The replay's policy and limits tables: production's rows, then the candidate's on top."""
+    """The replay's policy and limits tables (production's rows, then the candidate's on top) and people's data
+    keys, so its stages open the text of the records it replays."""
     producer = Publisher(
         settings.kafka_bootstrap, "api", namespace
     )  # the replay writes what the edge would
@@ -153,6 +155,12 @@ def publish_tables(settings: StackSettings, namespace: str, candidate: Candidate
         rows = list(window.read([Read(SAFETY_POLICIES, 0, 2**62), Read(LIMITS, 0, 2**62)]))
     for row in rows:
         producer.publish(row.topic, row.event, key=row.key)
+    if settings.seal_text:  # people's data keys as they stand now (an erased person's stay deleted)
+        keys = Keyring(settings.kafka_bootstrap, settings.namespace, "api", settings.kek_value())
+        keys.start()
+        for key_id, record in keys.rows().items():
+            producer.publish(PERSON_KEYS, cast(PersonKey, record), key=key_id)
+        keys.stop()
     if candidate.policy is not None:
         policy = to_record(ANY_TIER, Policy(**candidate.policy), "replay")
         producer.publish(SAFETY_POLICIES, policy, key=ANY_TIER)

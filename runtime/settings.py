@@ -31,11 +31,17 @@ def local_internal_token() -> SecretStr:
     return local_secret("internal-token")
 
 
-def local_secret(name: str) -> SecretStr:
+def local_kek(directory: Path) -> Path:
+    """The local stack's key-encryption key (a file its processes read, PARLEY_KEK_FILE): made once."""
+    local_secret("kek", directory)
+    return directory / "kek"
+
+
+def local_secret(name: str, directory: Path | None = None) -> SecretStr:
     """A secret made by whichever process asks first; processes starting at once all end up with that one."""
     import os
 
-    path = state_dir() / name
+    path = (directory or state_dir()) / name
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         draft = path.with_name(f".{name}.{os.getpid()}")
@@ -166,6 +172,20 @@ class StackSettings(BaseSettings):
     cassandra_password: SecretStr = Field(
         SecretStr(""), description="Its password: set it from a secret."
     )
+    # Each person's text sealed with a key of their own (runtime/keys.py, docs/privacy.md).
+    kek: SecretStr = Field(
+        SecretStr(""),
+        description="The key-encryption key: base64 of 32 random bytes (`openssl rand -base64 32`), the same in "
+        "every process. Set it from a secret (or PARLEY_KEK_FILE); a process without it refuses to start.",
+    )
+    kek_file: str = Field(
+        "", description="A file holding the KEK (a mounted Secret): read when kek is empty."
+    )
+    seal_text: bool = Field(
+        True,
+        description="false: people's text goes to the log as it is, to measure what sealing costs "
+        "(bench/sealing.py); an erasure then cannot reach the log's copies.",
+    )
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one object a line with trace and run ids."
@@ -269,6 +289,12 @@ class StackSettings(BaseSettings):
             if self.namespace
             else self.keyspace
         )
+
+    def kek_value(self) -> str:
+        """The key-encryption key, from the setting or its file ("" when neither is set)."""
+        if self.kek.get_secret_value():
+            return self.kek.get_secret_value()
+        return Path(self.kek_file).read_text().strip() if self.kek_file else ""
 
     def internal_headers(self) -> dict[str, str]:
         """How one of the stack's processes (or its CLI) calls another's internal pages."""

@@ -39,6 +39,9 @@ class TopicTable:
         self.topic = topic
         self.name = named(topic, namespace)
         self.since_s = since_s
+        self._bootstrap = bootstrap
+        self._ends: Consumer | None = None
+        self._asking = threading.Lock()
         self._consumer = Consumer(
             consumer_config(
                 bootstrap,
@@ -50,13 +53,16 @@ class TopicTable:
         self._reader = ConsumerThread(self._consumer, f"table-{topic.schema}", self._poll)
         self._caught_up = threading.Event()
         self._pending: dict[int, int] = {}  # partition -> its end at start, until read that far
+        self._partitions: list[int] = []
+        self._read = threading.Condition()
+        self._next: dict[int, int] = {}  # partition -> the offset after the last record read
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Assign every partition and return once the rows present at start have been read."""
         metadata = until_ready(
             f"table {self.name}", lambda: self._consumer.list_topics(self.name, timeout=10)
         )
-        partitions = sorted(metadata.topics[self.name].partitions)
+        partitions = self._partitions = sorted(metadata.topics[self.name].partitions)
         since_ms = int((time.time() - self.since_s) * 1000) if self.since_s is not None else None
         assignment = []
         for p in partitions:
@@ -73,6 +79,7 @@ class TopicTable:
                 )
                 found = until_ready(f"table {self.name}", at)[0]
                 start = found.offset if found.offset >= 0 else high
+            self._next[p] = start
             if start < high:
                 self._pending[p] = high  # caught up once the record before `high` has been read
             assignment.append(TopicPartition(self.name, p, start))
@@ -99,15 +106,37 @@ class TopicTable:
             except PoisonEvent as exc:
                 log.warning("table %s: skipping undecodable row %r: %s", self.name, key, exc)
                 record = self._rows.get(key)  # keep what we had
-        if record is None:
-            self._rows.pop(key, None)  # a tombstone
-        else:
-            self._rows[key] = record
-        partition, offset = msg.partition(), msg.offset() or 0
+        self._apply(key, record)
+        partition, offset = msg.partition() or 0, msg.offset() or 0
+        with self._read:
+            self._next[partition] = offset + 1
+            self._read.notify_all()
         if partition in self._pending and offset + 1 >= self._pending[partition]:
             del self._pending[partition]
             if not self._pending:
                 self._caught_up.set()
+
+    def _apply(self, key: str, record: Event | None) -> None:
+        if record is None:
+            self._rows.pop(key, None)  # a tombstone
+        else:
+            self._rows[key] = record
+
+    def catch_up(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every record written before this call has been read (False: not within timeout_s)."""
+        ends = {}
+        with self._asking:
+            if self._ends is None:  # its own client: the reader's is busy polling on its thread
+                self._ends = Consumer(consumer_config(self._bootstrap, f"{self.name}.ends"))
+            for p in self._partitions:
+                at = partial(
+                    self._ends.get_watermark_offsets, TopicPartition(self.name, p), timeout=5
+                )
+                ends[p] = until_ready(f"table {self.name}", at, timeout_s)[1]
+        with self._read:
+            return self._read.wait_for(
+                lambda: all(self._next.get(p, 0) >= end for p, end in ends.items()), timeout_s
+            )
 
     def rows(self) -> dict[str, Event]:
         return dict(self._rows)
@@ -117,3 +146,5 @@ class TopicTable:
 
     def stop(self) -> None:
         self._reader.stop()
+        if self._ends is not None:
+            self._ends.close()

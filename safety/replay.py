@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from registry import client as registry
+from runtime import keys
 from runtime.settings import StackSettings
 from safety.policy import Decision, Policy, decide
 from topics import codec
@@ -83,6 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = StackSettings()
     registry.connect(settings.schema_registry_url)
+    keys.start(settings, "api")
     namespace = settings.namespace if args.namespace is None else args.namespace
     policy = Policy(**json.loads(open(args.policy).read()))
     report: dict[str, Any] = {"policy_version": policy.version}

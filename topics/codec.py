@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import fastavro
 from fastavro.types import Schema
 
+from topics import sealed
 from topics.errors import PoisonEvent, RetriableError
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
@@ -165,6 +166,17 @@ def use(registry: Schemas) -> Schemas:
     return registry
 
 
+_keys: sealed.Keys | None = None
+
+
+def use_keys(keys: sealed.Keys | None) -> None:
+    """Set this process's data keys (once, in main, after `use`): from then on the text a record carries for a
+    person is sealed as it is encoded and opened as it is decoded (topics/sealed.py). None: written and read
+    as it is (a process that holds no keys sees sealed fields as they are on the wire)."""
+    global _keys
+    _keys = keys
+
+
 def registry() -> Schemas:
     if _schemas is None:
         raise RuntimeError("no schema registry set for this process (topics.codec.use, from main)")
@@ -174,6 +186,8 @@ def registry() -> Schemas:
 def encode(schema_name: str, record: Event) -> bytes:
     buf = io.BytesIO()
     buf.write(HEADER.pack(MAGIC, registry().id_for(schema_name)))
+    if _keys is not None:
+        record = sealed.seal(schema_name, record, _keys)
     fastavro.schemaless_writer(buf, schemas()[schema_name], record)
     return buf.getvalue()
 
@@ -201,4 +215,4 @@ def decode(schema_name: str, payload: bytes | None) -> Event:
         ) from exc
     if buf.tell() != len(payload) or not isinstance(record, dict):
         raise PoisonEvent(f"trailing or malformed bytes in {schema_name}")
-    return record
+    return sealed.open_record(schema_name, record, _keys)

@@ -194,6 +194,18 @@ class OutputModerated(TypedDict):
     moderated_at: ReadOnly[int]
 
 
+class PersonKey(TypedDict):
+    """A person's data key, wrapped by the key-encryption key: what seals the text of their records
+    (topics/sealed.py, runtime/keys.py). Keyed by key_id in a compacted topic; erasing the person deletes it (a
+    tombstone), and every copy of their text becomes unreadable."""
+
+    key_id: ReadOnly[str]
+    user_id: ReadOnly[str]
+    kek_id: ReadOnly[str]
+    wrapped: ReadOnly[bytes]
+    created_at: ReadOnly[int]
+
+
 class PoolStatus(TypedDict):
     """One inference consumer's load, published every quarter second. Keyed by worker_id."""
 
@@ -361,6 +373,7 @@ class TokenDelta(TypedDict):
     tool_calls: NotRequired[ReadOnly[str | None]]
     tool_result: NotRequired[ReadOnly[ToolUse | None]]
     emitted_at: ReadOnly[int]
+    user_id: NotRequired[ReadOnly[str | None]]
 
 
 class ToolServer(TypedDict):

@@ -238,6 +238,24 @@ TOOL_SERVERS = Topic(
     "<server name>",
     (("cleanup.policy", "compact"),),
 )
+# Every person's data keys, wrapped by the key-encryption key (runtime/keys.py, topics/sealed.py): the edge
+# makes a person's key before it writes their first record and deletes them (tombstones) when it erases the
+# person; every process that reads or writes a person's text keeps the whole table. Compaction soon after a
+# delete: the dirty segment rolls within an hour and a tombstone is itself gone a day later.
+PERSON_KEYS = Topic(
+    "keys.person-keys.v1",
+    events.PersonKey,
+    ("api",),
+    ("api", "moderation", "scheduling", "inference", "persistence", "metering", "memory"),
+    SINGLE,
+    "<key_id>",
+    (
+        ("cleanup.policy", "compact"),
+        ("segment.ms", str(3600_000)),
+        ("min.cleanable.dirty.ratio", "0.01"),
+        ("delete.retention.ms", str(86_400_000)),
+    ),
+)
 # Each run's output moderation: every window checked, its scores, and the decision (a retraction or none).
 OUTPUT_MODERATED = Topic(
     "chat.output-moderated.v1",
@@ -287,6 +305,7 @@ TOPICS: tuple[Topic[Any], ...] = (
     LIMITS,
     SAFETY_POLICIES,
     TOOL_SERVERS,
+    PERSON_KEYS,
     POOL_STATUS,
     AUDIT,
 )

@@ -106,6 +106,7 @@ def token_delta(run: RunScheduled, seq: int, kind: str, **fields: Any) -> TokenD
         "tool_calls": None,
         "tool_result": None,
         "emitted_at": now_ms(),
+        "user_id": prompt["user_id"],
         **fields,
     }
     # the fields given are the caller's: the codec checks them at encode

@@ -23,6 +23,7 @@ from infra.stack import Stack
 from infra.topology import CLUSTER, Node
 from registry import client as registry
 from replay.client import ChatClient, Run
+from runtime import keys
 from topics.pipeline import Topic, named
 
 from ..sse import shown
@@ -95,7 +96,10 @@ def cluster() -> Iterator[Cluster]:
     try:
         stack.up()
         registry.connect(stack.registry_url)
+        keyring = keys.start(stack.settings, "api", creates=True)
         yield Cluster(stack)
+        if keyring is not None:
+            keyring.stop()
     finally:
         stack.stop()
         CLUSTER.wipe(stack.state)

@@ -4,6 +4,8 @@ their own addresses)."""
 
 from __future__ import annotations
 
+import base64
+import os
 import secrets
 import time
 import uuid
@@ -27,6 +29,7 @@ def compose(stores, tmp_path_factory):
         name: secrets.token_urlsafe(24)
         for name in ("PARLEY_JWT_SECRET", "PARLEY_INTERNAL_TOKEN", "CLICKHOUSE_PASSWORD")
     }
+    env["PARLEY_KEK"] = base64.b64encode(os.urandom(32)).decode()
     env["PARLEY_DEV_TOKENS"] = "true"  # the test signs in with development tokens
     # The ClickHouse server is the one part with no stand-in here: metering stores usage in the embedded engine.
     chdb = {"PARLEY_USAGE_URL": f"chdb://{scratch / 'clickhouse'}", "PARLEY_NAMESPACE": namespace}

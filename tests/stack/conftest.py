@@ -25,6 +25,7 @@ from infra.processes import LOCAL
 from infra.stack import Stack
 from registry import client as registry
 from replay.client import ChatClient
+from runtime import keys
 from runtime.kafka import delete_topics
 from topics.pipeline import Topic, named
 
@@ -125,9 +126,12 @@ def live() -> Iterator[Live]:
     stack = Stack(namespace=namespace, port_base=PORT_BASE, replicas=2, stages=2, workers={"small": 2, "large": 1})
     stack.up()
     registry.connect(stack.registry_url)  # the tests decode what the stages wrote
+    keyring = keys.start(stack.settings, "api", creates=True)  # through people's keys, as the edge does
     try:
         yield Live(stack, stack.api_url, keycloak)
     finally:
+        if keyring is not None:
+            keyring.stop()
         stack.stop()
         forget_topics(namespace)  # a broker holding every past run's topics restarts slowly after a kill -9
         if keycloak is not None:

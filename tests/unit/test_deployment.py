@@ -21,6 +21,7 @@ def test_compose_file_validates_offline():
         env={
             "PARLEY_JWT_SECRET": "t",
             "PARLEY_INTERNAL_TOKEN": "t",
+            "PARLEY_KEK": "k",
             "CLICKHOUSE_PASSWORD": "t",
             "PATH": "/usr/bin:/bin",
         },

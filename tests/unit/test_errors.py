@@ -13,6 +13,7 @@ from api.openai_request import Completion
 from api.routes.admin import LimitsPatch
 from api.routes.chat_runs import Regenerate
 from api.routes.messages import NewMessage
+from runtime.keys import KeysUnavailable
 
 RAISED = {
     "timeout": OperationTimedOut({"127.0.0.12:9042": "Connection defunct by heartbeat"}),
@@ -25,6 +26,7 @@ RAISED = {
     ),
     "nohost": NoHostAvailable("Unable to complete the operation against any hosts", {}),
     "log": KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)),
+    "keys": KeysUnavailable("keys.person-keys.v1: not acknowledged in time"),
     "bug": ZeroDivisionError("a bug"),
 }
 
@@ -54,6 +56,12 @@ def test_a_log_that_does_not_acknowledge_is_a_retryable_503(client):
     response = client.get("/raise/log")
     assert (response.status_code, response.json()["error"]["code"]) == (503, "log_unavailable")
     assert response.headers["Retry-After"] == "5"
+
+
+def test_data_keys_out_of_reach_are_a_retryable_503(client):
+    response = client.get("/raise/keys")
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "keys_unavailable")
+    assert response.headers["Retry-After"] == "5" and "nothing was written" in response.text
 
 
 def test_anything_else_is_a_500_without_details(client):

@@ -97,6 +97,8 @@ app.kubernetes.io/component: {{ index . 1 }}
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: jwt-secret}}
 - name: PARLEY_INTERNAL_TOKEN
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: internal-token}}
+- name: PARLEY_KEK  # wraps each person's data key (docs/privacy.md)
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: kek}}
 {{- if include "parley.guardUrl" . }}
 - name: PARLEY_GUARD_URL
   value: {{ include "parley.guardUrl" . | quote }}
@@ -173,6 +175,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "parley.secretData" -}}
 jwt-secret: {{ required "secrets.jwtSecret (or secrets.existingSecret) is required" .Values.secrets.jwtSecret | quote }}
 internal-token: {{ required "secrets.internalToken (or secrets.existingSecret) is required" .Values.secrets.internalToken | quote }}
+kek: {{ required "secrets.kek (or secrets.existingSecret) is required: base64 of 32 random bytes" .Values.secrets.kek | quote }}
 clickhouse-password: {{ required "secrets.clickhousePassword (or secrets.existingSecret) is required" .Values.secrets.clickhousePassword | quote }}
 {{- if .Values.secrets.guardApiKey }}
 guard-api-key: {{ .Values.secrets.guardApiKey | quote }}
