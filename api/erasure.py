@@ -63,6 +63,7 @@ async def erase_person(deps: Services, user_id: str) -> Erased:
     memories = len(await deps.memories.kept(user_id))
     await deps.memories.forget_person(user_id)
     await deps.preferences.forget_person(user_id)
+    await deps.responses.forget_person(user_id)
     event: MemoryChanged = {
         "event_id": str(uuid.uuid4()),
         "chat_id": "",

@@ -21,6 +21,9 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS {ks}.responses (
          response_id uuid PRIMARY KEY, user_id text, conversation uuid, reply_partition int, model text,
          messages text, request text, background boolean, created_at timestamp)""",
+    # a person's stored responses, so erasing them finds every one (kept as long as the responses)
+    """CREATE TABLE IF NOT EXISTS {ks}.responses_by_user (
+         user_id text, response_id uuid, PRIMARY KEY (user_id, response_id))""",
 )
 
 
@@ -42,7 +45,7 @@ class StoredResponse:
 
 
 class Responses(Store):
-    WRITERS = {"responses": "api"}
+    WRITERS = {"responses": "api", "responses_by_user": "api"}
 
     def __init__(self, session: Session, keyspace: str, writer: str) -> None:
         super().__init__(session, keyspace, writer)
@@ -53,6 +56,9 @@ class Responses(Store):
         )
         self._get = p(f"SELECT * FROM {ks}.responses WHERE response_id = ?")
         self._delete = p(f"DELETE FROM {ks}.responses WHERE response_id = ?")
+        self._index = p(f"INSERT INTO {ks}.responses_by_user (user_id, response_id) VALUES (?, ?)")
+        self._of = p(f"SELECT response_id FROM {ks}.responses_by_user WHERE user_id = ?")
+        self._unindex = p(f"DELETE FROM {ks}.responses_by_user WHERE user_id = ?")
 
     async def put(self, r: StoredResponse) -> None:
         row = (
@@ -66,6 +72,7 @@ class Responses(Store):
             r.background,
             r.created_at,
         )
+        await self._run(self._index, (r.user_id, r.response_id))
         await self._run(self._put, row)
 
     async def get(self, response_id: uuid.UUID) -> StoredResponse | None:
@@ -86,3 +93,11 @@ class Responses(Store):
 
     async def delete(self, response_id: uuid.UUID) -> None:
         await self._run(self._delete, (response_id,))
+
+    async def forget_person(self, user_id: str) -> int:
+        """Delete every stored response of a person (erasure); how many there were."""
+        found = [row.response_id for row in await self._run(self._of, (user_id,))]
+        for response_id in found:
+            await self._run(self._delete, (response_id,))
+        await self._run(self._unindex, (user_id,))
+        return len(found)

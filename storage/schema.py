@@ -58,7 +58,11 @@ STORES = (
 # The tables whose rows expire a period after they are written (runtime/settings.py Periods): the migration
 # gives each the period as its default_time_to_live. A changed period applies to rows written after the change;
 # a row keeps the TTL it was written with (docs/privacy.md).
-EXPIRING = {"safety_decisions": "safety", "responses": "responses"}
+EXPIRING = {
+    "safety_decisions": "safety",
+    "responses": "responses",
+    "responses_by_user": "responses",
+}
 
 
 def expire_by_period(session: Session, settings: CassandraSettings) -> dict[str, int]:

@@ -82,6 +82,11 @@ def test_erasing_a_person_deletes_their_rows_and_keys_so_no_copy_of_their_text_r
         run_id = answered["data"]["run_id"]
         rated = a.post(f"/v1/chats/{chat}/messages/{run_id}/feedback", json={"rating": "up", "comment": planted})
         assert rated.status_code == 202, rated.text
+        stored = a.post(
+            "/v1/responses",
+            json={"model": "smollm2-135m-instruct", "input": f"Note that {planted}. Say OK.", "max_output_tokens": 4},
+        )
+        assert stored.status_code == 200, stored.text
         refused = chat_turn(a, chat, HARMFUL)
         assert refused[0]["event"] == "moderation"  # a safety decision of ada's, with her words in its excerpt
         key = a.post("/v1/api-keys", json={"name": f"laptop {mark}"}).json()
