@@ -145,7 +145,10 @@ class Keyring(TopicTable):
 
     def opening(self, key_id: str) -> AESGCM | None:
         if key_id not in self._rows and key_id not in self._gone:
-            self.catch_up()  # a key made moments ago by another process
+            if (
+                not self.catch_up()
+            ):  # a key made moments ago by another process: never guess it is gone
+                raise KeysUnavailable(f"the keys on {self.name} could not be read to their end")
             if key_id not in self._rows:
                 self._gone.add(key_id)  # read to the end and not there: deleted, or never made
         return self._cipher(key_id)

@@ -124,7 +124,11 @@ def live() -> Iterator[Live]:
     os.environ.setdefault("PARLEY_TRUSTED_PROXIES", "127.0.0.2")
     os.environ.setdefault("PARLEY_MAX_STREAMS_PER_PERSON", "80")  # tests/stack/test_proxy.py holds 81
     stack = Stack(namespace=namespace, port_base=PORT_BASE, replicas=2, stages=2, workers={"small": 2, "large": 1})
-    stack.up()
+    try:
+        stack.up()
+    except BaseException:
+        stack.stop()  # what had started, so a failed start leaves no process on the suite's ports
+        raise
     registry.connect(stack.registry_url)  # the tests decode what the stages wrote
     keyring = keys.start(stack.settings, "api", creates=True)  # through people's keys, as the edge does
     try:
