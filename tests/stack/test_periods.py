@@ -74,7 +74,11 @@ def test_safety_decisions_and_stored_responses_expire_their_period_after_they_ar
         ensure_keyspace(session, settings)
         for store in (decisions, responses):
             store.create_schema(session, settings.keyspace)
-        assert expire_by_period(session, settings) == {"safety_decisions": 90 * 86_400, "responses": 30 * 86_400}
+        assert expire_by_period(session, settings) == {
+            "safety_decisions": 90 * 86_400,
+            "responses": 30 * 86_400,
+            "responses_by_user": 30 * 86_400,  # a person's index of them, kept as long
+        }
         assert expire_by_period(session, settings) == {}  # unchanged periods: no schema change
 
         store = SafetyDecisions(session, settings.keyspace, "persistence")
