@@ -11,7 +11,7 @@
    deleted every message row (read directly).
 
 Prints JSON and writes bench/results/sealing.json.
-Usage: python bench/sealing.py [--pairs 40] [--messages 10000]
+Usage: python bench/sealing.py [--pairs 150] [--messages 10000]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
-from measure import summary  # noqa: E402
+from measure import pct, summary  # noqa: E402
 from pipeline_ttft import engine_ttft, pipeline_ttft  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -185,7 +185,7 @@ def erasure(stack: Stack, messages: int) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=40)
+    parser.add_argument("--pairs", type=int, default=150)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2000)
@@ -210,7 +210,7 @@ def main() -> None:
         for s in stacks.values():
             s.stop()
             s.forget()
-    p50 = {mode: statistics.median(v) for mode, v in added.items()}
+    p50 = {mode: pct(v, 50) or 0.0 for mode, v in added.items()}
     result = {
         "benchmark": "sealing",
         "pairs_per_mode": args.pairs,
