@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from runtime.kafka import producer_config
+from runtime.kafka import DELIVERY_TIMEOUT_MS, producer_config
 from runtime.settings import StackSettings
 from runtime.tables import TopicTable
 from topics import codec
@@ -89,7 +89,8 @@ class Keyring(TopicTable):
         self._gone: set[str] = set()
         self._lock = threading.Lock()
         self.reader = reader
-        self.write_timeout_s = 10.0
+        # as patient as every other write of the edge: a broker's death and its partitions' new leaders
+        self.write_timeout_s = DELIVERY_TIMEOUT_MS / 1000
         self._producer: Producer | None = None
         if creates:
             check_publish(reader, PERSON_KEYS)

@@ -122,7 +122,7 @@ class TopicTable:
         else:
             self._rows[key] = record
 
-    def catch_up(self, timeout_s: float = 10.0) -> bool:
+    def catch_up(self, timeout_s: float = 30.0) -> bool:
         """Wait until every record written before this call has been read (False: not within timeout_s)."""
         ends = {}
         with self._asking:

@@ -63,6 +63,18 @@ class Cluster:
         meta = self.admin().list_topics(topic, timeout=10).topics[topic]
         return meta.partitions[partition].leader
 
+    def out_of_sync(self) -> list[str]:
+        """The partitions of the stack's topics (and the offsets and schemas) missing a copy from their ISR."""
+        topics = self.admin().list_topics(timeout=10).topics
+        ours = (f"{self.namespace}.", "__consumer_offsets", "_schemas")
+        return [
+            f"{name}[{p.id}] isr={p.isrs}"
+            for name, t in topics.items()
+            if name.startswith(ours)
+            for p in t.partitions.values()
+            if len(p.isrs) != CLUSTER.copies
+        ]
+
     def in_sync(self) -> bool:
         """Every partition of the stack's topics and of the consumer offsets has all its copies in sync."""
         topics = self.admin().list_topics(timeout=10).topics

@@ -114,7 +114,9 @@ def test_a_rolling_restart_of_every_broker_loses_nothing(cluster):
         for broker in cluster.stack.topology.brokers(cluster.stack.state):
             broker.sh("stop")
             broker.sh("start")
-            assert wait_for(lambda: cluster.in_sync(), 120), f"broker {broker.index} did not rejoin"
+            assert wait_for(lambda: cluster.in_sync(), 120), (
+                f"broker {broker.index} did not rejoin: {cluster.out_of_sync()}"
+            )
     check_every_turn(cluster, traffic.streams)
     assert len(traffic.streams) >= 6
 
