@@ -79,9 +79,8 @@ async def erase_person(deps: Services, user_id: str) -> Erased:
     if person is not None:
         await deps.people.forget(person)
     data_keys = 0
-    if (
-        deps.sealing is not None
-    ):  # last: every copy of their text left anywhere reads as erased from now on
+    # last: every copy of their text left anywhere reads as erased from now on
+    if deps.sealing is not None:
         data_keys = await asyncio.get_running_loop().run_in_executor(
             None, deps.sealing.erase, user_id
         )

@@ -82,8 +82,9 @@ class Keyring(TopicTable):
         self, bootstrap: str, namespace: str, reader: str, kek: str, *, creates: bool = False
     ) -> None:
         super().__init__(bootstrap, PERSON_KEYS, namespace, reader)
-        self._kek = AESGCM(kek_bytes(kek))
-        self.kek_id = fingerprint(kek_bytes(kek))
+        raw = kek_bytes(kek)
+        self._kek = AESGCM(raw)
+        self.kek_id = fingerprint(raw)
         self._owners: dict[str, dict[str, int]] = {}  # user_id -> key_id -> created_at
         self._ciphers: dict[str, AESGCM] = {}
         self._gone: set[str] = set()
@@ -104,9 +105,8 @@ class Keyring(TopicTable):
                 f"PARLEY_KEK (fingerprint {self.kek_id}) did not wrap the data keys on {self.name} (wrapped by "
                 f"{', '.join(sorted(foreign))}): this is not the deployment's key-encryption key"
             )
-        for key_id in list(self.rows())[
-            :1
-        ]:  # the fingerprint matches: the first key unwraps, or BadKek
+        # the fingerprint matches: the first key unwraps, or BadKek
+        for key_id in list(self.rows())[:1]:
             self._cipher(key_id)
 
     def _apply(self, key: str, record: Event | None) -> None:
@@ -114,12 +114,11 @@ class Keyring(TopicTable):
             old = self._rows.get(key)
             if old is not None:
                 self._owners.get(str(old["user_id"]), {}).pop(key, None)
+            super()._apply(key, record)
             if record is None:
-                self._rows.pop(key, None)
                 self._ciphers.pop(key, None)
                 self._gone.add(key)
             else:
-                self._rows[key] = record
                 owned = self._owners.setdefault(str(record["user_id"]), {})
                 owned[key] = int(record["created_at"])
 
