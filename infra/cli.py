@@ -1,6 +1,7 @@
 """`parley`: bring the local stack up or down, mint credentials for it, manage its topics, show a run's trace;
 and the commands that read the log and the stores (infra/log_commands.py, infra/eval_commands.py): inspect a run,
-replay recorded runs under a candidate, run evals, export rated answers, reconcile metered usage."""
+replay recorded runs under a candidate, run evals, export rated answers, reconcile metered usage; back a stack up
+and restore it (infra/backup_commands.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import eval_commands, log_commands
+from infra import backup_commands, eval_commands, log_commands
 from infra.stack import Stack
 from infra.topology import CLUSTER, SINGLE_NODE
 
@@ -292,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace.set_defaults(fn=cmd_trace)
     log_commands.add_commands(sub)
     eval_commands.add_commands(sub)
+    backup_commands.add_commands(sub)
     return parser
 
 

@@ -53,14 +53,10 @@ def launch(spec: Processes) -> Stack:
     )
 
 
-def connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
-    """The settings, the schema registry connected, and the metering stage's URL: what the commands that read
-    the log and the stores need. PARLEY_* where the command runs (a pod on a cluster) decide; the local
-    single-node stack's values fill in only what they leave unset. A command's own --bootstrap,
-    --registry-url or --metering-url, where it has them, come first."""
-
-    from registry import client as registry
-
+def stack_settings(args: argparse.Namespace) -> tuple[StackSettings, str]:
+    """The settings and the metering stage's URL of the stack a command names. PARLEY_* where the command runs
+    (a pod on a cluster) decide; the local single-node stack's values fill in only what they leave unset. A
+    command's own --bootstrap, --registry-url or --metering-url, where it has them, come first."""
     stack = Stack(namespace=args.namespace, port_base=args.port_base)
     local = {
         k: v
@@ -72,7 +68,6 @@ def connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
         or os.environ.get("PARLEY_SCHEMA_REGISTRY_URL")
         or stack.registry_url
     )
-    registry.connect(url)
     stage = next(
         s for s in stack.services() if s.name == "metering"
     )  # the local stack's metering stage
@@ -86,9 +81,23 @@ def connected(args: argparse.Namespace) -> tuple[StackSettings, str]:
         update["kafka_bootstrap"] = args.bootstrap
     if not (os.environ.get("PARLEY_KEK") or os.environ.get("PARLEY_KEK_FILE")):
         update["kek_file"] = str(local_kek(stack.state))  # the local stack's
-    settings = StackSettings().model_copy(update=update)
+    if not os.environ.get("PARLEY_USAGE_URL"):
+        update["usage_url"] = stage.env["PARLEY_USAGE_URL"]  # the local stack's engine folder
+    return StackSettings().model_copy(update=update), metering
+
+
+def connected(args: argparse.Namespace, *, creates: bool = False) -> tuple[StackSettings, str]:
+    """The settings, the schema registry connected, the person keys read (made too, with `creates`, as the
+    edge makes them), and the metering stage's URL: what the commands that read the log and the stores need."""
+
+    from registry import client as registry
+
+    settings, metering = stack_settings(args)
+    registry.connect(settings.schema_registry_url)
     keys.check(settings)
-    keys.start(settings, "api")  # people's text read through their keys, as the edge reads it
+    keys.start(
+        settings, "api", creates=creates
+    )  # people's text read through their keys, as the edge does
     return settings, metering
 
 

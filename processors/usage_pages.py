@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from faust.web import View
 
 from processors.stage import Stage
-from storage import audit
+from storage import audit, backup
 from storage.clickhouse import quote
 from storage.usage import UsageStore
 
@@ -85,6 +85,16 @@ def add(stage: Stage, store: UsageStore) -> None:
             q.get("source", "rollup"),
         )
         return web.json(await run(store.report, *args))
+
+    @stage.app.page("/backup-rows/{table}")
+    async def backup_rows(web: Any, request: Any, table: str) -> Any:
+        """A kept table's rows as JSONEachRow, for `parley backup` (storage/backup.py seals their text)."""
+        stage.require_internal(request)
+        if table not in backup.CLICKHOUSE:
+            return web.json({"error": f"{table} is not a table a backup keeps"}, status=404)
+        text = await run(store.backend.dump, f"SELECT * FROM {store.db}.{table}")
+        log.info("backup: %s read, %d bytes", table, len(text))
+        return web.text(text, content_type="application/x-ndjson")
 
     @stage.app.page("/eval-results")
     class Evals(View):

@@ -31,10 +31,18 @@ def moment(ms: int) -> str:
     return f"fromUnixTimestamp64Milli({int(ms)}, 'UTC')"
 
 
+_EXACT = "output_format_json_quote_64bit_integers = 1, output_format_json_quote_decimals = 1"
+
+
 class Backend(Protocol):
     def command(self, sql: str) -> None: ...
     def insert_json(self, table: str, rows: list[dict[str, Any]]) -> None: ...
     def query(self, sql: str) -> list[dict[str, Any]]: ...
+    def dump(self, sql: str) -> str:
+        """The rows of a query as JSONEachRow text, every number as written (64-bit integers and decimals quoted,
+        so no float stands between them and their restore)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -68,6 +76,11 @@ class ChdbBackend:
         text = result.bytes().decode() if hasattr(result, "bytes") else str(result)
         return list(json.loads(text)["data"]) if text.strip() else []
 
+    def dump(self, sql: str) -> str:
+        with self._lock:
+            result = self._session.query(f"{sql} SETTINGS {_EXACT}", "JSONEachRow")
+        return result.bytes().decode() if hasattr(result, "bytes") else str(result)
+
     def close(self) -> None:
         with self._lock:
             self._session.close()
@@ -92,6 +105,9 @@ class ServerBackend:
 
     def query(self, sql: str) -> list[dict[str, Any]]:
         return list(self._client.query(sql).named_results())
+
+    def dump(self, sql: str) -> str:
+        return bytes(self._client.raw_query(f"{sql} SETTINGS {_EXACT}", fmt="JSONEachRow")).decode()
 
     def close(self) -> None:
         self._client.close()

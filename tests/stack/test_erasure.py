@@ -3,10 +3,14 @@ every record left in the log no longer opens (their data keys deleted), all read
 as it was."""
 
 import base64
+import json
 import os
 import random
+import tempfile
 import uuid
+from pathlib import Path
 
+import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
@@ -17,6 +21,7 @@ from topics import codec
 from topics.errors import PoisonEvent
 from topics.pipeline import PERSON_KEYS, TOPICS, named
 
+from .backups import backup_text, fresh, take
 from .conftest import BOOTSTRAP, chat_turn, wait_for
 from .test_documents import attach
 
@@ -113,6 +118,11 @@ def test_erasing_a_person_deletes_their_rows_and_keys_so_no_copy_of_their_text_r
 
         try:
             assert wait_for(lambda: decisions_of(ada), 30), "the refusal's decision was not stored"
+            # A backup taken before she is erased holds her rows with her text sealed: not in it in plaintext
+            folder = Path(tempfile.mkdtemp(prefix="parley-backup-")) / "taken"
+            taken = take(live, folder)
+            held = backup_text(folder)
+            assert ada in held and bo in held and planted not in held and other not in held
             erased = a.delete("/v1/me")
             assert erased.status_code == 200, erased.text
             assert erased.json() | {"sessions": 0} == {
@@ -161,6 +171,7 @@ def test_erasing_a_person_deletes_their_rows_and_keys_so_no_copy_of_their_text_r
                 return [t for t in tables if any(planted in str(r) for r in session.execute(f"SELECT * FROM {ks}.{t}"))]
 
             assert wait_for(lambda: not holding(), 30), holding()
+            restored_without(live, folder, taken, session, (ada, chat, planted, run_id), (bo, kept_chat, bo_said))
         finally:
             session.cluster.shutdown()
 
@@ -190,6 +201,47 @@ def test_erasing_a_person_deletes_their_rows_and_keys_so_no_copy_of_their_text_r
             return {(r["actor"], r["target_user"]) for r in rows if r["target_user"] in (ada, bo)}
 
         assert wait_for(lambda: erasures() == {(ada, ada), ("root", bo)}, 30), erasures()
+
+
+def restored_without(live, folder, taken, session, erased, kept) -> None:
+    """The backup restored onto fresh stores after the erasure: every chat, message, usage row and schema is
+    back but the erased person's; their usage rows come back as billing records under a pseudonym."""
+    ada, chat, planted, run_id = erased
+    bo, kept_chat, bo_said = kept
+    ks = live.stack.settings.keyspace_name
+    with fresh(live, "r") as target:
+        done = target.restore(folder)
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(done.stdout)
+        rks = target.settings.keyspace_name
+        source_chats = {r.chat_id for r in session.execute(f"SELECT chat_id FROM {ks}.chats")}
+        restored_chats = {r.chat_id for r in session.execute(f"SELECT chat_id FROM {rks}.chats")}
+        assert restored_chats == source_chats and uuid.UUID(kept_chat) in restored_chats
+        assert uuid.UUID(chat) not in restored_chats and report["dropped"]["chats"] == 1
+        said = f"SELECT message_id, role, content, created_at FROM {{}}.messages WHERE chat_id = {kept_chat}"
+        kept_messages = list(session.execute(said.format(rks)))
+        assert kept_messages == list(session.execute(said.format(ks))) and kept_messages[0].content == bo_said
+        tables = [
+            r.table_name
+            for r in session.execute("SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (rks,))
+        ]
+
+        def theirs(table: str) -> bool:
+            return any(ada in str(r) or planted in str(r) for r in session.execute(f"SELECT * FROM {rks}.{table}"))
+
+        assert not [t for t in tables if theirs(t)], [t for t in tables if theirs(t)]
+        assert report["clickhouse"]["usage"] == taken["rows"]["clickhouse/usage.jsonl.gz"] > 0
+        db = target.settings.usage_db
+        [row] = target.usage(f"SELECT user_id FROM {db}.usage FINAL WHERE run_id = '{run_id}'")
+        assert row["user_id"].startswith("erased-")
+        assert not target.usage(f"SELECT 1 FROM {db}.chat_search WHERE user_id = '{ada}' OR content LIKE '%{planted}%'")
+        assert target.usage(f"SELECT 1 FROM {db}.chat_search WHERE user_id = '{bo}'")
+        with httpx.Client(base_url=live.stack.registry_url) as now, httpx.Client(base_url=target.registry_url) as back:
+            subjects = now.get("/subjects").json()
+            assert back.get("/subjects").json() == subjects and report["schemas"]["registered"] >= len(subjects)
+            for subject in subjects:
+                latest = f"/subjects/{subject}/versions/latest"
+                assert back.get(latest).json() == now.get(latest).json()
 
 
 def test_a_process_whose_kek_did_not_wrap_the_keys_on_the_log_refuses_to_start(live):
