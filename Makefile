@@ -85,7 +85,7 @@ check: $(STAMP) $(WEB_DEPS)  ## ruff (lint and format), mypy --strict, prettier 
 	$(VENV)/bin/mypy
 	cd web && npm run --silent format:check
 
-bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, a burst with a pro user in it, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover, run lookup and replay throughput, a busy chat's answer, a session's cost, a chat tree's reads, a person's memories recalled, the search store at 100k messages, search end to end, today's OpenAI API (tool calls, Responses, embeddings), a document read per page and type, redaction's false hits on ordinary text, what sealing people's text costs and a 10,000-message erasure (JSON in bench/results/)
+bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resume and cancel, inference pools, admission, a burst with a pro user in it, safety latency and false retractions, a 200-turn chat's memory, the chat app's first token and reload in Chromium, cluster vs single node and failover, run lookup and replay throughput, a busy chat's answer, a session's cost, a chat tree's reads, a person's memories recalled, the search store at 100k messages, search end to end, today's OpenAI API (tool calls, Responses, embeddings), a document read per page and type, redaction's false hits on ordinary text, what sealing people's text costs and a 10,000-message erasure, a backup and restore of 100,000 messages (JSON in bench/results/)
 	$(PY) bench/pipeline_ttft.py
 	$(PY) bench/edge_streams.py
 	$(PY) bench/resume_cancel.py
@@ -109,6 +109,7 @@ bench: setup         ## pipeline TTFT and memory, edge streams and fan-out, resu
 	$(PY) bench/mcp_tools.py
 	$(PY) bench/redaction.py
 	$(PY) bench/sealing.py
+	$(PY) bench/backup.py
 
 lock: $(STAMP)       ## re-resolve the lock files from pyproject.toml (after changing a dependency)
 	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links --allow-unsafe --generate-hashes -o requirements.lock pyproject.toml
