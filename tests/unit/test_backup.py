@@ -61,9 +61,33 @@ def test_a_row_of_nobody_known_is_not_kept():
 
 # The columns of the kept tables that hold words but are not a person's text: ids, names of things, states.
 PLAIN = {
-    "user_id", "owner", "username", "tier", "role", "source", "kind", "model", "pool", "finish_reason", "state",
-    "code", "day", "stage", "action", "category", "policy_version", "run_id", "chat_id", "key_hash", "prefix",
-    "share_id", "k", "scopes", "last_run_id", "in_flight", "message",
+    "user_id",
+    "owner",
+    "username",
+    "tier",
+    "role",
+    "source",
+    "kind",
+    "model",
+    "pool",
+    "finish_reason",
+    "state",
+    "code",
+    "day",
+    "stage",
+    "action",
+    "category",
+    "policy_version",
+    "run_id",
+    "chat_id",
+    "key_hash",
+    "prefix",
+    "share_id",
+    "k",
+    "scopes",
+    "last_run_id",
+    "in_flight",
+    "message",
 }
 
 
