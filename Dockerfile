@@ -33,7 +33,7 @@ COPY replay ./replay
 COPY schemas ./schemas
 COPY --from=web /web/dist ./web/dist
 COPY pyproject.toml ./
-COPY infra/__init__.py infra/cli.py infra/eval_commands.py infra/log_commands.py infra/processes.py infra/run_text.py infra/stack.py infra/topology.py infra/traces.py ./infra/
+COPY infra/__init__.py infra/backup_commands.py infra/certs.py infra/cli.py infra/eval_commands.py infra/kafka_acls.py infra/log_commands.py infra/processes.py infra/run_text.py infra/stack.py infra/topology.py infra/traces.py ./infra/
 # The code runs from /app (it finds schemas/ and web/dist beside its packages), as a user without a shell
 # login; everything it writes (tokenizer cache, faust state, keys) goes to the volume at /var/lib/parley.
 # `parley` is the operator's command (kubectl exec ... -- parley usage reconcile), run from the sources too.

@@ -146,8 +146,10 @@ def cmd_topics(args: argparse.Namespace) -> None:
     import json
 
     from runtime.kafka import ensure_topics, grow_topics
+    from runtime.kafka_auth import secure
 
     stack = _stack(args)
+    secure(stack.settings)
     settings = stack.settings.model_copy(
         update={
             k: v for k, v in (("chat_partitions", args.chat), ("reply_partitions", args.reply)) if v

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from infra.stack import Stack
 from replay import OUTCOMES
-from runtime import keys
+from runtime import kafka_auth, keys
 from runtime.settings import StackSettings, local_kek
 from topics.clock import now_ms
 
@@ -60,7 +60,7 @@ def stack_settings(args: argparse.Namespace) -> tuple[StackSettings, str]:
     stack = Stack(namespace=args.namespace, port_base=args.port_base)
     local = {
         k: v
-        for k, v in stack.topology.settings().items()
+        for k, v in stack.topology.settings(stack.state).items()
         if f"PARLEY_{k.upper()}" not in os.environ
     }
     url = (
@@ -83,7 +83,9 @@ def stack_settings(args: argparse.Namespace) -> tuple[StackSettings, str]:
         update["kek_file"] = str(local_kek(stack.state))  # the local stack's
     if not os.environ.get("PARLEY_USAGE_URL"):
         update["usage_url"] = stage.env["PARLEY_USAGE_URL"]  # the local stack's engine folder
-    return StackSettings().model_copy(update=update), metering
+    settings = StackSettings().model_copy(update=update)
+    kafka_auth.secure(settings)  # this command's Kafka clients sign in as the stack's tools
+    return settings, metering
 
 
 def connected(args: argparse.Namespace, *, creates: bool = False) -> tuple[StackSettings, str]:

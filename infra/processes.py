@@ -12,8 +12,11 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import httpx
 
 from runtime.settings import REPO_ROOT
 
@@ -104,3 +107,28 @@ def terminate(pid_files: Sequence[Path], timeout_s: float = 15.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    port: int
+    health_path: str  # answers 200 once ready
+
+    @property
+    def health(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.health_path}"
+
+
+def settled(response: httpx.Response) -> bool:
+    """Ready, and for a stage also settled: its group is not rebalancing (a stage stays ready through a
+    rebalance, processors/stage.py `readiness`; work started mid-rebalance would move in-flight events)."""
+    if response.status_code != 200:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return True
+    return not isinstance(body, dict) or body.get("settled", True) is not False

@@ -15,13 +15,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
-from infra.processes import LOCAL, alive, child_of, each, held, sh, terminate
-from infra.topology import SINGLE_NODE, Topology
+from infra.processes import LOCAL, Service, alive, child_of, each, held, settled, sh, terminate
+from infra.topology import SINGLE_NODE, Topology, secure_cassandra, secure_kafka
 from runtime.settings import REPO_ROOT, StackSettings, local_kek, state_dir
 from topics.pipeline import FAUST_STAGES, process
 
@@ -36,31 +36,6 @@ ROLES = {
     "registry": "schema-registry",
     "otelcol": "collector",
 }
-
-
-@dataclass(frozen=True)
-class Service:
-    name: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    port: int
-    health_path: str  # answers 200 once ready
-
-    @property
-    def health(self) -> str:
-        return f"http://127.0.0.1:{self.port}{self.health_path}"
-
-
-def settled(response: httpx.Response) -> bool:
-    """Ready, and for a stage also settled: its group is not rebalancing (a stage stays ready through a
-    rebalance, processors/stage.py `readiness`; work started mid-rebalance would move in-flight events)."""
-    if response.status_code != 200:
-        return False
-    try:
-        body = response.json()
-    except ValueError:
-        return True
-    return not isinstance(body, dict) or body.get("settled", True) is not False
 
 
 @dataclass
@@ -123,7 +98,7 @@ class Stack:
                 "OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp_url
             ),
             "OTEL_BSP_SCHEDULE_DELAY": os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "1000"),
-            **self.topology.env(),
+            **self.topology.env(self.state),
             **self.overrides,
         }
         py = sys.executable
@@ -192,6 +167,8 @@ class Stack:
                     "/readyz",
                 )
             )
+        # on a secured topology each process signs in to Kafka as its own stage
+        out = [replace(s, env={**s.env, **self.topology.signin(s.name, self.state)}) for s in out]
         return [s for s in out if s.name in self.only] if self.only else out
 
     def engine_url(self, pool: str = "small", index: int = 0) -> str:
@@ -218,12 +195,17 @@ class Stack:
     def infrastructure(self) -> None:
         """Every broker at once (a quorum forms only once a majority is up); the first Cassandra node (the seed),
         then the others together."""
-        brokers, nodes = self.topology.brokers(self.state), self.topology.cassandra_nodes()
+        brokers, nodes = (
+            self.topology.brokers(self.state),
+            self.topology.cassandra_nodes(self.state),
+        )
         self._step("kafka", lambda: each(brokers, "start"))
 
         def cassandra() -> None:
             each(nodes[:1], "start")
             each(nodes[1:], "start")
+            if self.topology.secured:
+                secure_cassandra(self.topology, self.state)
 
         self._step("cassandra", cassandra)
         self._step("llama-server build", lambda: sh(LOCAL / "build-llama-server.sh"))
@@ -244,7 +226,7 @@ class Stack:
             update={
                 "namespace": self.namespace,
                 "kek_file": self.kek_file,
-                **self.topology.settings(),
+                **self.topology.settings(self.state),
             }
         )
 
@@ -260,12 +242,19 @@ class Stack:
 
     def topics(self) -> None:
         from runtime.kafka import ensure_topics
+        from runtime.kafka_auth import secure
 
         settings = self.settings
+        secure(settings)  # this process's own clients: the stack's tools sign in as admin
         self._step(
             "topics",
             lambda: ensure_topics(settings.kafka_bootstrap, self.namespace, settings.layout),
         )
+        if self.topology.secured:
+            self._step(
+                "kafka users and ACLs",
+                lambda: secure_kafka(self.topology, self.state, self.namespace),
+            )
 
     def schema(self) -> None:
         from storage.schema import migrate
@@ -350,15 +339,20 @@ class Stack:
 
     def down(self) -> None:
         self.stop()
-        each(self.topology.cassandra_nodes(), "stop")
+        each(self.topology.cassandra_nodes(self.state), "stop")
         each(self.topology.brokers(self.state), "stop")
 
     def status(self) -> list[dict[str, object]]:
         """Every process of the stack: brokers, Cassandra nodes, the pipeline's processes and their engines."""
         rows: list[dict[str, object]] = []
         for node in self.topology.nodes(self.state):
-            row: dict[str, object] = {"name": node.name, "role": node.role, "pid": node.pid()}
-            row["address"] = f"{node.host}:{node.port}"
+            address = f"{node.host}:{node.port}"
+            row: dict[str, object] = {
+                "name": node.name,
+                "role": node.role,
+                "pid": node.pid(),
+                "address": address,
+            }
             if node.role == "kafka-broker":
                 row["broker_id"] = node.index
             rows.append(row)
@@ -366,23 +360,17 @@ class Stack:
         for service in self.services():
             role = ROLES.get(service.argv[-1], ROLES.get(service.name, "stage"))
             pid = running.get(service.name)
-            rows.append(
-                {
-                    "name": service.name,
-                    "role": role,
-                    "pid": pid,
-                    "address": f"127.0.0.1:{service.port}",
-                }
-            )
+            address = f"127.0.0.1:{service.port}"
+            rows.append({"name": service.name, "role": role, "pid": pid, "address": address})
             if role == "inference":
                 engine = child_of(pid, "llama-server") if pid else None
-                port = int(service.env["PARLEY_LLAMA_PORT"])
+                address = f"127.0.0.1:{service.env['PARLEY_LLAMA_PORT']}"
                 rows.append(
                     {
                         "name": f"engine-{service.name}",
                         "role": "engine",
                         "pid": engine,
-                        "address": f"127.0.0.1:{port}",
+                        "address": address,
                     }
                 )
         return rows

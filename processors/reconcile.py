@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from tqdm import tqdm
 
 from processors.meter_usage import Prices, usage_row
+from runtime.kafka_auth import client_config
 from runtime.settings import StackSettings
 from storage.usage import COMPARED
 from topics import codec
@@ -89,7 +90,7 @@ def read_log(
     as in ClickHouse), and how many events could not be decoded (those sit in the dead-letter topic)."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"parley-reconcile-{uuid.uuid4()}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,

@@ -21,7 +21,13 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from registry.store import Store
-from runtime.kafka import ConsumerThread, consumer_config, producer_config, until_ready
+from runtime.kafka import (
+    ConsumerThread,
+    consumer_config,
+    producer_config,
+    until_ready,
+)
+from runtime.kafka_auth import client_config
 from topics.pipeline import Layout
 
 log = logging.getLogger(__name__)
@@ -39,7 +45,7 @@ class SchemaLog:
         self._lock = threading.Lock()
 
     def _create(self) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient(client_config(self.bootstrap))
         if (
             self.topic
             in until_ready("registry topic", partial(admin.list_topics, timeout=10)).topics

@@ -32,6 +32,7 @@ from replay.candidate import Candidate
 from replay.compare import compared, summary
 from replay.selection import Recorded, Selection, select
 from runtime.kafka import Publisher
+from runtime.kafka_auth import client_config
 from runtime.settings import StackSettings, state_dir
 from runtime.window import Window
 from storage.history import minted_ms, run_of
@@ -211,7 +212,7 @@ class Replay:
         by_name = {named(t, self.plan.namespace): t for t in topics}
         consumer = Consumer(
             {
-                "bootstrap.servers": self.settings.kafka_bootstrap,
+                **client_config(self.settings.kafka_bootstrap),
                 "group.id": f"{self.plan.namespace}.collect",
             }
         )

@@ -20,6 +20,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from runtime import tracing
+from runtime.kafka_auth import client_config
 from topics import codec
 from topics.codec import Event
 from topics.pipeline import TOPICS, Layout, Topic, check_publish, dead_letter_name, named
@@ -66,7 +67,7 @@ DELIVERY_TIMEOUT_MS = 30_000
 
 def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     return {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap),
         # Long enough for a leader election after a broker dies (seconds), short enough that a client whose
         # request the log cannot take (too few copies in sync) gets an error instead of a hang.
         "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
@@ -86,7 +87,7 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
 
 def consumer_config(bootstrap: str, group: str, **extra: Any) -> dict[str, Any]:
     return {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap),
         "group.id": group,
         "enable.auto.commit": False,  # offsets are committed only after the effect is durable
         "auto.offset.reset": "earliest",
@@ -101,7 +102,7 @@ def ensure_topics(
     """Create every pipeline topic and its dead-letter topic if missing, with the layout's partitions and
     replication, and give the existing ones the layout's retention (a period changed in the settings applies to
     the records already in the log); returns the names created."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap))
     existing = set(admin.list_topics(timeout=10).topics)
     wanted: list[NewTopic] = []
     periods: dict[str, str] = {}
@@ -167,7 +168,7 @@ def align_retention(admin: AdminClient, periods: dict[str, str]) -> list[str]:
 
 def delete_topics(bootstrap: str, namespace: str) -> list[str]:
     """Delete every topic of a namespace (a finished replay's, a benchmark's); returns the names deleted."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap))
     mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{namespace}.")]
     for future in admin.delete_topics(mine, operation_timeout=30).values() if mine else ():
         future.result()
@@ -206,7 +207,7 @@ def grow_topics(
     of the topics grown. Chat-keyed topics all grow to one count, so a chat's events still meet on matching
     partitions. A chat whose key now hashes to a new partition continues there: its turn in flight during the
     change may be handled beside, not after, the one before (docs/decisions/0011-replicated-data-plane.md)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap))
     current = admin.list_topics(timeout=10).topics
     wanted = {
         named(t, namespace): layout.partitions(t)
@@ -348,7 +349,7 @@ class AsyncProducer(StageProducer):
 def partition_count(bootstrap: str, name: str) -> int:
     """The partitions a topic has, as the cluster says: the settings' count is applied only by `parley topics
     grow`, so code that picks a partition itself asks the cluster (a partition past the end cannot be written)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap))
     metadata = until_ready(f"partitions of {name}", lambda: admin.list_topics(name, timeout=10))
     return len(metadata.topics[name].partitions)
 

@@ -136,6 +136,7 @@ class CassandraSettings:
     serial_consistency: str  # lightweight transactions (IF ...)
     username: str = ""  # password authentication, when the cluster requires it
     password: str = field(default="", repr=False)
+    ca_file: str = ""  # TLS to every node, checked against this CA
     periods: Periods = Periods()  # the TTLs of its tables that expire by age (storage/schema.py)
 
 
@@ -143,6 +144,18 @@ class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARLEY_", frozen=True, extra="ignore")
 
     kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_username: str = Field(
+        "",
+        description="Set: every connection to Kafka is SASL_SSL, signing in with SCRAM-SHA-512 as this user "
+        "(one per stage: api, moderation, scheduling, inference, persistence, metering, memory, registry).",
+    )
+    kafka_password: SecretStr = Field(
+        SecretStr(""), description="Its password: set it from a secret."
+    )
+    kafka_ca_file: str = Field(
+        "",
+        description="A PEM file of the CA that signed the brokers' certificates (a mounted Secret).",
+    )
     schema_registry_url: str = "http://127.0.0.1:8081"
     namespace: str = Field("", description="Prefix of every topic, consumer group and keyspace.")
     internal_token: SecretStr = Field(
@@ -171,6 +184,11 @@ class StackSettings(BaseSettings):
     )
     cassandra_password: SecretStr = Field(
         SecretStr(""), description="Its password: set it from a secret."
+    )
+    cassandra_ca_file: str = Field(
+        "",
+        description="A PEM file of the CA that signed the nodes' certificates: set, every connection is TLS "
+        "and each node's certificate is checked against it (a mounted Secret).",
     )
     # Each person's text sealed with a key of their own (runtime/keys.py, docs/privacy.md).
     kek: SecretStr = Field(
@@ -279,6 +297,7 @@ class StackSettings(BaseSettings):
             serial_consistency=self.cassandra_serial_consistency,
             username=self.cassandra_username,
             password=self.cassandra_password.get_secret_value(),
+            ca_file=self.cassandra_ca_file,
             periods=self.periods,
         )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from runtime.kafka_auth import client_config
 from topics import codec
 from topics.errors import PoisonEvent
 from topics.pipeline import Topic, named
@@ -50,7 +51,7 @@ class Window:
         self.namespace = namespace
         self.consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **client_config(bootstrap),
                 "group.id": f"parley-window-{uuid.uuid4().hex}",  # never committed: no group state is kept
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,

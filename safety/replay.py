@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from registry import client as registry
 from runtime import keys
+from runtime.kafka_auth import client_config
 from runtime.settings import StackSettings
 from safety.policy import Decision, Policy, decide
 from topics import codec
@@ -53,7 +54,7 @@ def events(
     """Every decodable record of the topic, from its start to its end when called (or what was read by
     timeout_s)."""
     name = named(topic, namespace)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"replay-{uuid.uuid4().hex}"})
+    consumer = Consumer({**client_config(bootstrap), "group.id": f"replay-{uuid.uuid4().hex}"})
     try:
         meta = consumer.list_topics(name, timeout=10).topics[name]
         parts = [TopicPartition(name, p, 0) for p in meta.partitions]

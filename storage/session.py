@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -202,6 +203,18 @@ def idempotent(session: Session) -> Callable[[str], PreparedStatement]:
     return prepare
 
 
+def tls(ca_file: str) -> ssl.SSLContext | None:
+    """TLS to every node, its certificate checked against the CA (None: plaintext). The driver connects to
+    the addresses the cluster advertises, so the chain is checked rather than each host name: the CA is the
+    deployment's own and signs only its nodes."""
+    if not ca_file:
+        return None
+    context = ssl.create_default_context(cafile=ca_file)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 def connect_session(settings: CassandraSettings, timeout_s: float = 90.0) -> Session:
     """Connect, retrying while a node that has just started (or is swamped by every stage connecting at once
     on a small machine) does not answer yet. A failed connect shuts its Cluster down, so each try builds one.
@@ -235,6 +248,7 @@ def connect_session(settings: CassandraSettings, timeout_s: float = 90.0) -> Ses
             auth_provider=PlainTextAuthProvider(settings.username, settings.password)
             if settings.username
             else None,
+            ssl_context=tls(settings.ca_file),
         )
         try:
             return cluster.connect()

@@ -11,6 +11,7 @@
 #   One node of a cluster (infra/stack.py starts three, each on its own loopback address and the same ports):
 #      CASSANDRA_NAME (cassandra: the state folder) CASSANDRA_HOST (127.0.0.1: listen and client address)
 #      CASSANDRA_SEEDS (this host) CASSANDRA_INITIAL_TOKEN (unset: the single node's own choice)
+#   CASSANDRA_SECURE_DIR (unset: open): a folder of infra/certs.py's files; clients then sign in and speak TLS
 set -euo pipefail
 SVC=cassandra
 # shellcheck source=infra/local/_lib.sh
@@ -27,6 +28,7 @@ CASSANDRA_JMX_PORT="${CASSANDRA_JMX_PORT:-}"
 CASSANDRA_HEAP="${CASSANDRA_HEAP:-512m}"
 CASSANDRA_START_TIMEOUT="${CASSANDRA_START_TIMEOUT:-180}"
 CASSANDRA_ROOT_LOG_LEVEL="${CASSANDRA_ROOT_LOG_LEVEL:-WARN}"
+CASSANDRA_SECURE_DIR="${CASSANDRA_SECURE_DIR:-}"
 
 SRC="$LI_DIR/cassandra"
 HOME_DIR="$STATE_ROOT/$CASSANDRA_NAME"
@@ -102,6 +104,21 @@ cmd_start() {
       -e "s/^rpc_address: .*/rpc_address: $CASSANDRA_HOST/" \
       -e "s/- seeds: .*/- seeds: \"$CASSANDRA_SEEDS\"/" \
       "$SRC/cassandra.yaml" > "$RUN/cassandra.yaml"
+  # Secured (the local cluster profile, infra/certs.py): password authentication and TLS for every client.
+  if [ -n "$CASSANDRA_SECURE_DIR" ]; then
+    sed -i -e "s/^authenticator: .*/authenticator: PasswordAuthenticator/" \
+           -e "s/^authorizer: .*/authorizer: CassandraAuthorizer/" "$RUN/cassandra.yaml"
+    cat >> "$RUN/cassandra.yaml" <<YAML
+client_encryption_options:
+  enabled: true
+  optional: false
+  keystore: $CASSANDRA_SECURE_DIR/node.p12
+  keystore_password: $(cat "$CASSANDRA_SECURE_DIR/keystore-password")
+  store_type: PKCS12
+  require_client_auth: false
+YAML
+    extra+=("-Dcassandra.superuser_setup_delay_ms=0")
+  fi
   # A node of a fresh cluster takes its place in the ring at once (no data to stream yet); the caller spreads
   # the ring's tokens evenly. Restarted later, a node keeps the tokens it saved.
   if [ -n "$CASSANDRA_INITIAL_TOKEN" ]; then

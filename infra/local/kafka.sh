@@ -10,6 +10,7 @@
 # Env: KAFKA_VERSION (4.3.1) KAFKA_HOST (127.0.0.1) KAFKA_PORT (9092) KAFKA_CONTROLLER_PORT (9093)
 #      KAFKA_HEAP (384m) KAFKA_JAVA_HOME (else JAVA_HOME/PATH; needs 17+) KAFKA_START_TIMEOUT (90)
 #      KAFKA_ROOT_LOG_LEVEL (WARN) KAFKA_CLUSTER_ID (random) LOCAL_INFRA_STATE (<repo>/.local-infra)
+#      KAFKA_SECURE_DIR (unset: plaintext; else infra/certs.py's files: SASL_SSL with SCRAM users and ACLs)
 #   One node of a cluster (infra/stack.py starts three): KAFKA_NAME (kafka: the state folder under
 #      LOCAL_INFRA_STATE) KAFKA_NODE_ID (1) KAFKA_VOTERS (id@host:port,...; default this node alone)
 #      KAFKA_REPLICATION (1: copies of the internal topics and the default for new ones; min ISR is a
@@ -31,6 +32,7 @@ KAFKA_NODE_ID="${KAFKA_NODE_ID:-1}"
 KAFKA_VOTERS="${KAFKA_VOTERS:-${KAFKA_NODE_ID}@${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}}"
 KAFKA_REPLICATION="${KAFKA_REPLICATION:-1}"
 KAFKA_MIN_ISR=$((KAFKA_REPLICATION / 2 + 1))
+KAFKA_SECURE_DIR="${KAFKA_SECURE_DIR:-}"
 
 SRC="$LI_DIR/kafka"
 HOME_DIR="$STATE_ROOT/$KAFKA_NAME"
@@ -44,6 +46,38 @@ cmd_fetch() {
     -Dli.kafka.version="$KAFKA_VERSION"
 }
 
+# Open (the default): plaintext, anyone may do anything. Secured (KAFKA_SECURE_DIR, infra/certs.py's files):
+# clients sign in with SCRAM-SHA-512 over TLS, each user may do only what its ACLs grant (infra/kafka_acls.py),
+# and the brokers talk to each other as `admin` and to the controllers over mutual TLS as the nodes' certificate.
+listeners() {
+  if [ -z "$KAFKA_SECURE_DIR" ]; then
+    cat <<PROPS
+listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+advertised.listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT}
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+PROPS
+    return
+  fi
+  cat <<PROPS
+listeners=SASL_SSL://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
+advertised.listeners=SASL_SSL://${KAFKA_HOST}:${KAFKA_PORT}
+inter.broker.listener.name=SASL_SSL
+listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$(cat "$KAFKA_SECURE_DIR/kafka-admin-password")";
+ssl.keystore.type=PEM
+ssl.keystore.location=${KAFKA_SECURE_DIR}/node.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=${KAFKA_SECURE_DIR}/ca.pem
+listener.name.controller.ssl.client.auth=required
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:admin;User:CN=parley-node
+allow.everyone.if.no.acl.found=false
+PROPS
+}
+
 write_config() {
   # Static quorum (controller.quorum.voters) => format WITHOUT --standalone: every node of a cluster is a
   # broker and a controller, and names the same voters. (The 4.x sample config/server.properties uses
@@ -53,10 +87,7 @@ process.roles=broker,controller
 node.id=${KAFKA_NODE_ID}
 controller.quorum.voters=${KAFKA_VOTERS}
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT},CONTROLLER://${KAFKA_HOST}:${KAFKA_CONTROLLER_PORT}
-advertised.listeners=PLAINTEXT://${KAFKA_HOST}:${KAFKA_PORT}
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+$(listeners)
 log.dirs=${DATA}
 
 # Copies: the internal topics (consumer offsets, transactions) and new topics get KAFKA_REPLICATION copies, a
@@ -112,7 +143,11 @@ format_if_needed() {
   [ -n "$cid" ] || cid="$(storage_tool random-uuid | tail -n 1)"
   log "formatting $DATA (cluster.id=$cid)"
   # the = form: a random id may start with "-", which would read as an option
-  storage_tool format --ignore-formatted --cluster-id="$cid" -c "$CONF" >"$LOGS/format.out"
+  local -a scram=()
+  # the brokers' own user, there before any broker is up (the others are made through the cluster)
+  [ -n "$KAFKA_SECURE_DIR" ] && \
+    scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$(cat "$KAFKA_SECURE_DIR/kafka-admin-password")]")
+  storage_tool format --ignore-formatted --cluster-id="$cid" -c "$CONF" "${scram[@]}" >"$LOGS/format.out"
 }
 
 cmd_start() {

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import Cluster as CqlCluster
+from cassandra.cluster import Session
+from cassandra.policies import WhiteListRoundRobinPolicy
 from confluent_kafka.admin import AdminClient
 
 from api.auth import credential
@@ -24,6 +28,8 @@ from infra.topology import CLUSTER, Node
 from registry import client as registry
 from replay.client import ChatClient, Run
 from runtime import keys
+from runtime.kafka_auth import security
+from storage.session import tls
 from topics.pipeline import Topic, named
 
 from ..sse import shown
@@ -50,14 +56,29 @@ class Cluster:
     def topic(self, topic: Topic) -> str:
         return named(topic, self.namespace)
 
+    def kafka(self, **extra: object) -> dict:
+        """A Kafka client's configuration, signed in as the stack's tools (admin) over TLS."""
+        return {"bootstrap.servers": CLUSTER.kafka_bootstrap, **security(self.stack.settings), **extra}
+
     def admin(self) -> AdminClient:
-        return AdminClient({"bootstrap.servers": CLUSTER.kafka_bootstrap})
+        return AdminClient(self.kafka())
+
+    def cql(self, host: str) -> Session:
+        """A session on one Cassandra node alone, signed in as the stack over TLS."""
+        settings = self.stack.settings.cassandra
+        return CqlCluster(
+            [host],
+            protocol_version=5,
+            load_balancing_policy=WhiteListRoundRobinPolicy([host]),
+            auth_provider=PlainTextAuthProvider(settings.username, settings.password),
+            ssl_context=tls(settings.ca_file),
+        ).connect()
 
     def broker(self, broker_id: int) -> Node:
         return next(b for b in CLUSTER.brokers(self.stack.state) if b.index == broker_id)
 
     def cassandra(self, index: int) -> Node:
-        return self.stack.topology.cassandra_nodes()[index - 1]
+        return self.stack.topology.cassandra_nodes(self.stack.state)[index - 1]
 
     def leader(self, topic: str, partition: int) -> int:
         meta = self.admin().list_topics(topic, timeout=10).topics[topic]

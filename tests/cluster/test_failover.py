@@ -9,10 +9,7 @@ import signal
 import time
 
 import httpx
-from cassandra.cluster import Cluster as CqlCluster
-from cassandra.policies import WhiteListRoundRobinPolicy
 
-from infra.topology import CLUSTER
 from topics import codec
 from topics.pipeline import POOL_STATUS, RUN_COMPLETED, TOKEN_DELTA, TOPICS
 
@@ -62,8 +59,7 @@ def test_topics_and_keyspace_keep_three_copies(cluster):
     assert config["unclean.leader.election.enable"].value == "false"
     assert len(meta[cluster.topic(TOKEN_DELTA)].partitions) == cluster.stack.settings.reply_partitions
     assert len(meta[cluster.topic(RUN_COMPLETED)].partitions) == cluster.stack.settings.chat_partitions
-    first = WhiteListRoundRobinPolicy(["127.0.0.11"])
-    session = CqlCluster(["127.0.0.11"], protocol_version=5, load_balancing_policy=first).connect()
+    session = cluster.cql("127.0.0.11")
     try:
         keyspace = cluster.stack.settings.keyspace_name
         row = session.execute("SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = %s", (keyspace,))
@@ -99,8 +95,7 @@ def test_killing_a_cassandra_node_loses_no_stored_message(cluster):
         time.sleep(8)  # turns are started, answered and stored while the node is down
     check_every_turn(cluster, traffic.streams)
     node.sh("start")
-    only = WhiteListRoundRobinPolicy([node.host])  # ask the restarted node itself
-    session = CqlCluster([node.host], protocol_version=5, load_balancing_policy=only).connect()
+    session = cluster.cql(node.host)  # ask the restarted node itself
     try:
         peers = {str(r.peer) for r in session.execute("SELECT peer FROM system.peers_v2")}
         assert peers == {"127.0.0.11", "127.0.0.13"}
@@ -155,7 +150,7 @@ def pool_partitions(cluster, pool: str) -> dict[str, set[int]]:
     from confluent_kafka import Consumer, TopicPartition
 
     name = cluster.topic(POOL_STATUS)
-    consumer = Consumer({"bootstrap.servers": CLUSTER.kafka_bootstrap, "group.id": f"t-{time.time()}"})
+    consumer = Consumer(cluster.kafka(**{"group.id": f"t-{time.time()}"}))
     try:
         since = int(time.time() * 1000) - 3000
         [start] = consumer.offsets_for_times([TopicPartition(name, 0, since)], timeout=10)

@@ -191,7 +191,7 @@ async def test_a_batch_a_record_fails_in_is_handled_one_record_at_a_time_and_onl
 def test_a_replica_stays_in_its_service_through_a_rebalance_but_a_stack_waits_for_it_to_settle():
     import httpx
 
-    from infra.stack import settled
+    from infra.processes import settled
     from processors.stage import readiness
 
     assert readiness(True, False, 100.0, 100.0, 60) == (200, {"status": "ok", "settled": True})

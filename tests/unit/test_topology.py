@@ -33,10 +33,10 @@ def test_cluster_nodes_share_one_quorum_and_an_even_ring(tmp_path):
     assert {b.env["KAFKA_VOTERS"] for b in brokers} == {"1@127.0.0.11:9093,2@127.0.0.12:9093,3@127.0.0.13:9093"}
     assert len({b.env["KAFKA_CLUSTER_ID"] for b in brokers}) == 1 and len({b.env["KAFKA_NAME"] for b in brokers}) == 3
     assert CLUSTER.brokers(tmp_path)[0].env["KAFKA_CLUSTER_ID"] == brokers[0].env["KAFKA_CLUSTER_ID"]  # made once
-    tokens = [int(n.env["CASSANDRA_INITIAL_TOKEN"]) for n in CLUSTER.cassandra_nodes()]
+    tokens = [int(n.env["CASSANDRA_INITIAL_TOKEN"]) for n in CLUSTER.cassandra_nodes(tmp_path)]
     gaps = {b - a for a, b in zip(tokens, tokens[1:] + [tokens[0] + 2**64], strict=True)}
     assert tokens[0] == -(2**63) and max(gaps) - min(gaps) <= 2
-    assert {n.env["CASSANDRA_SEEDS"] for n in CLUSTER.cassandra_nodes()} == {"127.0.0.11"}
+    assert {n.env["CASSANDRA_SEEDS"] for n in CLUSTER.cassandra_nodes(tmp_path)} == {"127.0.0.11"}
 
 
 def test_status_lists_every_process_with_its_role_address_and_broker_id(capsys, tmp_path, monkeypatch):

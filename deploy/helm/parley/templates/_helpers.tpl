@@ -49,6 +49,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ include "parley.envFrom" (list . (include "parley.secretName" .)) }}
 {{- end -}}
 
+{{/* With kafka.sasl, the Kafka user a process signs in as (its stage's: ACLs let it read and write only its
+topics) and its password, the Secret's kafka-password-<user>: include "parley.kafkaUser" (list $ "api" [secret]) */}}
+{{- define "parley.kafkaUser" -}}
+{{- $root := index . 0 -}}
+{{- $secret := ternary (index . (sub (len .) 1)) (include "parley.secretName" $root) (eq (len .) 3) -}}
+{{- if $root.Values.kafka.sasl }}
+- name: PARLEY_KAFKA_USERNAME
+  value: {{ index . 1 | quote }}
+- name: PARLEY_KAFKA_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ $secret }}, key: {{ printf "kafka-password-%s" (index . 1) }}}}
+{{- end }}
+{{- end -}}
+
 {{/* The same, with the credentials from a named Secret: include "parley.envFrom" (list $ "name") */}}
 {{- define "parley.envFrom" -}}
 {{- $secret := index . 1 -}}
@@ -84,6 +97,14 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ .Values.cassandra.username | quote }}
 - name: PARLEY_CASSANDRA_PASSWORD
   valueFrom: {secretKeyRef: {name: {{ $secret }}, key: cassandra-password}}
+{{- end }}
+{{- if .Values.cassandra.caSecret }}
+- name: PARLEY_CASSANDRA_CA_FILE  # TLS to every node (docs/decisions/0032)
+  value: /etc/parley/cassandra-ca/ca.crt
+{{- end }}
+{{- if .Values.kafka.caSecret }}
+- name: PARLEY_KAFKA_CA_FILE
+  value: /etc/parley/kafka-ca/ca.crt
 {{- end }}
 - name: PARLEY_USAGE_URL
   value: {{ required "clickhouse.url is required: a cluster stores usage in a ClickHouse server" .Values.clickhouse.url | quote }}
@@ -186,6 +207,11 @@ oidc-client-secret: {{ .Values.secrets.oidcClientSecret | quote }}
 {{- if .Values.cassandra.username }}
 cassandra-password: {{ required "secrets.cassandraPassword is required with cassandra.username" .Values.secrets.cassandraPassword | quote }}
 {{- end }}
+{{- if .Values.kafka.sasl }}
+{{- range list "admin" "api" "moderation" "scheduling" "inference" "persistence" "metering" "memory" "registry" }}
+{{ printf "kafka-password-%s" . }}: {{ required (printf "secrets.kafkaPasswords.%s is required with kafka.sasl" .) (get $.Values.secrets.kafkaPasswords .) | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The Secret the migration reads: the existing one, or the hook's own copy (the release's Secret is made
@@ -206,6 +232,12 @@ securityContext:
 volumeMounts:
   - {name: state, mountPath: /var/lib/parley}
   - {name: tmp, mountPath: /tmp}
+{{- if .Values.kafka.caSecret }}
+  - {name: kafka-ca, mountPath: /etc/parley/kafka-ca, readOnly: true}
+{{- end }}
+{{- if .Values.cassandra.caSecret }}
+  - {name: cassandra-ca, mountPath: /etc/parley/cassandra-ca, readOnly: true}
+{{- end }}
 {{- end -}}
 
 {{/* A process that counts tokens (engine: gpu): the stateMounts and the models volume, where each pool's
@@ -222,6 +254,14 @@ tokenizer is. */}}
   emptyDir: {}
 - name: tmp
   emptyDir: {}
+{{- with .Values.kafka.caSecret }}
+- name: kafka-ca
+  secret: {secretName: {{ . }}, defaultMode: 0444, items: [{key: ca.crt, path: ca.crt}]}
+{{- end }}
+{{- with .Values.cassandra.caSecret }}
+- name: cassandra-ca
+  secret: {secretName: {{ . }}, defaultMode: 0444, items: [{key: ca.crt, path: ca.crt}]}
+{{- end }}
 {{- end -}}
 
 {{- define "parley.processVolumes" -}}
