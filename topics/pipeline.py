@@ -158,6 +158,9 @@ TOKEN_DELTA = Topic(
     REPLY,
     "reply_partition",
     kept=STREAM,
+    # a run's own records read back: where a consumer taking it over resumes, whether the edge was told it
+    # is queued (runtime/reply_log.py)
+    readers=("inference", "scheduling"),
 )
 RUN_COMPLETED = Topic(
     "chat.run-completed.v1",

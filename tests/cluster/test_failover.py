@@ -74,27 +74,31 @@ def test_killing_the_leader_broker_mid_answer_loses_nothing(cluster):
     replies = cluster.topic(TOKEN_DELTA)
     leader = cluster.leader(replies, 0)  # edge 0 reads reply partition 0: the streams' own path
     node = cluster.broker(leader)
-    with Traffic(cluster) as traffic:
-        traffic.flowing()
-        killed_at = time.monotonic()
-        os.kill(node.pid(), signal.SIGKILL)
-        assert wait_for(lambda: traffic.first_token_after(killed_at), 120), "no token after the kill"
-        time.sleep(3)  # more turns start while the broker is down
-        print(f"kill -9 of broker {leader} to the next token: {traffic.first_token_after(killed_at):.3f} s")
-    assert cluster.leader(replies, 0) != leader
-    check_every_turn(cluster, traffic.streams)
-    node.sh("start")
+    try:
+        with Traffic(cluster) as traffic:
+            traffic.flowing()
+            killed_at = time.monotonic()
+            os.kill(node.pid(), signal.SIGKILL)
+            assert wait_for(lambda: traffic.first_token_after(killed_at), 120), "no token after the kill"
+            time.sleep(3)  # more turns start while the broker is down
+            print(f"kill -9 of broker {leader} to the next token: {traffic.first_token_after(killed_at):.3f} s")
+        assert cluster.leader(replies, 0) != leader
+        check_every_turn(cluster, traffic.streams)
+    finally:
+        node.sh("start")  # a failure above must not leave the tests after it a broker short
     assert wait_for(lambda: cluster.in_sync(), 120), "the broker did not rejoin every partition"
 
 
 def test_killing_a_cassandra_node_loses_no_stored_message(cluster):
     node = cluster.cassandra(2)
-    with Traffic(cluster) as traffic:
-        traffic.flowing()
-        os.kill(node.pid(), signal.SIGKILL)
-        time.sleep(8)  # turns are started, answered and stored while the node is down
-    check_every_turn(cluster, traffic.streams)
-    node.sh("start")
+    try:
+        with Traffic(cluster) as traffic:
+            traffic.flowing()
+            os.kill(node.pid(), signal.SIGKILL)
+            time.sleep(8)  # turns are started, answered and stored while the node is down
+        check_every_turn(cluster, traffic.streams)
+    finally:
+        node.sh("start")  # a failure above must not leave the tests after it a node short
     session = cluster.cql(node.host)  # ask the restarted node itself
     try:
         peers = {str(r.peer) for r in session.execute("SELECT peer FROM system.peers_v2")}

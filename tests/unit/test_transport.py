@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from infra import certs, kafka_acls
 from runtime.kafka_auth import security
 from runtime.settings import StackSettings
-from topics.pipeline import PERSON_KEYS, PROMPT_ACCEPTED, RUN_CONTROL, TOPICS, named
+from topics.pipeline import PERSON_KEYS, PROMPT_ACCEPTED, RUN_CONTROL, TOKEN_DELTA, TOPICS, named
 
 
 def granted(user: str) -> set[tuple[str, AclOperation]]:
@@ -30,6 +30,8 @@ def test_each_stage_may_write_what_it_publishes_and_read_what_it_consumes_and_no
     assert (prompts, AclOperation.WRITE) in granted("api") and (prompts, AclOperation.WRITE) not in granted("memory")
     assert (control, AclOperation.READ) in granted("inference")
     assert not {name for name, _ in granted("memory")} & {control}
+    for reader in ("inference", "scheduling"):  # a run's own records read back at a takeover, or to see it queued
+        assert (named(TOKEN_DELTA, "ns"), AclOperation.READ) in granted(reader)
     assert (f"{named(RUN_CONTROL, 'ns')}.dlq", AclOperation.WRITE) in granted("inference")  # its poison records
     for user in kafka_acls.users():
         if user == kafka_acls.REGISTRY:
