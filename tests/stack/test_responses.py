@@ -93,7 +93,8 @@ def test_a_background_response_is_polled_resumed_on_another_replica_and_cancelle
     with client_of(token) as client, client_of(token, replica=1) as other:
         queued = client.responses.create(
             model=LONG,  # room for an answer that outlasts the cancel
-            input="Write a very long story about the sea.",
+            # hundreds of tokens (the model ended a shorter ask before a cancel arrived)
+            input="Write a very long story about the sea, at least 2000 words, in many chapters.",
             background=True,
             max_output_tokens=4000,
         )
