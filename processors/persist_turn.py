@@ -180,7 +180,7 @@ async def store(prompt: PromptAccepted, message: Message, deps: Deps) -> None:
     messages erased before this write (MEMORY_CHANGED is another topic, handled beside this one), so its
     messages are erased once more and nothing of it outlives the delete."""
     if chat_id := await stored_chat(prompt, deps):
-        await deps.conversations.put_message(chat_id, message)
+        await deps.conversations.put_message(chat_id, message, prompt["user_id"])
         if await deps.conversations.deleted(chat_id):
             await deps.conversations.erase_messages(chat_id)
             log.info(

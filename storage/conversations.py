@@ -15,6 +15,7 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
+from storage.at_rest import opened, seal
 from storage.ids import MIN_ID, new_id, now
 from storage.rows import (
     MESSAGE_COLUMNS,
@@ -190,9 +191,10 @@ class Conversations(Store):
     ) -> tuple[uuid.UUID, datetime]:
         chat_id, at = chat_id or new_id(), now()
         # Either alone is invisible: a chat is listed only through both, and nobody has its id before the 201.
+        sealed = seal(user_id, title)  # the owner's words, at rest too (storage/at_rest.py)
         await self._all(
-            (self._insert_chat, (chat_id, user_id, title, at, at)),
-            (self._insert_activity, (user_id, at, chat_id, title, at)),
+            (self._insert_chat, (chat_id, user_id, sealed, at, at)),
+            (self._insert_activity, (user_id, at, chat_id, sealed, at)),
         )
         return chat_id, at
 
@@ -211,10 +213,10 @@ class Conversations(Store):
         return True
 
     async def rename_chat(self, chat: Chat, title: str) -> None:
-        active = active_at(chat)
+        active, sealed = active_at(chat), seal(chat.user_id, title)
         await self._all(  # the list shows the chat row's title; the activity row's is a copy
-            (self._set_title, (title, chat.chat_id)),
-            (self._insert_activity, (chat.user_id, active, chat.chat_id, title, chat.created_at)),
+            (self._set_title, (sealed, chat.chat_id)),
+            (self._insert_activity, (chat.user_id, active, chat.chat_id, sealed, chat.created_at)),
         )
 
     async def delete_chat(self, chat: Chat) -> None:
@@ -249,7 +251,7 @@ class Conversations(Store):
             for row in rows:
                 chat = current.get(row.chat_id)
                 if chat is not None and chat.last_active_at == row.active_at:
-                    found.append(row._replace(title=chat.title))
+                    found.append(row._replace(title=opened(chat.title)))
             if len(rows) < limit:
                 break
             after = (rows[-1].active_at, rows[-1].chat_id)
@@ -262,7 +264,7 @@ class Conversations(Store):
         if not await self._swap_latest(chat, chat.last_run_id, str(run_id)):
             raise ChatBusy(str(chat.chat_id))
         at = now()
-        listed = (chat.user_id, at, chat.chat_id, chat.title, chat.created_at)
+        listed = (chat.user_id, at, chat.chat_id, seal(chat.user_id, chat.title), chat.created_at)
         try:  # in this order, a failure between writes leaves the chat listed once, at its old or new place
             run = (chat.chat_id, run_id, reply_partition)
             await self._all((self._insert_run, run), (self._insert_activity, listed))
@@ -349,13 +351,13 @@ class Conversations(Store):
         return found[0] if found else None
 
     async def edit_message(
-        self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str | None
+        self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str | None, owner: str = ""
     ) -> datetime:
         """A user's edit (None: a delete); returns its time. The change is marked first: a summary begun before
         it is discarded even if the edit itself fails."""
         at = now()
         await self._run(self._set_memory_changed, (at, chat_id))
-        await self._run(self._put_change, (chat_id, message_id, content, at))
+        await self._run(self._put_change, (chat_id, message_id, seal(owner, content), at))
         return at
 
     async def erase_messages(self, chat_id: uuid.UUID) -> None:
@@ -383,9 +385,9 @@ class Conversations(Store):
     async def has_message(self, chat_id: uuid.UUID, message_id: uuid.UUID) -> bool:
         return (await self._run(self._run_end, (chat_id, message_id))).one() is not None
 
-    async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
-        """Idempotent: the message id comes from the event, so a redelivered event rewrites the same row."""
-        await self._run(self._insert_message, (chat_id, *message_row(message)))
+    async def put_message(self, chat_id: uuid.UUID, message: Message, owner: str = "") -> None:
+        """Idempotent (a redelivered event rewrites its row); the owner's text sealed with their key."""
+        await self._run(self._insert_message, (chat_id, *message_row(message, owner)))
 
     async def set_feedback(
         self, chat_id: uuid.UUID, message_id: uuid.UUID, rating: str | None

@@ -13,6 +13,7 @@ from typing import Any
 
 from cassandra.cluster import Session
 
+from storage.at_rest import opened, seal
 from storage.ids import now, utc
 from storage.session import Store, create_tables
 
@@ -64,7 +65,12 @@ class Memories(Store):
     def _of(r: Any, with_embedding: bool = False) -> PersonMemory:
         embedding = tuple(r.embedding) if with_embedding else ()
         return PersonMemory(
-            str(r.memory_id), r.content, r.source, utc(r.created_at), utc(r.updated_at), embedding
+            str(r.memory_id),
+            opened(r.content),
+            r.source,
+            utc(r.created_at),
+            utc(r.updated_at),
+            embedding,
         )
 
     async def kept(self, user_id: str, limit: int = 1000) -> list[PersonMemory]:
@@ -87,7 +93,8 @@ class Memories(Store):
         """Write a memory (a new one, or an edit keeping its first time): idempotent, keyed by its id."""
         at = now()
         first = created_at or at
-        await self._run(self._put, (user_id, memory_id, content, embedding, source, first, at))
+        sealed = seal(user_id, content)  # at rest with their key (storage/at_rest.py)
+        await self._run(self._put, (user_id, memory_id, sealed, embedding, source, first, at))
         return PersonMemory(str(memory_id), content, source, first, at)
 
     async def delete(self, user_id: str, memory_id: uuid.UUID) -> None:

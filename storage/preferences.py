@@ -10,6 +10,7 @@ from datetime import datetime
 
 from cassandra.cluster import Session
 
+from storage.at_rest import opened, seal
 from storage.ids import now, utc
 from storage.session import Store, create_tables
 
@@ -100,7 +101,7 @@ class Preferences(Store):
             return "", None, PersonSettings()
         at = utc(row.updated_at) if row.updated_at else None
         return (
-            row.instructions or "",
+            opened(row.instructions) or "",
             at,
             PersonSettings(row.memories is not False, row.delete_after_days),
         )
@@ -112,7 +113,7 @@ class Preferences(Store):
 
     async def set_instructions(self, user_id: str, content: str) -> datetime:
         at = now()
-        await self._run(self._put_instructions, (user_id, content, at))
+        await self._run(self._put_instructions, (user_id, seal(user_id, content), at))
         return at
 
     async def settings(self, user_id: str) -> PersonSettings:

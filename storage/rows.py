@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from storage.at_rest import opened, seal
 from storage.ids import utc
 
 
@@ -81,7 +82,7 @@ def chat_of(row: Any) -> Chat:
     return Chat(
         row.chat_id,
         row.user_id,
-        row.title,
+        opened(row.title),
         row.created_at,
         row.last_run_id,
         row.last_active_at,
@@ -96,25 +97,26 @@ def active_at(chat: Chat) -> datetime:
 
 
 def change_of(row: Any) -> Change:
-    return Change(row.content, utc(row.changed_at))
+    return Change(opened(row.content), utc(row.changed_at))
 
 
-def message_row(message: Message) -> tuple[Any, ...]:
-    """The columns a message is written as, after its chat's id (the feedback column is the user's alone)."""
+def message_row(message: Message, owner: str) -> tuple[Any, ...]:
+    """The columns a message is written as, after its chat's id, its owner's text sealed with their key (the
+    feedback column is the user's alone)."""
     m = message
     return (
         uuid.UUID(m.id),
         m.role,
-        m.content,
+        seal(owner, m.content),
         m.created_at,
         m.run_id,
         m.model,
         m.finish_reason,
         m.pool,
         uuid.UUID(m.parent_id) if m.parent_id else None,
-        list(m.memories) or None,
-        json.dumps(list(m.sources)) if m.sources else None,
-        json.dumps(list(m.tools)) if m.tools else None,
+        [seal(owner, x) for x in m.memories] or None,
+        seal(owner, json.dumps(list(m.sources))) if m.sources else None,
+        seal(owner, json.dumps(list(m.tools))) if m.tools else None,
     )
 
 
@@ -140,10 +142,12 @@ MESSAGE_COLUMNS = (
 
 
 def message_of(row: Any) -> Message:
+    """A stored message, its owner's text opened (storage/at_rest.py)."""
+    sources, tools = opened(row.sources), opened(row.tools)
     return Message(
         str(row.message_id),
         row.role,
-        row.content,
+        opened(row.content),
         utc(row.created_at),
         row.run_id,
         row.model,
@@ -151,7 +155,7 @@ def message_of(row: Any) -> Message:
         row.pool,
         row.feedback,
         str(row.parent_id) if row.parent_id else None,
-        tuple(row.memories or ()),
-        tuple(json.loads(row.sources)) if row.sources else (),
-        tuple(json.loads(row.tools)) if row.tools else (),
+        tuple(opened(m) for m in row.memories or ()),
+        tuple(json.loads(sources)) if sources else (),
+        tuple(json.loads(tools)) if tools else (),
     )

@@ -177,6 +177,11 @@ def use_keys(keys: sealed.Keys | None) -> None:
     _keys = keys
 
 
+def keys() -> sealed.Keys | None:
+    """This process's data keys (None: it holds none), for the stores that seal text at rest too."""
+    return _keys
+
+
 def registry() -> Schemas:
     if _schemas is None:
         raise RuntimeError("no schema registry set for this process (topics.codec.use, from main)")

@@ -231,7 +231,9 @@ async def edit_message(
     content = redacted(policies, settings, user, body.content, "edit").text
     parsed, _ = await owned_chat(conversations, user, chat_id)
     message = await owned_message(conversations, settings, parsed, message_id)
-    at = epoch_ms(await conversations.edit_message(parsed, uuid.UUID(message.id), content))
+    at = epoch_ms(
+        await conversations.edit_message(parsed, uuid.UUID(message.id), content, user.user_id)
+    )
     fields = {"message_id": message.id, "role": message.role, "content": content}
     await memory_changed(producer, parsed, user.user_id, "edited", at, **fields)
     log.info("chat %s: message %s edited by %s", chat_id, message.id, user.user_id)

@@ -16,10 +16,12 @@ from confluent_kafka import Consumer, TopicPartition
 
 from api.auth import credential
 from runtime import keys
+from storage import at_rest
 from storage.session import connect_session
 from topics import codec
 from topics.errors import PoisonEvent
 from topics.pipeline import PERSON_KEYS, TOPICS, named
+from topics.sealed import is_sealed
 
 from .backups import backup_text, fresh, take
 from .conftest import BOOTSTRAP, chat_turn, wait_for
@@ -118,6 +120,10 @@ def test_erasing_a_person_deletes_their_rows_and_keys_so_no_copy_of_their_text_r
 
         try:
             assert wait_for(lambda: decisions_of(ada), 30), "the refusal's decision was not stored"
+            # The tables hold each person's text sealed with their key too, and open it through the keys
+            said = f"SELECT content FROM {ks}.messages WHERE chat_id = %s"
+            [raw, _] = list(session.execute(said, (uuid.UUID(kept_chat),)))
+            assert is_sealed(raw.content) and at_rest.opened(raw.content) == bo_said
             # A backup taken before she is erased holds her rows with her text sealed: not in it in plaintext
             folder = Path(tempfile.mkdtemp(prefix="parley-backup-")) / "taken"
             taken = take(live, folder)
@@ -220,7 +226,8 @@ def restored_without(live, folder, taken, session, erased, kept) -> None:
         assert uuid.UUID(chat) not in restored_chats and report["dropped"]["chats"] == 1
         said = f"SELECT message_id, role, content, created_at FROM {{}}.messages WHERE chat_id = {kept_chat}"
         kept_messages = list(session.execute(said.format(rks)))
-        assert kept_messages == list(session.execute(said.format(ks))) and kept_messages[0].content == bo_said
+        assert kept_messages == list(session.execute(said.format(ks)))  # sealed at rest as they were
+        assert at_rest.opened(kept_messages[0].content) == bo_said
         tables = [
             r.table_name
             for r in session.execute("SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (rks,))

@@ -16,12 +16,14 @@ from processors.settings import ProcessorSettings
 from replay.client import ChatClient
 from runtime.settings import DEFAULT_POOLS
 from safety.encoder import Encoder
+from storage.at_rest import opened
 from storage.conversations import Conversations
 from storage.documents import Documents
 from storage.ids import MIN_ID, epoch_ms, id_time_us, new_id
 from storage.memory import Memory
 from topics import codec
 from topics.pipeline import PROMPT_ACCEPTED, RUN_COMPLETED, RUN_SCHEDULED, TOKEN_DELTA
+from topics.sealed import is_sealed
 
 from .conftest import BOOTSTRAP, chat_turn, for_run, read_topic, wait_for
 
@@ -190,7 +192,8 @@ def test_edits_deletes_and_resets_update_memory(live):
         f"SELECT content FROM {ks}.messages WHERE chat_id = %s AND message_id = %s",
         (uuid.UUID(chat_id), uuid.UUID(colour_id)),
     ).one()
-    assert recorded.content == "I like the colour green."  # what the log recorded, rewritten by the redelivery
+    # what the log recorded, rewritten by the redelivery; sealed at rest with the person's key
+    assert is_sealed(recorded.content) and opened(recorded.content) == "I like the colour green."
 
     reset = client.post(f"/v1/chats/{chat_id}/context/reset")
     assert reset.status_code == 200

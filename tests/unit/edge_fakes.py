@@ -87,7 +87,9 @@ class FakeChats(FakeConversations):
         found = [m for m in self.messages.get(chat_id, {}).values() if m.id == str(message_id)]
         return next(iter(overlay(found, self.edits.get(chat_id, {}))), None)
 
-    async def edit_message(self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str | None) -> datetime:
+    async def edit_message(
+        self, chat_id: uuid.UUID, message_id: uuid.UUID, content: str | None, owner: str = ""
+    ) -> datetime:
         at = now()
         self.edits.setdefault(chat_id, {})[str(message_id)] = Change(content, at)
         return at

@@ -68,7 +68,7 @@ class FakeConversations:
     async def deleted(self, chat_id: uuid.UUID, wait_s: float = 0.0) -> bool:
         return chat_id not in self.chats
 
-    async def put_message(self, chat_id: uuid.UUID, message: Message) -> None:
+    async def put_message(self, chat_id: uuid.UUID, message: Message, owner: str = "") -> None:
         self.messages.setdefault(chat_id, {})[message.id] = message
 
     async def skeleton(self, chat_id: uuid.UUID) -> list[tuple[str, str | None, str]]:

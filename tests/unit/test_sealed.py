@@ -157,3 +157,29 @@ def test_a_process_refuses_to_start_without_a_key_encryption_key_or_with_a_malfo
     person_keys.check(StackSettings(kek="", seal_text=False))  # sealing off: nothing to check
     a, b = os.urandom(32), os.urandom(32)
     assert person_keys.fingerprint(a) == person_keys.fingerprint(a) != person_keys.fingerprint(b)
+
+
+def test_a_stored_message_is_sealed_at_rest_with_its_owners_key_and_opens_as_it_was(keys):
+    import json
+    import uuid
+    from collections import namedtuple
+    from datetime import UTC, datetime
+
+    from storage.rows import MESSAGE_COLUMNS, Message, message_of, message_row
+
+    message = Message(
+        str(uuid.uuid1()), "assistant", PLANTED, datetime.now(UTC), memories=(PLANTED,),
+        sources=({"name": "notes.txt", "text": PLANTED},), tools=({"name": "lookup", "content": PLANTED},),
+    )  # fmt: skip
+    written = message_row(message, "ada")
+    assert PLANTED not in json.dumps(written, default=str) and sealed.is_sealed(written[2])
+    Row = namedtuple("Row", [c.strip() for c in MESSAGE_COLUMNS.split(",")])
+    values = dict(
+        zip(("message_id", "role", "content", "created_at", "run_id", "model", "finish_reason", "pool"), written)
+    )
+    row = Row(**values, feedback=None, parent_id=None, memories=written[9], sources=written[10], tools=written[11])
+    assert message_of(row) == message
+    keys.erase("ada")
+    gone = message_of(row)
+    assert gone.content == sealed.ERASED and gone.memories == (sealed.ERASED,)
+    assert message_row(message, "")[2] == PLANTED  # no owner (a tool writing rows of nobody's): as it is
