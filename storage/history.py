@@ -19,6 +19,7 @@ from cassandra.query import ValueSequence
 
 from runtime import tracing
 from runtime.window import Read, Record, Window
+from storage.at_rest import opened
 from storage.ids import id_time_ms
 from storage.session import connect_session
 from topics.pipeline import (
@@ -314,6 +315,7 @@ def stored(history: History, settings: Any, metering_url: str) -> dict[str, Any]
         out["messages"] = [
             {
                 **row._asdict(),
+                "content": opened(row.content),  # sealed with its owner's key (storage/at_rest.py)
                 "message_id": str(row.message_id),
                 "created_at": iso(_ms(row.created_at) or 0),
             }
