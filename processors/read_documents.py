@@ -48,7 +48,7 @@ async def on_document(
         _, sections = await asyncio.to_thread(extract, document.name, data, limits)
     except Refused as exc:
         failed = Status("failed", exc.code, exc.message, 0, 0, 0)
-        await store.read(chat_id, document_id, [], failed)
+        await store.read(chat_id, document_id, [], failed, document.user_id)
         READ.labels(exc.code).inc()
         log.info("chat %s: document %s not read: %s", chat_id, document_id, exc.code)
         return
@@ -63,7 +63,7 @@ async def on_document(
     ]
     chars = sum(len(s.text) for s in sections)
     ready = Status("ready", "", "", len(found), chars, len(sections))
-    await store.read(chat_id, document_id, rows, ready)
+    await store.read(chat_id, document_id, rows, ready, document.user_id)
     if await store.get(chat_id, document_id) is None:  # deleted while it was read
         await store.forget(chat_id, document_id)
     READ.labels("ready").inc()

@@ -154,14 +154,17 @@ async def embed(texts: list[str], deps: Deps) -> list[list[float]]:
     return [v.tolist() for v in vectors]
 
 
-async def remember(chat_id: uuid.UUID, items: list[tuple[str, str, str, int]], deps: Deps) -> None:
-    """(message id, role, text, the text's time in epoch µs) -> the chat's vector index."""
+async def remember(
+    chat_id: uuid.UUID, owner: str, items: list[tuple[str, str, str, int]], deps: Deps
+) -> None:
+    """(message id, role, text, the text's time in epoch µs) -> the chat's vector index, the text sealed with
+    the owner's key."""
     items = [i for i in items if i[2].strip()]
     if not items:
         return
     vectors = await embed([text for _, _, text, _ in items], deps)
     for (message_id, role, text, at_us), vector in zip(items, vectors, strict=True):
-        await deps.memory.remember(chat_id, uuid.UUID(message_id), role, text, vector, at_us)
+        await deps.memory.remember(chat_id, uuid.UUID(message_id), role, text, vector, at_us, owner)
         EMBEDDED.labels(role).inc()
 
 
@@ -258,7 +261,7 @@ async def store_summary(done: RunCompleted, deps: Deps) -> None:
         summary = Summary(
             request["version"], request["through"], text, deps.counter.count(text), prompt["run_id"]
         )
-        await deps.memory.put_summary(chat_id, summary)
+        await deps.memory.put_summary(chat_id, summary, prompt["user_id"])
         chat = await reread(chat_id, deps)
         if chat is None:
             return
@@ -305,7 +308,7 @@ async def on_completed(done: RunCompleted, deps: Deps) -> None:
         else (i, role, text, id_time_us(uuid.UUID(i)))
         for i, role, text in written
     ]
-    await remember(chat_id, items, deps)
+    await remember(chat_id, prompt["user_id"], items, deps)
     if await reread(chat_id, deps) is None:
         return
     await maybe_summarize(prompt, deps, (chat, changes))
@@ -331,9 +334,8 @@ async def on_changed(change: MemoryChanged, deps: Deps) -> None:
         message_id = uuid.UUID(change["message_id"])
         text = change["content"] or ""
         if action == "edited" and text.strip():  # the new text replaces the old row (same key)
-            await remember(
-                chat_id, [(change["message_id"], change["role"] or "user", text, at_us)], deps
-            )
+            item = (change["message_id"], change["role"] or "user", text, at_us)
+            await remember(chat_id, change["user_id"], [item], deps)
         else:
             await deps.memory.forget(chat_id, message_id, at_us)
         await deps.memory.drop_summaries_covering(chat_id, message_id)

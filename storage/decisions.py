@@ -1,15 +1,17 @@
 """Moderation decisions that matched a rule (blocks, warnings, retractions), newest first per UTC day: the
 admins' review list for false positives. Written by the persistence stage from the moderation events; the
-decision id is the event's, so a redelivery rewrites the same row."""
+decision id is the event's, so a redelivery rewrites the same row. The excerpt is sealed with its person's key
+(storage/at_rest.py)."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from cassandra.cluster import Session
 
+from storage.at_rest import opened, seal
 from storage.ids import utc
 from storage.session import Store, create_tables
 
@@ -61,7 +63,9 @@ class SafetyDecisions(Store):
         )
 
     async def put(self, d: SafetyDecision) -> None:
-        await self._run(self._insert, (_day(d.at), *astuple(d)))  # columns in the dataclass's order
+        sealed = replace(d, excerpt=seal(d.user_id, d.excerpt) or "")
+        # the columns in the dataclass's order
+        await self._run(self._insert, (_day(sealed.at), *astuple(sealed)))
 
     async def forget_person(self, user_id: str, days: int) -> int:
         """Delete the person's decisions of the last `days` UTC days (older ones have expired); how many."""
@@ -88,7 +92,8 @@ class SafetyDecisions(Store):
             rows = await self._run(
                 self._list, (_day(now - timedelta(days=back)), limit - len(found))
             )
-            found += [SafetyDecision(row.decision_id, utc(row.at), *row[2:]) for row in rows]
+            decided = (SafetyDecision(row.decision_id, utc(row.at), *row[2:]) for row in rows)
+            found += [replace(d, excerpt=opened(d.excerpt)) for d in decided]
         return found
 
 

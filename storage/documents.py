@@ -4,7 +4,8 @@ embeddings and where each is (page, slide, sheet), and how the reading went.
 
 The edge writes the file and its row (`documents`, `document_blobs`); the memory stage writes what it read
 (`document_passages`, `document_status`). All of a chat's rows are one partition per table, so deleting a chat
-deletes them with one tombstone each. Design: docs/decisions/0027-documents-in-a-chat.md."""
+deletes them with one tombstone each. A document's name, its file and what was read of it are sealed with its
+owner's key (storage/at_rest.py). Design: docs/decisions/0027-documents-in-a-chat.md."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from cassandra.cluster import Session
 
+from storage.at_rest import opened, opened_bytes, seal, seal_bytes
 from storage.ids import now, utc
 from storage.session import Store, create_tables
 
@@ -124,16 +126,24 @@ class Documents(Store):
     async def put(self, document: Document, data: bytes) -> None:
         """The parts first, then the row that lists the document: one cut short is never listed."""
         for part in range(document.parts):
-            chunk = data[part * PART_BYTES : (part + 1) * PART_BYTES]
+            chunk = seal_bytes(document.user_id, data[part * PART_BYTES : (part + 1) * PART_BYTES])
             await self._run(self._put_part, (document.document_id, part, chunk))
         d = document
-        row = (d.chat_id, d.document_id, d.user_id, d.name, d.kind, d.size, d.parts, d.created_at)
+        name = seal(d.user_id, d.name)
+        row = (d.chat_id, d.document_id, d.user_id, name, d.kind, d.size, d.parts, d.created_at)
         await self._run(self._put, row)
 
     @staticmethod
     def _document(r: Any) -> Document:
         return Document(
-            r.chat_id, r.document_id, r.user_id, r.name, r.kind, r.size, r.parts, utc(r.created_at)
+            r.chat_id,
+            r.document_id,
+            r.user_id,
+            opened(r.name),
+            r.kind,
+            r.size,
+            r.parts,
+            utc(r.created_at),
         )
 
     async def listed(self, chat_id: uuid.UUID) -> list[Document]:
@@ -149,7 +159,7 @@ class Documents(Store):
             raise LookupError(
                 f"document {document.document_id}: {len(rows)} of {document.parts} parts"
             )
-        return b"".join(r.data for r in rows)
+        return b"".join(opened_bytes(r.data) for r in rows)
 
     async def delete(self, document: Document) -> None:
         await self._run(self._delete, (document.chat_id, document.document_id))
@@ -186,11 +196,20 @@ class Documents(Store):
         document_id: uuid.UUID,
         passages: list[tuple[int, str, str, int, list[float]]],
         status: Status,
+        owner: str,
     ) -> None:
-        """What was read: the passages, then the status that makes them count (a reading cut short by a
-        crash is read again whole: every write is keyed)."""
+        """What was read: the passages, sealed with the owner's key, then the status that makes them count (a
+        reading cut short by a crash is read again whole: every write is keyed)."""
         for idx, place, content, tokens, embedding in passages:
-            row = (chat_id, document_id, idx, place, content, tokens, embedding)
+            row = (
+                chat_id,
+                document_id,
+                idx,
+                seal(owner, place),
+                seal(owner, content),
+                tokens,
+                embedding,
+            )
             await self._run(self._put_passage, row)
         s = status
         row2 = (
@@ -209,13 +228,17 @@ class Documents(Store):
     async def passages(self, chat_id: uuid.UUID) -> list[StoredPassage]:
         """Every passage of the chat's documents, in document and reading order."""
         rows = await self._run(self._passages, (chat_id,))
-        return [StoredPassage(r.document_id, r.idx, r.place, r.content, r.tokens) for r in rows]
+        return [self._passage(r) for r in rows]
 
     async def nearest(
         self, chat_id: uuid.UUID, embedding: list[float], k: int
     ) -> list[StoredPassage]:
         rows = await self._run(self._nearest, (chat_id, embedding, k))
-        return [StoredPassage(r.document_id, r.idx, r.place, r.content, r.tokens) for r in rows]
+        return [self._passage(r) for r in rows]
+
+    @staticmethod
+    def _passage(r: Any) -> StoredPassage:
+        return StoredPassage(r.document_id, r.idx, opened(r.place), opened(r.content), r.tokens)
 
     async def forget(self, chat_id: uuid.UUID, document_id: uuid.UUID) -> None:
         await self._run(self._forget, (chat_id, document_id))

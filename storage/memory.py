@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from cassandra.cluster import Session
 
+from storage.at_rest import opened, seal
 from storage.ids import utc
 from storage.session import Store, create_tables
 
@@ -60,7 +61,9 @@ class Memory(Store):
     or reset at the time the user made it. The stage handles completions and changes concurrently and may
     read a chat's changes just before the user makes one; whichever of two writes lands last, the user's
     newer text or delete wins (a delete wins a tie), so a late completion never brings back what the user
-    edited, deleted or reset."""
+    edited, deleted or reset.
+
+    The text beside each embedding and the summaries are sealed with the chat owner's key (storage/at_rest.py)."""
 
     WRITERS = {"memory": "memory", "summaries": "memory"}
 
@@ -99,9 +102,11 @@ class Memory(Store):
         content: str,
         embedding: list[float],
         at_us: int,
+        owner: str,
     ) -> None:
         """Idempotent: keyed by the message's id, written at the time of its text."""
-        await self._run(self._put, (chat_id, message_id, role, content, embedding, at_us))
+        sealed = seal(owner, content)
+        await self._run(self._put, (chat_id, message_id, role, sealed, embedding, at_us))
 
     async def forget(self, chat_id: uuid.UUID, message_id: uuid.UUID, at_us: int) -> None:
         """The message's embedding, and any text of it older than `at_us` written later."""
@@ -118,7 +123,9 @@ class Memory(Store):
         """The k messages strictly between `after` and `before` nearest the embedding (cosine), nearest first,
         with their embeddings (the caller scores and chooses among them: conversation/context.py `relevant`)."""
         rows = await self._run(self._recall, (chat_id, after, before, embedding, k))
-        return [Recalled(str(r.message_id), r.role, r.content, list(r.embedding)) for r in rows]
+        return [
+            Recalled(str(r.message_id), r.role, opened(r.content), list(r.embedding)) for r in rows
+        ]
 
     # -- summaries ---------------------------------------------------------------------------------
     async def summaries(self, chat_id: uuid.UUID, limit: int = 1) -> list[Summary]:
@@ -128,7 +135,7 @@ class Memory(Store):
             Summary(
                 r.version,
                 str(r.through),
-                r.content,
+                opened(r.content),
                 r.tokens,
                 r.run_id,
                 r.created_at and utc(r.created_at),
@@ -140,14 +147,14 @@ class Memory(Store):
         found = await self.summaries(chat_id, 1)
         return found[0] if found else None
 
-    async def put_summary(self, chat_id: uuid.UUID, summary: Summary) -> None:
+    async def put_summary(self, chat_id: uuid.UUID, summary: Summary, owner: str) -> None:
         await self._run(
             self._put_summary,
             (
                 chat_id,
                 summary.version,
                 uuid.UUID(summary.through),
-                summary.content,
+                seal(owner, summary.content),
                 summary.tokens,
                 summary.run_id,
                 datetime.now(UTC),

@@ -127,10 +127,13 @@ class Preferences(Store):
         row = (await self._run(self._get_chat, (chat_id,))).one()
         if row is None:
             return ChatSettings()
-        return ChatSettings(row.instructions or "", row.model, row.branch, bool(row.branched))
+        instructions = opened(row.instructions) or ""
+        return ChatSettings(instructions, row.model, row.branch, bool(row.branched))
 
-    async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings) -> None:
-        await self._run(self._put_chat, (chat_id, settings.instructions, settings.model, now()))
+    async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings, owner: str) -> None:
+        """The chat's instructions sealed with its owner's key (storage/at_rest.py)."""
+        sealed = seal(owner, settings.instructions)
+        await self._run(self._put_chat, (chat_id, sealed, settings.model, now()))
 
     async def set_branch(self, chat_id: uuid.UUID, message_id: uuid.UUID | None) -> None:
         await self._run(self._set_branch, (message_id, chat_id))

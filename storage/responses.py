@@ -1,7 +1,8 @@
 """The Responses API's stored responses: what a response was asked (its whole input and settings), whose it is
 and where its records are. Its output is not copied here: the run's records on its reply partition are the
 answer, read back by any replica (api/routes/responses.py). Kept 30 days, as OpenAI keeps a stored response;
-`previous_response_id` chains onto one within that time."""
+`previous_response_id` chains onto one within that time. Its input and settings are sealed with the asker's key
+(storage/at_rest.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from cassandra.cluster import Session
 
+from storage.at_rest import opened, seal
 from storage.ids import utc
 from storage.session import Store, create_tables
 
@@ -67,8 +69,8 @@ class Responses(Store):
             r.conversation,
             r.reply_partition,
             r.model,
-            json.dumps(r.messages),
-            json.dumps(r.request),
+            seal(r.user_id, json.dumps(r.messages)),
+            seal(r.user_id, json.dumps(r.request)),
             r.background,
             r.created_at,
         )
@@ -85,8 +87,8 @@ class Responses(Store):
             row.conversation,
             row.reply_partition,
             row.model,
-            json.loads(row.messages),
-            json.loads(row.request),
+            _json(opened(row.messages), []),
+            _json(opened(row.request), {}),
             bool(row.background),
             utc(row.created_at),
         )
@@ -101,3 +103,7 @@ class Responses(Store):
             await self._run(self._delete, (response_id,))
         await self._run(self._unindex, (user_id,))
         return len(found)
+
+
+def _json(text: str, erased: Any) -> Any:
+    return json.loads(text) if text else erased  # empty: its owner is erased

@@ -12,6 +12,7 @@ from typing import Any
 
 from cassandra.cluster import Session
 
+from storage.at_rest import opened, seal
 from storage.ids import utc
 from storage.session import Store, create_tables
 
@@ -65,10 +66,11 @@ class Shares(Store):
     async def put(self, share: Share) -> None:
         """The snapshot first, then its listing: a share cut short is readable but not listed (a second
         share of the chat lists again); never listed and unreadable."""
-        at, body = share.created_at, json.dumps(share.messages or [])
-        row = (share.share_id, share.chat_id, share.owner, share.title, body, share.public, at)
+        at, body = share.created_at, seal(share.owner, json.dumps(share.messages or []))
+        title = seal(share.owner, share.title)  # sealed with the owner's key (storage/at_rest.py)
+        row = (share.share_id, share.chat_id, share.owner, title, body, share.public, at)
         await self._run(self._put, row)
-        listed = (share.owner, at, share.share_id, share.chat_id, share.title, share.public)
+        listed = (share.owner, at, share.share_id, share.chat_id, title, share.public)
         await self._run(self._list_put, listed)
 
     async def get(self, share_id: str) -> Share | None:
@@ -79,16 +81,18 @@ class Shares(Store):
             row.share_id,
             row.chat_id,
             row.owner,
-            row.title,
+            opened(row.title),
             bool(row.public),
             utc(row.created_at),
-            json.loads(row.messages or "[]"),
+            json.loads(opened(row.messages) or "[]"),
         )
 
     async def of_owner(self, owner: str) -> list[Share]:
         rows = await self._run(self._list, (owner,))
         return [
-            Share(r.share_id, r.chat_id, r.owner, r.title, bool(r.public), utc(r.created_at))
+            Share(
+                r.share_id, r.chat_id, r.owner, opened(r.title), bool(r.public), utc(r.created_at)
+            )
             for r in rows
         ]
 

@@ -221,7 +221,7 @@ async def change_chat(
     if body.title is not None:
         await conversations.rename_chat(chat, body.title)
     if wanted != current:
-        await preferences.set_chat(parsed, wanted)
+        await preferences.set_chat(parsed, wanted, chat.user_id)
     marks = (await preferences.marks(user.user_id)).get(parsed, Marks())
     if body.pinned is not None or body.archived is not None:
         pinned = marks.pinned if body.pinned is None else body.pinned

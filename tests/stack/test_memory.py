@@ -184,7 +184,8 @@ def test_edits_deletes_and_resets_update_memory(live):
             f"SELECT content FROM {ks}.memory WHERE chat_id = %s AND message_id = %s",
             (uuid.UUID(chat_id), uuid.UUID(message_id)),
         ).one()
-        return row.content if row else None
+        assert row is None or is_sealed(row.content)  # sealed at rest with the person's key
+        return opened(row.content) if row else None
 
     assert wait_for(lambda: stored(colour_id) == "I like the colour teal.")
     assert stored(code_id) is None
@@ -217,15 +218,15 @@ def test_a_late_write_of_a_messages_first_text_never_undoes_a_users_edit_delete_
 
     async def race():
         # the user's edit and delete first, then the late writes of the first texts
-        await memory.remember(chat, edited, "user", "I like the colour teal.", vector, remember.now_us())
+        await memory.remember(chat, edited, "user", "I like the colour teal.", vector, remember.now_us(), "alice")
         await memory.forget(chat, deleted, remember.now_us())
         for message_id, text in ((edited, "I like the colour green."), (deleted, "My locker code is 4417.")):
-            await memory.remember(chat, message_id, "user", text, vector, id_time_us(message_id))
+            await memory.remember(chat, message_id, "user", text, vector, id_time_us(message_id), "alice")
         found = {r.id: r.content for r in await memory.recall(chat, vector, 10, MIN_ID, new_id())}
         await memory.reset(chat, remember.now_us())
         after_reset = new_id()
-        await memory.remember(chat, before_reset, "user", "An old turn.", vector, id_time_us(before_reset))
-        await memory.remember(chat, after_reset, "user", "A new turn.", vector, id_time_us(after_reset))
+        await memory.remember(chat, before_reset, "user", "An old turn.", vector, id_time_us(before_reset), "alice")
+        await memory.remember(chat, after_reset, "user", "A new turn.", vector, id_time_us(after_reset), "alice")
         kept = {r.id: r.content for r in await memory.recall(chat, vector, 10, MIN_ID, new_id())}
         return found, kept, str(after_reset)
 
@@ -258,13 +259,13 @@ def test_a_summary_stored_as_the_user_edits_a_message_it_covers_is_taken_back(li
         chat_id, _ = await edge.create_chat("alice", "summary race")
         put_summary = memory.put_summary
 
-        async def edited_meanwhile(chat, summary):  # the user edits after the check, its event handled first
+        async def edited_meanwhile(chat, summary, owner):  # the user edits after the check, its event handled first
             at = await edge.edit_message(chat_id, colour, "I like the colour teal.")
             change = {"event_id": "e", "chat_id": str(chat_id), "user_id": "alice", "action": "edited",
                       "message_id": str(colour), "role": "user", "content": "I like the colour teal.",
                       "at": epoch_ms(at)}  # fmt: skip
             await remember.on_changed(change, deps)
-            await put_summary(chat, summary)
+            await put_summary(chat, summary, owner)
 
         memory.put_summary = edited_meanwhile
         run_id = str(new_id())

@@ -203,7 +203,7 @@ class FakePreferences:
     async def chat(self, chat_id: uuid.UUID) -> ChatSettings:
         return self.chats.get(chat_id, ChatSettings())
 
-    async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings) -> None:
+    async def set_chat(self, chat_id: uuid.UUID, settings: ChatSettings, owner: str) -> None:
         self.chats[chat_id] = settings
 
     async def set_branch(self, chat_id: uuid.UUID, message_id: uuid.UUID | None) -> None:
@@ -343,7 +343,7 @@ class FakeDocuments:
     async def any_read(self, chat_id: uuid.UUID) -> bool:
         return any(s.state == "ready" for s in (await self.statuses(chat_id)).values())
 
-    async def read(self, chat_id, document_id, passages, status) -> None:
+    async def read(self, chat_id, document_id, passages, status, owner) -> None:
         self.read_passages[(chat_id, document_id)] = [
             (StoredPassage(document_id, idx, place, content, tokens), embedding)
             for idx, place, content, tokens, embedding in passages

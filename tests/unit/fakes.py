@@ -129,7 +129,7 @@ class FakeMemory:
         self.summaries: dict[uuid.UUID, list[Summary]] = {}
         self.resets: list[uuid.UUID] = []
 
-    async def remember(self, chat_id, message_id, role, text, vector, at_us) -> None:
+    async def remember(self, chat_id, message_id, role, text, vector, at_us, owner) -> None:
         assert len(vector) == 3  # FakeEncoder's
         self.vectors.setdefault(chat_id, {})[str(message_id)] = (role, text, at_us)
 
@@ -145,7 +145,7 @@ class FakeMemory:
         versions = self.summaries.get(chat_id, [])
         return max(versions, key=lambda s: s.version) if versions else None
 
-    async def put_summary(self, chat_id, summary: Summary) -> None:
+    async def put_summary(self, chat_id, summary: Summary, owner: str) -> None:
         self.summaries.setdefault(chat_id, []).append(summary)
 
     async def drop_summary(self, chat_id, version: int) -> None:

@@ -103,7 +103,7 @@ def with_passages(store: FakeDocuments, chat: uuid.UUID, name: str, texts: list[
     document = Document(chat, new_id(), "u", name, "pdf", 10, 1, now())
     run(store.put(document, b"x"))
     rows = [(i, f"page {i + 1}", t, len(t.split()) * 2, [1.0, float(i), 0.0]) for i, t in enumerate(texts)]
-    run(store.read(chat, document.document_id, rows, Status("ready", "", "", len(rows), 100, len(rows))))
+    run(store.read(chat, document.document_id, rows, Status("ready", "", "", len(rows), 100, len(rows)), "u"))
     return document.document_id
 
 

@@ -183,3 +183,17 @@ def test_a_stored_message_is_sealed_at_rest_with_its_owners_key_and_opens_as_it_
     gone = message_of(row)
     assert gone.content == sealed.ERASED and gone.memories == (sealed.ERASED,)
     assert message_row(message, "")[2] == PLANTED  # no owner (a tool writing rows of nobody's): as it is
+
+
+def test_a_documents_file_is_sealed_at_rest_as_bytes_and_a_tampered_one_is_poison(keys):
+    from storage import at_rest
+
+    data = f"%PDF-1.7 {PLANTED}".encode() + bytes(range(256))
+    written = at_rest.seal_bytes("ada", data)
+    assert PLANTED.encode() not in written and written.startswith(sealed.PREFIX.encode())
+    assert at_rest.opened_bytes(written) == data and at_rest.seal_bytes("ada", data) != written  # a fresh nonce
+    assert at_rest.opened_bytes(data) == data  # written before sealing: as it is
+    with pytest.raises(PoisonEvent):
+        at_rest.opened_bytes(written[:-1] + bytes([written[-1] ^ 1]))
+    keys.erase("ada")
+    assert at_rest.opened_bytes(written) == b"" and at_rest.seal_bytes("ada", data) == b""
